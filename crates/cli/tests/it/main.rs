@@ -1,0 +1,8 @@
+//! crossbook's integration tests: one binary, a module per area.
+
+mod alloc;
+mod determinism;
+mod differential;
+mod examples;
+mod invariants;
+mod support;

@@ -1,0 +1,61 @@
+//! Shared helpers: running commands through the engine, locating the repo.
+
+use crossbook_engine::{Command, Engine, Event};
+use std::path::PathBuf;
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The event file text for `commands`, as `crossbook run` writes it.
+pub fn events_text(commands: &[Command]) -> Vec<u8> {
+    let mut engine = Engine::new();
+    let mut events: Vec<Event> = Vec::new();
+    let mut text = Vec::new();
+    for command in commands {
+        events.clear();
+        engine.apply(command, &mut events);
+        for event in &events {
+            crossbook_text::write_event(&mut text, event);
+        }
+    }
+    text
+}
+
+/// The command file text for `commands`, as `crossbook gen` writes it.
+pub fn commands_text(commands: &[Command]) -> String {
+    let mut text = String::new();
+    for command in commands {
+        crossbook_text::write_command(&mut text, command);
+        text.push('\n');
+    }
+    text
+}
+
+/// First differing line of two event files, for a readable failure.
+pub fn first_difference(left: &[u8], right: &[u8]) -> Option<(usize, String, String)> {
+    let left = String::from_utf8_lossy(left);
+    let right = String::from_utf8_lossy(right);
+    let mut a = left.lines();
+    let mut b = right.lines();
+    let mut line = 0;
+    loop {
+        line += 1;
+        match (a.next(), b.next()) {
+            (None, None) => return None,
+            (x, y) if x == y => continue,
+            (x, y) => return Some((line, x.unwrap_or("<end>").to_string(), y.unwrap_or("<end>").to_string())),
+        }
+    }
+}
+
+/// A seed list from `CROSSBOOK_SEEDS` (a count) or the default count.
+pub fn seeds(default: u64) -> Vec<u64> {
+    let count = std::env::var("CROSSBOOK_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    (1..=count).collect()
+}
+
+/// Commands per random run, from `CROSSBOOK_COMMANDS` or the default.
+pub fn commands_per_run(default: usize) -> usize {
+    std::env::var("CROSSBOOK_COMMANDS").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}

@@ -1,0 +1,993 @@
+//! The state machine: `apply(command) -> events`.
+//!
+//! The rules are specified in `docs/engine.md`; this file follows that page
+//! section by section. Every command is validated completely before
+//! anything is mutated (there is no rollback), so a rejected command changes
+//! nothing.
+
+use crate::arena::{Arena, NIL};
+use crate::book::{Book, Order, crosses};
+use crate::hash::{DenseIndex, IdMap, id_map};
+use crate::types::*;
+
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct Balance {
+    pub available: u64,
+    pub locked: u64,
+    /// Sequence number of the last command that touched this balance; lets
+    /// the engine record a balance's starting value once per command.
+    touched_seq: u64,
+}
+
+struct Asset {
+    id: AssetId,
+    name: Symbol,
+    /// Deposits minus withdrawals.
+    supply: u64,
+}
+
+pub(crate) struct Instrument {
+    pub(crate) spec: InstrumentSpec,
+    /// Index of the base asset in the asset table.
+    pub(crate) base: u32,
+    /// Index of the quote asset in the asset table.
+    pub(crate) quote: u32,
+    pub(crate) book: Book,
+}
+
+pub(crate) struct Account {
+    pub(crate) id: AccountId,
+    /// Open orders in increasing order id (an intrusive list through the
+    /// order slots).
+    first_order: u32,
+    last_order: u32,
+}
+
+/// A balance as it was when the current command first touched it.
+#[derive(Clone, Copy)]
+struct Touch {
+    account_id: AccountId,
+    asset_id: AssetId,
+    account: u32,
+    asset: u32,
+    available: u64,
+    locked: u64,
+}
+
+/// Insertion sort by (account id, asset id): a command touches a handful of
+/// balances, where this beats the general sort by a wide margin.
+#[inline]
+fn sort_touches(touches: &mut [Touch]) {
+    for i in 1..touches.len() {
+        let mut j = i;
+        while j > 0 && touches[j - 1].key() > touches[j].key() {
+            touches.swap(j - 1, j);
+            j -= 1;
+        }
+    }
+}
+
+impl Touch {
+    #[inline]
+    fn key(&self) -> (AccountId, AssetId) {
+        (self.account_id, self.asset_id)
+    }
+}
+
+/// The incoming side of a match: a new order, or a replaced order that lost
+/// its place.
+struct Taker {
+    id: OrderId,
+    account: u32,
+    side: Side,
+    /// `None` for a market order.
+    limit: Option<i64>,
+    qty: u64,
+    filled: u64,
+    /// What each remaining lot keeps locked (0 for a market buy, whose lock
+    /// is `budget_left`).
+    unit_lock: u64,
+    stp: SelfTradePrevention,
+    /// Market buys: what is left of the locked budget.
+    budget_left: Option<u64>,
+}
+
+impl Taker {
+    fn remaining(&self) -> u64 {
+        self.qty - self.filled
+    }
+}
+
+/// A read-only copy of an open order's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OrderView {
+    pub id: OrderId,
+    pub account: AccountId,
+    pub instrument: InstrumentId,
+    pub cid: ClientOrderId,
+    pub side: Side,
+    pub price: i64,
+    pub qty: u64,
+    pub filled: u64,
+}
+
+pub struct Engine {
+    seq: u64,
+    assets: Vec<Asset>,
+    asset_index: DenseIndex,
+    pub(crate) instruments: Vec<Instrument>,
+    instrument_index: DenseIndex,
+    pub(crate) accounts: Vec<Account>,
+    account_index: DenseIndex,
+    /// Every account's balances in one table: `account * asset_stride + asset`.
+    pub(crate) balances: Vec<Balance>,
+    /// Balance slots per account (a power of two, at least the asset count).
+    pub(crate) asset_stride: usize,
+    pub(crate) orders: Arena<Order>,
+    order_index: IdMap<OrderId, u32>,
+    /// (account index, client order id) of every open order.
+    cid_index: IdMap<(u32, ClientOrderId), u32>,
+    touched: Vec<Touch>,
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+const BPS: i128 = 10_000;
+
+/// `ceil(notional * bps / 10000)`: rounds toward +infinity, so a fee is
+/// rounded up and a rebate toward zero. Both always favour the venue.
+///
+/// Computed without 128-bit division: with `notional = q * 10000 + r`,
+/// `ceil(notional * bps / 10000) = q * bps + ceil(r * bps / 10000)`, and
+/// both products fit in an `i64` (`notional <= 2^62`, `|bps| <= 10000`).
+#[inline]
+pub fn fee(notional: u64, bps: i64) -> i64 {
+    debug_assert!(notional <= MAX_SUPPLY && bps.abs() <= 10_000);
+    let whole = (notional / 10_000) as i64 * bps;
+    let part = (notional % 10_000) as i64 * bps;
+    // Rust's `/` truncates toward zero, which is `ceil` for a negative part.
+    let part_ceil = if part > 0 { (part + 9_999) / 10_000 } else { part / 10_000 };
+    whole + part_ceil
+}
+
+/// What one lot of a limit buy at `price` keeps locked: its cost at the
+/// limit plus the worst-case (taker) fee on it.
+#[inline]
+fn unit_lock_buy(spec: &InstrumentSpec, price: i64) -> u64 {
+    let notional = price as u64 * spec.tick_size;
+    notional + fee(notional, spec.taker_bps) as u64
+}
+
+#[inline]
+fn unit_lock(spec: &InstrumentSpec, side: Side, price: i64) -> u64 {
+    match side {
+        Side::Buy => unit_lock_buy(spec, price),
+        Side::Sell => spec.lot_size,
+    }
+}
+
+/// `lots * unit`. Bounded by the instrument limits checked in
+/// `add_instrument` (price * qty * tick_size <= MAX_SUPPLY = 2^62, fees at
+/// most 100%), so it cannot overflow; checked all the same.
+#[inline]
+fn times(lots: u64, unit: u64) -> u64 {
+    lots.checked_mul(unit).expect("lock bounded by the instrument's limits")
+}
+
+/// The most lots a market buy can take at `price` with `budget` left: the
+/// largest `q` with `ceil(price * q * tick_size * (10000 + taker_bps) / 10000) <= budget`.
+/// Since `budget` is an integer, that is `floor(budget * 10000 / (price * tick_size * (10000 + taker_bps)))`.
+#[inline]
+fn affordable(spec: &InstrumentSpec, price: i64, budget: u64) -> u64 {
+    let per_lot = i128::from(price) * i128::from(spec.tick_size) * (BPS + i128::from(spec.taker_bps));
+    let lots = i128::from(budget) * BPS / per_lot;
+    u64::try_from(lots).unwrap_or(u64::MAX)
+}
+
+/// Cost to a market buyer of `qty` lots at `price`, fee included.
+#[inline]
+fn taker_cost(spec: &InstrumentSpec, price: i64, qty: u64) -> u64 {
+    let notional = price as u64 * qty * spec.tick_size;
+    notional + fee(notional, spec.taker_bps) as u64
+}
+
+impl Engine {
+    pub fn new() -> Engine {
+        let mut engine = Engine {
+            seq: 0,
+            assets: Vec::new(),
+            asset_index: DenseIndex::default(),
+            instruments: Vec::new(),
+            instrument_index: DenseIndex::default(),
+            accounts: Vec::new(),
+            account_index: DenseIndex::default(),
+            balances: Vec::new(),
+            asset_stride: 4,
+            orders: Arena::new(),
+            order_index: id_map(),
+            cid_index: id_map(),
+            touched: Vec::new(),
+        };
+        engine.create_account(FEE_ACCOUNT);
+        engine
+    }
+
+    /// Sequence number of the last command applied (0 before the first).
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Applies one command and appends its events to `out`.
+    pub fn apply(&mut self, command: &Command, out: &mut Vec<Event>) {
+        self.seq += 1;
+        let seq = self.seq;
+        let result = match command {
+            Command::AddAsset { id, name } => self.add_asset(*id, *name, out),
+            Command::AddInstrument(spec) => self.add_instrument(spec, out),
+            Command::OpenAccount { account } => self.open_account(*account, out),
+            Command::Deposit { account, asset, amount } => self.deposit(*account, *asset, *amount, out),
+            Command::Withdraw { account, asset, amount } => self.withdraw(*account, *asset, *amount, out),
+            Command::Place(order) => self.place(order, out),
+            Command::Cancel { account, order } => self.cancel(*account, *order, out),
+            Command::Replace { account, order, price, qty } => self.replace(*account, *order, *price, *qty, out),
+            Command::CancelAll { account, instrument } => self.cancel_all(*account, *instrument, out),
+        };
+        if let Err(reason) = result {
+            assert!(self.touched.is_empty(), "a rejected command touched a balance");
+            out.push(Event { seq, kind: EventKind::Rejected { reason } });
+        } else {
+            self.flush_balances(out);
+        }
+    }
+
+    #[inline]
+    fn emit(&self, out: &mut Vec<Event>, kind: EventKind) {
+        out.push(Event { seq: self.seq, kind });
+    }
+
+    // ---- balances ----------------------------------------------------
+
+    /// The balance of (`account`, `asset`) by index, noting its starting
+    /// value the first time this command touches it.
+    #[inline]
+    fn touch(&mut self, account: u32, asset: u32) -> &mut Balance {
+        let seq = self.seq;
+        let balance = &mut self.balances[account as usize * self.asset_stride + asset as usize];
+        if balance.touched_seq != seq {
+            balance.touched_seq = seq;
+            self.touched.push(Touch {
+                account_id: self.accounts[account as usize].id,
+                asset_id: self.assets[asset as usize].id,
+                account,
+                asset,
+                available: balance.available,
+                locked: balance.locked,
+            });
+        }
+        balance
+    }
+
+    #[inline]
+    fn lock(&mut self, account: u32, asset: u32, amount: u64) {
+        if amount == 0 {
+            return;
+        }
+        let balance = self.touch(account, asset);
+        balance.available -= amount;
+        balance.locked += amount;
+    }
+
+    #[inline]
+    fn unlock(&mut self, account: u32, asset: u32, amount: u64) {
+        if amount == 0 {
+            return;
+        }
+        let balance = self.touch(account, asset);
+        balance.locked -= amount;
+        balance.available += amount;
+    }
+
+    #[inline]
+    fn available(&self, account: u32, asset: u32) -> u64 {
+        self.balances[account as usize * self.asset_stride + asset as usize].available
+    }
+
+    /// One `balance` event per pair whose value differs from the start of
+    /// the command, sorted by account id then asset id.
+    fn flush_balances(&mut self, out: &mut Vec<Event>) {
+        if self.touched.is_empty() {
+            return;
+        }
+        sort_touches(&mut self.touched);
+        let seq = self.seq;
+        for touch in &self.touched {
+            let balance = &self.balances[touch.account as usize * self.asset_stride + touch.asset as usize];
+            if balance.available != touch.available || balance.locked != touch.locked {
+                out.push(Event {
+                    seq,
+                    kind: EventKind::Balance {
+                        account: touch.account_id,
+                        asset: touch.asset_id,
+                        available: balance.available,
+                        locked: balance.locked,
+                    },
+                });
+            }
+        }
+        self.touched.clear();
+    }
+
+    // ---- reference data ----------------------------------------------
+
+    fn add_asset(&mut self, id: AssetId, name: Symbol, out: &mut Vec<Event>) -> Result<(), RejectReason> {
+        if self.asset_index.contains(id.into()) || self.assets.iter().any(|a| a.name == name) {
+            return Err(RejectReason::DuplicateAsset);
+        }
+        let index = self.assets.len() as u32;
+        self.assets.push(Asset { id, name, supply: 0 });
+        self.asset_index.insert(id.into(), index);
+        if self.assets.len() > self.asset_stride {
+            // Re-lay the balance table with room for twice as many assets.
+            let stride = self.asset_stride * 2;
+            let mut balances = vec![Balance::default(); self.accounts.len() * stride];
+            for account in 0..self.accounts.len() {
+                let old = &self.balances[account * self.asset_stride..(account + 1) * self.asset_stride];
+                balances[account * stride..account * stride + self.asset_stride].copy_from_slice(old);
+            }
+            self.balances = balances;
+            self.asset_stride = stride;
+        }
+        self.emit(out, EventKind::AssetAdded { asset: id, name });
+        Ok(())
+    }
+
+    fn add_instrument(&mut self, spec: &InstrumentSpec, out: &mut Vec<Event>) -> Result<(), RejectReason> {
+        if self.instrument_index.contains(spec.id.into()) || self.instruments.iter().any(|i| i.spec.symbol == spec.symbol) {
+            return Err(RejectReason::DuplicateInstrument);
+        }
+        let (Some(base), Some(quote)) = (self.asset_index.get(spec.base.into()), self.asset_index.get(spec.quote.into())) else {
+            return Err(RejectReason::UnknownAsset);
+        };
+        let max_notional = i128::from(spec.max_price) * i128::from(spec.max_qty) * i128::from(spec.tick_size);
+        let max_base = i128::from(spec.max_qty) * i128::from(spec.lot_size);
+        let invalid = spec.base == spec.quote
+            || spec.tick_size == 0
+            || spec.lot_size == 0
+            || spec.min_qty == 0
+            || spec.min_qty > spec.max_qty
+            || spec.min_price < 1
+            || spec.min_price > spec.max_price
+            || spec.taker_bps < 0
+            || spec.taker_bps > 10_000
+            || spec.maker_bps > 10_000
+            || spec.maker_bps + spec.taker_bps < 0
+            || max_notional > i128::from(MAX_SUPPLY)
+            || max_base > i128::from(MAX_SUPPLY);
+        if invalid {
+            return Err(RejectReason::InvalidInstrument);
+        }
+        let index = self.instruments.len() as u32;
+        self.instruments.push(Instrument { spec: *spec, base, quote, book: Book::default() });
+        self.instrument_index.insert(spec.id.into(), index);
+        self.emit(out, EventKind::InstrumentAdded { instrument: spec.id, symbol: spec.symbol });
+        Ok(())
+    }
+
+    fn create_account(&mut self, id: AccountId) {
+        let index = self.accounts.len() as u32;
+        self.accounts.push(Account { id, first_order: NIL, last_order: NIL });
+        self.balances.resize(self.accounts.len() * self.asset_stride, Balance::default());
+        self.account_index.insert(id, index);
+    }
+
+    fn open_account(&mut self, account: AccountId, out: &mut Vec<Event>) -> Result<(), RejectReason> {
+        if self.account_index.contains(account) {
+            return Err(RejectReason::DuplicateAccount);
+        }
+        self.create_account(account);
+        self.emit(out, EventKind::AccountOpened { account });
+        Ok(())
+    }
+
+    // ---- funds ---------------------------------------------------------
+
+    fn account_and_asset(&self, account: AccountId, asset: AssetId) -> Result<(u32, u32), RejectReason> {
+        let account = self.account_index.get(account).ok_or(RejectReason::UnknownAccount)?;
+        let asset = self.asset_index.get(asset.into()).ok_or(RejectReason::UnknownAsset)?;
+        Ok((account, asset))
+    }
+
+    fn deposit(&mut self, account_id: AccountId, asset_id: AssetId, amount: u64, out: &mut Vec<Event>) -> Result<(), RejectReason> {
+        let (account, asset) = self.account_and_asset(account_id, asset_id)?;
+        if amount == 0 {
+            return Err(RejectReason::InvalidAmount);
+        }
+        let supply = self.assets[asset as usize].supply;
+        if amount > MAX_SUPPLY - supply {
+            return Err(RejectReason::BalanceOverflow);
+        }
+        self.assets[asset as usize].supply = supply + amount;
+        self.touch(account, asset).available += amount;
+        self.emit(out, EventKind::Deposited { account: account_id, asset: asset_id, amount });
+        Ok(())
+    }
+
+    fn withdraw(&mut self, account_id: AccountId, asset_id: AssetId, amount: u64, out: &mut Vec<Event>) -> Result<(), RejectReason> {
+        let (account, asset) = self.account_and_asset(account_id, asset_id)?;
+        if amount == 0 {
+            return Err(RejectReason::InvalidAmount);
+        }
+        if amount > self.available(account, asset) {
+            return Err(RejectReason::InsufficientFunds);
+        }
+        self.assets[asset as usize].supply -= amount;
+        self.touch(account, asset).available -= amount;
+        self.emit(out, EventKind::Withdrawn { account: account_id, asset: asset_id, amount });
+        Ok(())
+    }
+
+    // ---- orders ----------------------------------------------------------
+
+    fn place(&mut self, order: &PlaceOrder, out: &mut Vec<Event>) -> Result<(), RejectReason> {
+        let account = self.account_index.get(order.account).ok_or(RejectReason::UnknownAccount)?;
+        if order.account == FEE_ACCOUNT {
+            return Err(RejectReason::FeeAccount);
+        }
+        let instrument = self.instrument_index.get(order.instrument.into()).ok_or(RejectReason::UnknownInstrument)?;
+        let is_limit = order.order_type == OrderType::Limit;
+        if (!is_limit && order.tif == TimeInForce::Gtc) || (order.post_only && !(is_limit && order.tif == TimeInForce::Gtc)) {
+            return Err(RejectReason::InvalidTimeInForce);
+        }
+        if let Some(budget) = order.budget {
+            if is_limit || order.side != Side::Buy || budget == 0 {
+                return Err(RejectReason::InvalidBudget);
+            }
+        }
+        let inst = &self.instruments[instrument as usize];
+        let spec = &inst.spec;
+        if order.qty == 0 || order.qty < spec.min_qty || order.qty > spec.max_qty {
+            return Err(RejectReason::InvalidQuantity);
+        }
+        if is_limit {
+            if order.price <= 0 {
+                return Err(RejectReason::InvalidPrice);
+            }
+            if order.price < spec.min_price || order.price > spec.max_price {
+                return Err(RejectReason::PriceOutOfBand);
+            }
+        }
+        if self.cid_index.contains_key(&(account, order.cid)) {
+            return Err(RejectReason::DuplicateClientOrderId);
+        }
+        let (lock_asset, unit, lock_amount) = match (order.side, is_limit) {
+            (Side::Buy, true) => {
+                let unit = unit_lock_buy(spec, order.price);
+                (inst.quote, unit, times(order.qty, unit))
+            }
+            (Side::Sell, _) => (inst.base, spec.lot_size, times(order.qty, spec.lot_size)),
+            (Side::Buy, false) => {
+                let available = self.available(account, inst.quote);
+                let budget = match order.budget {
+                    Some(budget) => budget,
+                    None if available == 0 => return Err(RejectReason::InsufficientFunds),
+                    None => available,
+                };
+                (inst.quote, 0, budget)
+            }
+        };
+        if lock_amount > self.available(account, lock_asset) {
+            return Err(RejectReason::InsufficientFunds);
+        }
+        if order.post_only {
+            if let Some(best) = inst.book.best_opposite(order.side) {
+                if crosses(order.side, order.price, best.price) {
+                    return Err(RejectReason::PostOnlyWouldTake);
+                }
+            }
+        }
+        let market_buy = !is_limit && order.side == Side::Buy;
+        if order.tif == TimeInForce::Fok {
+            let limit = if is_limit { Some(order.price) } else { None };
+            let budget = if market_buy { Some(lock_amount) } else { None };
+            if !self.fok_can_fill(instrument, account, order.side, limit, order.qty, order.stp, budget) {
+                return Err(RejectReason::FokCannotFill);
+            }
+        }
+
+        // Validated: from here on nothing can be refused.
+        let id = self.seq;
+        self.lock(account, lock_asset, lock_amount);
+        self.emit(
+            out,
+            EventKind::Accepted {
+                order: id,
+                account: order.account,
+                instrument: order.instrument,
+                cid: order.cid,
+                side: order.side,
+                order_type: order.order_type,
+                tif: order.tif,
+                price: if is_limit { order.price } else { 0 },
+                qty: order.qty,
+            },
+        );
+        let mut taker = Taker {
+            id,
+            account,
+            side: order.side,
+            limit: if is_limit { Some(order.price) } else { None },
+            qty: order.qty,
+            filled: 0,
+            unit_lock: unit,
+            stp: order.stp,
+            budget_left: if market_buy { Some(lock_amount) } else { None },
+        };
+        let stopped = self.match_taker(instrument, &mut taker, out);
+        let remaining = taker.remaining();
+        if remaining > 0 {
+            if !stopped && is_limit && order.tif == TimeInForce::Gtc {
+                let slot = self.orders.insert(Order {
+                    id,
+                    cid: order.cid,
+                    price: order.price,
+                    qty: order.qty,
+                    filled: taker.filled,
+                    unit_lock: unit,
+                    account,
+                    instrument,
+                    side: order.side,
+                    stp: order.stp,
+                    post_only: order.post_only,
+                    ..Order::default()
+                });
+                self.rest_new(slot);
+            } else {
+                let reason = if stopped { CancelReason::Stp } else { CancelReason::Ioc };
+                self.emit(out, EventKind::Cancelled { order: id, account: order.account, remaining, reason });
+                self.unlock(account, lock_asset, times(remaining, unit));
+            }
+        }
+        if let Some(left) = taker.budget_left {
+            self.unlock(account, lock_asset, left);
+        }
+        Ok(())
+    }
+
+    /// Can a FOK order fill completely now? See `docs/engine.md`, check 12.
+    #[allow(clippy::too_many_arguments)]
+    fn fok_can_fill(
+        &self,
+        instrument: u32,
+        account: u32,
+        side: Side,
+        limit: Option<i64>,
+        qty: u64,
+        stp: SelfTradePrevention,
+        budget: Option<u64>,
+    ) -> bool {
+        let inst = &self.instruments[instrument as usize];
+        let levels = match side {
+            Side::Buy => &inst.book.asks.sorted,
+            Side::Sell => &inst.book.bids.sorted,
+        };
+        let mut needed = qty;
+        let mut cost: u64 = 0;
+        for level_ref in levels.iter().rev() {
+            if let Some(limit) = limit {
+                if !crosses(side, limit, level_ref.price) {
+                    return false;
+                }
+            }
+            let mut slot = inst.book.level(level_ref.level).head;
+            while slot != NIL {
+                let maker = self.orders.get(slot);
+                slot = maker.next;
+                if maker.account == account {
+                    match stp {
+                        SelfTradePrevention::None => {}
+                        SelfTradePrevention::CancelOldest => continue,
+                        SelfTradePrevention::CancelNewest | SelfTradePrevention::CancelBoth => return false,
+                    }
+                }
+                let step = maker.remaining().min(needed);
+                if let Some(budget) = budget {
+                    cost += taker_cost(&inst.spec, level_ref.price, step);
+                    if cost > budget {
+                        return false;
+                    }
+                }
+                needed -= step;
+                if needed == 0 {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// The matching loop of `docs/engine.md`. Returns whether the taker was
+    /// stopped by self-trade prevention.
+    fn match_taker(&mut self, instrument: u32, taker: &mut Taker, out: &mut Vec<Event>) -> bool {
+        let inst_index = instrument as usize;
+        while taker.remaining() > 0 {
+            let inst = &self.instruments[inst_index];
+            let Some(best) = inst.book.best_opposite(taker.side) else {
+                return false;
+            };
+            if let Some(limit) = taker.limit {
+                if !crosses(taker.side, limit, best.price) {
+                    return false;
+                }
+            }
+            let maker_slot = inst.book.level(best.level).head;
+            let maker = *self.orders.get(maker_slot);
+            if maker.account == taker.account && taker.stp != SelfTradePrevention::None {
+                match taker.stp {
+                    SelfTradePrevention::CancelNewest => return true,
+                    SelfTradePrevention::CancelOldest => {
+                        self.cancel_resting(maker_slot, CancelReason::Stp, out);
+                        continue;
+                    }
+                    SelfTradePrevention::CancelBoth => {
+                        self.cancel_resting(maker_slot, CancelReason::Stp, out);
+                        return true;
+                    }
+                    SelfTradePrevention::None => unreachable!(),
+                }
+            }
+            let mut qty = maker.remaining().min(taker.remaining());
+            if let Some(budget) = taker.budget_left {
+                qty = qty.min(affordable(&inst.spec, best.price, budget));
+                if qty == 0 {
+                    return false;
+                }
+            }
+            self.trade(instrument, maker_slot, &maker, taker, best.price, qty, out);
+        }
+        false
+    }
+
+    /// Settles one trade of `qty` lots at `price` between the resting order
+    /// in `maker_slot` and the taker, and emits it.
+    #[allow(clippy::too_many_arguments)]
+    fn trade(&mut self, instrument: u32, maker_slot: u32, maker: &Order, taker: &mut Taker, price: i64, qty: u64, out: &mut Vec<Event>) {
+        let inst = &self.instruments[instrument as usize];
+        let spec = inst.spec;
+        let (base, quote) = (inst.base, inst.quote);
+        let notional = price as u64 * qty * spec.tick_size;
+        let base_qty = qty * spec.lot_size;
+        let maker_fee = fee(notional, spec.maker_bps);
+        let taker_fee = fee(notional, spec.taker_bps);
+        let (buyer, buyer_fee, buyer_unit, seller, seller_fee) = match taker.side {
+            Side::Buy => (taker.account, taker_fee, taker.budget_left.map_or(Some(taker.unit_lock), |_| None), maker.account, maker_fee),
+            Side::Sell => (maker.account, maker_fee, Some(maker.unit_lock), taker.account, taker_fee),
+        };
+        // Seller: base leaves the lock, quote (less the fee) arrives.
+        {
+            let balance = self.touch(seller, base);
+            balance.locked -= base_qty;
+        }
+        {
+            let balance = self.touch(seller, quote);
+            balance.available = (balance.available as i64 + notional as i64 - seller_fee) as u64;
+        }
+        // Buyer: base arrives, quote leaves the lock; a limit buy gets back
+        // what its per-lot lock held beyond the price and fee paid.
+        self.touch(buyer, base).available += base_qty;
+        let paid = (notional as i64 + buyer_fee) as u64;
+        match buyer_unit {
+            Some(unit) => {
+                let held = qty * unit;
+                let balance = self.touch(buyer, quote);
+                balance.locked -= held;
+                balance.available += held - paid;
+            }
+            None => {
+                let balance = self.touch(buyer, quote);
+                balance.locked -= paid;
+                if let Some(left) = taker.budget_left.as_mut() {
+                    *left -= paid;
+                }
+            }
+        }
+        let fees = maker_fee + taker_fee;
+        if fees != 0 {
+            self.touch(0, quote).available += fees as u64;
+        }
+
+        taker.filled += qty;
+        let maker_remaining = maker.remaining() - qty;
+        {
+            let resting = self.orders.get_mut(maker_slot);
+            resting.filled += qty;
+        }
+        if maker_remaining == 0 {
+            // The maker is the head of the best level: unlinking it is O(1),
+            // and an emptied level is the side's last entry (a pop).
+            self.instruments[instrument as usize].book.reduce_level(maker.level, qty);
+            {
+                // `unlink` subtracts the order's remaining (now 0) from the level.
+                let book = &mut self.instruments[instrument as usize].book;
+                book.unlink(&mut self.orders, maker_slot);
+            }
+            self.forget(maker_slot);
+        } else {
+            self.instruments[instrument as usize].book.reduce_level(maker.level, qty);
+        }
+        let maker_account_id = self.accounts[maker.account as usize].id;
+        let taker_account_id = self.accounts[taker.account as usize].id;
+        self.emit(
+            out,
+            EventKind::Trade {
+                instrument: spec.id,
+                price,
+                qty,
+                maker: maker.id,
+                maker_account: maker_account_id,
+                taker: taker.id,
+                taker_account: taker_account_id,
+                taker_side: taker.side,
+                maker_fee,
+                taker_fee,
+                maker_remaining,
+                taker_remaining: taker.remaining(),
+            },
+        );
+    }
+
+    /// Registers a new resting order (already in the arena) everywhere: its
+    /// level, the id and client-id indexes, the account's order list.
+    fn rest_new(&mut self, slot: u32) {
+        let order = *self.orders.get(slot);
+        self.instruments[order.instrument as usize].book.push_back(&mut self.orders, slot);
+        self.order_index.insert(order.id, slot);
+        self.cid_index.insert((order.account, order.cid), slot);
+        let account = &mut self.accounts[order.account as usize];
+        let last = account.last_order;
+        account.last_order = slot;
+        if last == NIL {
+            account.first_order = slot;
+        } else {
+            self.orders.get_mut(last).account_next = slot;
+        }
+        let order = self.orders.get_mut(slot);
+        order.account_prev = last;
+        order.account_next = NIL;
+    }
+
+    /// Drops an order that is no longer in any level from the indexes and
+    /// its account's list, and frees its slot.
+    fn forget(&mut self, slot: u32) {
+        let order = *self.orders.get(slot);
+        debug_assert!(order.level == NIL);
+        self.order_index.remove(&order.id);
+        self.cid_index.remove(&(order.account, order.cid));
+        if order.account_prev != NIL {
+            self.orders.get_mut(order.account_prev).account_next = order.account_next;
+        } else {
+            self.accounts[order.account as usize].first_order = order.account_next;
+        }
+        if order.account_next != NIL {
+            self.orders.get_mut(order.account_next).account_prev = order.account_prev;
+        } else {
+            self.accounts[order.account as usize].last_order = order.account_prev;
+        }
+        self.orders.remove(slot);
+    }
+
+    /// Cancels a resting order: out of the book, lock released, event.
+    fn cancel_resting(&mut self, slot: u32, reason: CancelReason, out: &mut Vec<Event>) {
+        let order = *self.orders.get(slot);
+        let inst = &mut self.instruments[order.instrument as usize];
+        let asset = match order.side {
+            Side::Buy => inst.quote,
+            Side::Sell => inst.base,
+        };
+        inst.book.unlink(&mut self.orders, slot);
+        self.forget(slot);
+        let remaining = order.remaining();
+        self.unlock(order.account, asset, times(remaining, order.unit_lock));
+        let account = self.accounts[order.account as usize].id;
+        self.emit(out, EventKind::Cancelled { order: order.id, account, remaining, reason });
+    }
+
+    /// The slot of open order `order_id` if `account_id` may act on it.
+    fn owned_order(&self, account_id: AccountId, order_id: OrderId) -> Result<(u32, u32), RejectReason> {
+        let account = self.account_index.get(account_id).ok_or(RejectReason::UnknownAccount)?;
+        let slot = *self.order_index.get(&order_id).ok_or(RejectReason::UnknownOrder)?;
+        if self.orders.get(slot).account != account {
+            return Err(RejectReason::NotOwner);
+        }
+        Ok((account, slot))
+    }
+
+    fn cancel(&mut self, account_id: AccountId, order_id: OrderId, out: &mut Vec<Event>) -> Result<(), RejectReason> {
+        let (_, slot) = self.owned_order(account_id, order_id)?;
+        self.cancel_resting(slot, CancelReason::User, out);
+        Ok(())
+    }
+
+    fn replace(&mut self, account_id: AccountId, order_id: OrderId, price: i64, qty: u64, out: &mut Vec<Event>) -> Result<(), RejectReason> {
+        let (account, slot) = self.owned_order(account_id, order_id)?;
+        let order = *self.orders.get(slot);
+        if qty <= order.filled {
+            self.cancel_resting(slot, CancelReason::Replace, out);
+            return Ok(());
+        }
+        let inst = &self.instruments[order.instrument as usize];
+        let spec = &inst.spec;
+        if qty < spec.min_qty || qty > spec.max_qty {
+            return Err(RejectReason::InvalidQuantity);
+        }
+        if price <= 0 {
+            return Err(RejectReason::InvalidPrice);
+        }
+        if price < spec.min_price || price > spec.max_price {
+            return Err(RejectReason::PriceOutOfBand);
+        }
+        let asset = match order.side {
+            Side::Buy => inst.quote,
+            Side::Sell => inst.base,
+        };
+        let new_unit = unit_lock(spec, order.side, price);
+        let new_remaining = qty - order.filled;
+        let old_lock = times(order.remaining(), order.unit_lock);
+        let new_lock = times(new_remaining, new_unit);
+        if new_lock > old_lock && new_lock - old_lock > self.available(account, asset) {
+            return Err(RejectReason::InsufficientFunds);
+        }
+        if order.post_only {
+            if let Some(best) = inst.book.best_opposite(order.side) {
+                if crosses(order.side, price, best.price) {
+                    return Err(RejectReason::PostOnlyWouldTake);
+                }
+            }
+        }
+
+        if new_lock > old_lock {
+            self.lock(account, asset, new_lock - old_lock);
+        } else {
+            self.unlock(account, asset, old_lock - new_lock);
+        }
+        let keeps_priority = price == order.price && qty <= order.qty;
+        self.emit(
+            out,
+            EventKind::Replaced { order: order.id, price, qty, remaining: new_remaining, priority_kept: keeps_priority },
+        );
+        if keeps_priority {
+            self.instruments[order.instrument as usize].book.reduce_level(order.level, order.qty - qty);
+            let resting = self.orders.get_mut(slot);
+            resting.qty = qty;
+            return Ok(());
+        }
+        self.instruments[order.instrument as usize].book.unlink(&mut self.orders, slot);
+        let mut taker = Taker {
+            id: order.id,
+            account,
+            side: order.side,
+            limit: Some(price),
+            qty,
+            filled: order.filled,
+            unit_lock: new_unit,
+            stp: order.stp,
+            budget_left: None,
+        };
+        let stopped = self.match_taker(order.instrument, &mut taker, out);
+        let remaining = taker.remaining();
+        {
+            let resting = self.orders.get_mut(slot);
+            resting.price = price;
+            resting.qty = qty;
+            resting.filled = taker.filled;
+            resting.unit_lock = new_unit;
+        }
+        if remaining == 0 {
+            self.forget(slot);
+        } else if stopped {
+            self.forget(slot);
+            self.emit(out, EventKind::Cancelled { order: order.id, account: account_id, remaining, reason: CancelReason::Stp });
+            self.unlock(account, asset, times(remaining, new_unit));
+        } else {
+            self.instruments[order.instrument as usize].book.push_back(&mut self.orders, slot);
+        }
+        Ok(())
+    }
+
+    fn cancel_all(&mut self, account_id: AccountId, instrument: Option<InstrumentId>, out: &mut Vec<Event>) -> Result<(), RejectReason> {
+        let account = self.account_index.get(account_id).ok_or(RejectReason::UnknownAccount)?;
+        let only = match instrument {
+            Some(id) => Some(self.instrument_index.get(id.into()).ok_or(RejectReason::UnknownInstrument)?),
+            None => None,
+        };
+        let mut count = 0u64;
+        let mut slot = self.accounts[account as usize].first_order;
+        while slot != NIL {
+            let order = *self.orders.get(slot);
+            let next = order.account_next;
+            if only.is_none_or(|i| i == order.instrument) {
+                self.cancel_resting(slot, CancelReason::CancelAll, out);
+                count += 1;
+            }
+            slot = next;
+        }
+        self.emit(out, EventKind::MassCancelled { account: account_id, count });
+        Ok(())
+    }
+
+    // ---- queries ---------------------------------------------------------
+
+    /// (available, locked) of an account's asset, if both exist.
+    pub fn balance(&self, account: AccountId, asset: AssetId) -> Option<(u64, u64)> {
+        let (account, asset) = self.account_and_asset(account, asset).ok()?;
+        let balance = self.balances[account as usize * self.asset_stride + asset as usize];
+        Some((balance.available, balance.locked))
+    }
+
+    /// Best bid and best ask prices of an instrument.
+    pub fn top_of_book(&self, instrument: InstrumentId) -> Option<(Option<i64>, Option<i64>)> {
+        let index = self.instrument_index.get(instrument.into())?;
+        let book = &self.instruments[index as usize].book;
+        Some((book.bids.best().map(|l| l.price), book.asks.best().map(|l| l.price)))
+    }
+
+    /// An open order, as its owner would see it.
+    pub fn order(&self, order: OrderId) -> Option<OrderView> {
+        let slot = *self.order_index.get(&order)?;
+        let o = self.orders.get(slot);
+        Some(OrderView {
+            id: o.id,
+            account: self.accounts[o.account as usize].id,
+            instrument: self.instruments[o.instrument as usize].spec.id,
+            cid: o.cid,
+            side: o.side,
+            price: o.price,
+            qty: o.qty,
+            filled: o.filled,
+        })
+    }
+
+    /// Number of open (resting) orders across all books.
+    pub fn open_orders(&self) -> usize {
+        self.orders.len()
+    }
+
+    /// Ids of all accounts, in the order they were opened (fee account first).
+    pub fn account_ids(&self) -> impl Iterator<Item = AccountId> + '_ {
+        self.accounts.iter().map(|a| a.id)
+    }
+
+    /// Ids of all assets, in the order they were added.
+    pub fn asset_ids(&self) -> impl Iterator<Item = AssetId> + '_ {
+        self.assets.iter().map(|a| a.id)
+    }
+
+    /// Deposits minus withdrawals of an asset.
+    pub fn supply(&self, asset: AssetId) -> Option<u64> {
+        let index = self.asset_index.get(asset.into())?;
+        Some(self.assets[index as usize].supply)
+    }
+
+    pub(crate) fn asset_supply_by_index(&self, asset: u32) -> u64 {
+        self.assets[asset as usize].supply
+    }
+
+    pub(crate) fn asset_count(&self) -> usize {
+        self.assets.len()
+    }
+
+    pub(crate) fn order_index_len(&self) -> usize {
+        self.order_index.len()
+    }
+
+    pub(crate) fn order_slot(&self, order: OrderId) -> Option<u32> {
+        self.order_index.get(&order).copied()
+    }
+
+    pub(crate) fn account_first_order(&self, account: u32) -> u32 {
+        self.accounts[account as usize].first_order
+    }
+}

@@ -1,0 +1,24 @@
+//! crossbook's exchange core: order books, matching, accounts, settlement.
+//!
+//! A pure state machine: [`Engine::apply`] takes a [`Command`] and appends
+//! the [`Event`]s it caused. No I/O, no clock, no randomness, no iteration
+//! over hash maps: the same commands always give the same events. The rules
+//! are specified in `docs/engine.md`.
+//!
+//! ```
+//! use crossbook_engine::*;
+//! let mut engine = Engine::new();
+//! let mut events = Vec::new();
+//! engine.apply(&Command::OpenAccount { account: 7 }, &mut events);
+//! assert_eq!(events[0].kind, EventKind::AccountOpened { account: 7 });
+//! ```
+
+pub mod arena;
+pub mod book;
+mod engine;
+pub mod hash;
+mod invariants;
+pub mod types;
+
+pub use engine::{Balance, Engine, OrderView, fee};
+pub use types::*;

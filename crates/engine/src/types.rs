@@ -1,0 +1,341 @@
+//! Commands in, events out: the engine's whole interface.
+//!
+//! Every type here is `Copy` and fixed-size so that a command can be
+//! journaled and an event published without allocating.
+
+/// Account id as chosen by the operator. Account 0 is the fee account.
+pub type AccountId = u64;
+pub type AssetId = u32;
+pub type InstrumentId = u32;
+/// The sequence number of the `place` command that created the order.
+pub type OrderId = u64;
+pub type ClientOrderId = u64;
+
+/// The fee account: receives every fee, pays every maker rebate.
+pub const FEE_ACCOUNT: AccountId = 0;
+
+/// For every asset, deposits minus withdrawals never exceed this, so that no
+/// balance, lock or notional computed from them overflows 64 bits.
+pub const MAX_SUPPLY: u64 = 1 << 62;
+
+/// A short name (asset name or instrument symbol) stored inline.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Symbol {
+    len: u8,
+    bytes: [u8; Symbol::CAPACITY],
+}
+
+impl Symbol {
+    pub const CAPACITY: usize = 32;
+
+    /// `None` if `text` is empty, longer than [`Symbol::CAPACITY`], or has a
+    /// byte outside `A-Z a-z 0-9 _ . - /`.
+    pub fn new(text: &str) -> Option<Symbol> {
+        let raw = text.as_bytes();
+        if raw.is_empty() || raw.len() > Self::CAPACITY {
+            return None;
+        }
+        if !raw.iter().all(|&b| b.is_ascii_alphanumeric() || b"_.-/".contains(&b)) {
+            return None;
+        }
+        let mut bytes = [0u8; Self::CAPACITY];
+        bytes[..raw.len()].copy_from_slice(raw);
+        Some(Symbol { len: raw.len() as u8, bytes })
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Only ASCII is ever stored (checked in `new`).
+        std::str::from_utf8(&self.bytes[..self.len as usize]).unwrap_or("")
+    }
+}
+
+impl std::fmt::Debug for Symbol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.as_str())
+    }
+}
+
+impl std::fmt::Display for Symbol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Buy,
+    Sell,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OrderType {
+    Limit,
+    Market,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeInForce {
+    Gtc,
+    Ioc,
+    Fok,
+}
+
+/// Self-trade prevention: what happens when a taker meets a resting order of
+/// its own account. The taker's mode decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SelfTradePrevention {
+    /// Trade with yourself like with anyone else.
+    None,
+    /// Cancel the rest of the incoming order.
+    CancelNewest,
+    /// Cancel the resting order and go on matching.
+    CancelOldest,
+    /// Cancel both.
+    CancelBoth,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InstrumentSpec {
+    pub id: InstrumentId,
+    pub symbol: Symbol,
+    pub base: AssetId,
+    pub quote: AssetId,
+    /// Quote units that one lot costs per tick of price.
+    pub tick_size: u64,
+    /// Base units in one lot.
+    pub lot_size: u64,
+    pub min_qty: u64,
+    pub max_qty: u64,
+    pub min_price: i64,
+    pub max_price: i64,
+    pub maker_bps: i64,
+    pub taker_bps: i64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlaceOrder {
+    pub account: AccountId,
+    pub instrument: InstrumentId,
+    pub cid: ClientOrderId,
+    pub side: Side,
+    pub order_type: OrderType,
+    pub tif: TimeInForce,
+    /// Limit price in ticks; ignored for market orders.
+    pub price: i64,
+    pub qty: u64,
+    pub post_only: bool,
+    pub stp: SelfTradePrevention,
+    /// Market buys only: the most quote the order may spend, fees included.
+    pub budget: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    AddAsset { id: AssetId, name: Symbol },
+    AddInstrument(InstrumentSpec),
+    OpenAccount { account: AccountId },
+    Deposit { account: AccountId, asset: AssetId, amount: u64 },
+    Withdraw { account: AccountId, asset: AssetId, amount: u64 },
+    Place(PlaceOrder),
+    Cancel { account: AccountId, order: OrderId },
+    /// `qty` is the new total quantity, filled lots included.
+    Replace { account: AccountId, order: OrderId, price: i64, qty: u64 },
+    CancelAll { account: AccountId, instrument: Option<InstrumentId> },
+}
+
+/// Why a command was refused. The discriminant is the wire code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RejectReason {
+    UnknownAccount = 1,
+    UnknownAsset = 2,
+    UnknownInstrument = 3,
+    UnknownOrder = 4,
+    NotOwner = 5,
+    DuplicateAsset = 6,
+    DuplicateInstrument = 7,
+    DuplicateAccount = 8,
+    DuplicateClientOrderId = 9,
+    InvalidInstrument = 10,
+    InvalidAmount = 11,
+    InvalidQuantity = 12,
+    InvalidPrice = 13,
+    PriceOutOfBand = 14,
+    InvalidTimeInForce = 15,
+    InvalidBudget = 16,
+    InsufficientFunds = 17,
+    BalanceOverflow = 18,
+    FeeAccount = 19,
+    PostOnlyWouldTake = 20,
+    FokCannotFill = 21,
+}
+
+impl RejectReason {
+    pub const ALL: [RejectReason; 21] = [
+        RejectReason::UnknownAccount,
+        RejectReason::UnknownAsset,
+        RejectReason::UnknownInstrument,
+        RejectReason::UnknownOrder,
+        RejectReason::NotOwner,
+        RejectReason::DuplicateAsset,
+        RejectReason::DuplicateInstrument,
+        RejectReason::DuplicateAccount,
+        RejectReason::DuplicateClientOrderId,
+        RejectReason::InvalidInstrument,
+        RejectReason::InvalidAmount,
+        RejectReason::InvalidQuantity,
+        RejectReason::InvalidPrice,
+        RejectReason::PriceOutOfBand,
+        RejectReason::InvalidTimeInForce,
+        RejectReason::InvalidBudget,
+        RejectReason::InsufficientFunds,
+        RejectReason::BalanceOverflow,
+        RejectReason::FeeAccount,
+        RejectReason::PostOnlyWouldTake,
+        RejectReason::FokCannotFill,
+    ];
+
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    pub fn from_code(code: u8) -> Option<RejectReason> {
+        Self::ALL.get(usize::from(code).wrapping_sub(1)).copied()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            RejectReason::UnknownAccount => "unknown_account",
+            RejectReason::UnknownAsset => "unknown_asset",
+            RejectReason::UnknownInstrument => "unknown_instrument",
+            RejectReason::UnknownOrder => "unknown_order",
+            RejectReason::NotOwner => "not_owner",
+            RejectReason::DuplicateAsset => "duplicate_asset",
+            RejectReason::DuplicateInstrument => "duplicate_instrument",
+            RejectReason::DuplicateAccount => "duplicate_account",
+            RejectReason::DuplicateClientOrderId => "duplicate_client_order_id",
+            RejectReason::InvalidInstrument => "invalid_instrument",
+            RejectReason::InvalidAmount => "invalid_amount",
+            RejectReason::InvalidQuantity => "invalid_quantity",
+            RejectReason::InvalidPrice => "invalid_price",
+            RejectReason::PriceOutOfBand => "price_out_of_band",
+            RejectReason::InvalidTimeInForce => "invalid_time_in_force",
+            RejectReason::InvalidBudget => "invalid_budget",
+            RejectReason::InsufficientFunds => "insufficient_funds",
+            RejectReason::BalanceOverflow => "balance_overflow",
+            RejectReason::FeeAccount => "fee_account",
+            RejectReason::PostOnlyWouldTake => "post_only_would_take",
+            RejectReason::FokCannotFill => "fok_cannot_fill",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelReason {
+    /// A `cancel` command.
+    User,
+    /// The unfilled rest of an IOC or market order.
+    Ioc,
+    /// Self-trade prevention.
+    Stp,
+    /// Replaced to a quantity at or below what was already filled.
+    Replace,
+    /// A `cancel_all` command.
+    CancelAll,
+}
+
+impl CancelReason {
+    pub fn name(self) -> &'static str {
+        match self {
+            CancelReason::User => "user",
+            CancelReason::Ioc => "ioc",
+            CancelReason::Stp => "stp",
+            CancelReason::Replace => "replace",
+            CancelReason::CancelAll => "cancel_all",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    Rejected {
+        reason: RejectReason,
+    },
+    AssetAdded {
+        asset: AssetId,
+        name: Symbol,
+    },
+    InstrumentAdded {
+        instrument: InstrumentId,
+        symbol: Symbol,
+    },
+    AccountOpened {
+        account: AccountId,
+    },
+    Deposited {
+        account: AccountId,
+        asset: AssetId,
+        amount: u64,
+    },
+    Withdrawn {
+        account: AccountId,
+        asset: AssetId,
+        amount: u64,
+    },
+    Accepted {
+        order: OrderId,
+        account: AccountId,
+        instrument: InstrumentId,
+        cid: ClientOrderId,
+        side: Side,
+        order_type: OrderType,
+        tif: TimeInForce,
+        /// Meaningful for limit orders only.
+        price: i64,
+        qty: u64,
+    },
+    Trade {
+        instrument: InstrumentId,
+        price: i64,
+        qty: u64,
+        maker: OrderId,
+        maker_account: AccountId,
+        taker: OrderId,
+        taker_account: AccountId,
+        taker_side: Side,
+        maker_fee: i64,
+        taker_fee: i64,
+        maker_remaining: u64,
+        taker_remaining: u64,
+    },
+    Cancelled {
+        order: OrderId,
+        account: AccountId,
+        remaining: u64,
+        reason: CancelReason,
+    },
+    Replaced {
+        order: OrderId,
+        price: i64,
+        qty: u64,
+        remaining: u64,
+        priority_kept: bool,
+    },
+    MassCancelled {
+        account: AccountId,
+        count: u64,
+    },
+    Balance {
+        account: AccountId,
+        asset: AssetId,
+        available: u64,
+        locked: u64,
+    },
+}
+
+/// One event, stamped with the sequence number of the command that caused it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub seq: u64,
+    pub kind: EventKind,
+}
