@@ -180,6 +180,8 @@ def parse_file(path):
                 line = raw.decode("utf-8")
             except UnicodeDecodeError:
                 raise CommandSyntaxError("not UTF-8") from None
+            if line.endswith("\r"):
+                line = line[:-1]  # a CRLF line end
             command = parse_line(line)
         except CommandSyntaxError as e:
             raise CommandSyntaxError("%s:%d: %s" % (path, number, e)) from None
@@ -541,7 +543,7 @@ class Engine:
                 or f["min_price"] > f["max_price"]
                 or f["taker_bps"] < 0
                 or f["taker_bps"] > 10000
-                or f["maker_bps"] > 10000
+                or f["maker_bps"] > f["taker_bps"]
                 or f["maker_bps"] + f["taker_bps"] < 0
                 or f["max_price"] * f["max_qty"] * f["tick_size"] > MAX_SUPPLY
                 or f["max_qty"] * f["lot_size"] > MAX_SUPPLY):
@@ -763,62 +765,64 @@ class Engine:
     def check_invariants(self):
         seq = self.seq
 
-        def require(condition, what):
-            if not condition:
-                raise AssertionError("seq %d: %s" % (seq, what))
+        def fail(what):
+            raise AssertionError("seq %d: invariant broken: %s" % (seq, what))
 
         expected_locks = {}  # (account, asset) -> sum of resting locks
         seen = set()
         for inst in self.instruments.values():
             for side, levels in inst.book.items():
                 for price, queue in levels.items():
-                    require(len(queue) > 0, "empty level %d %s %d"
-                            % (inst.id, side, price))
-                    require(sum(o.remaining for o in queue) > 0,
-                            "level total is 0")
+                    if not queue:
+                        fail("empty level %d %s %d" % (inst.id, side, price))
                     for order in queue:
-                        require(order.id not in seen, "order %d twice" % order.id)
+                        if order.id in seen:
+                            fail("order %d twice in the books" % order.id)
                         seen.add(order.id)
-                        require(self.orders.get(order.id) is order,
-                                "order %d in book, not open" % order.id)
-                        require(order.instrument == inst.id
-                                and order.side == side
-                                and order.price == price,
-                                "order %d in the wrong level" % order.id)
-                        require(order.type == "limit" and order.tif == "gtc",
-                                "order %d rests but is not limit gtc" % order.id)
-                        require(order.remaining > 0,
-                                "order %d rests with nothing left" % order.id)
-                        require(order.filled + order.remaining == order.qty,
-                                "order %d: filled + remaining != qty" % order.id)
+                        if self.orders.get(order.id) is not order:
+                            fail("order %d in a book but not open" % order.id)
+                        if (order.instrument != inst.id or order.side != side
+                                or order.price != price):
+                            fail("order %d in the wrong level" % order.id)
+                        if order.type != "limit" or order.tif != "gtc":
+                            fail("order %d rests but is not limit gtc" % order.id)
+                        if not order.remaining > 0:
+                            fail("order %d rests with nothing left" % order.id)
+                        if order.filled + order.remaining != order.qty:
+                            fail("order %d: filled + remaining != qty" % order.id)
                         asset, amount = self.resting_lock(order)
                         key = (order.account, asset)
                         expected_locks[key] = expected_locks.get(key, 0) + amount
             bid, ask = inst.best_price("buy"), inst.best_price("sell")
-            require(bid is None or ask is None or bid < ask,
-                    "book %d crossed: %s >= %s" % (inst.id, bid, ask))
-        require(seen == set(self.orders), "open orders not all in a book")
+            if bid is not None and ask is not None and not bid < ask:
+                fail("book %d crossed: bid %d >= ask %d" % (inst.id, bid, ask))
+        if seen != set(self.orders):
+            fail("open orders not in a book: %s" % sorted(set(self.orders) - seen))
 
         cids = set()
         for order in self.orders.values():
-            require((order.account, order.cid) not in cids,
-                    "duplicate open cid %d" % order.cid)
+            if (order.account, order.cid) in cids:
+                fail("account %d has two open orders with cid %d"
+                     % (order.account, order.cid))
             cids.add((order.account, order.cid))
 
         totals = {}
         for key, (available, locked) in self.balances.items():
-            require(available >= 0 and locked >= 0, "negative balance %s" % (key,))
-            require(locked == expected_locks.get(key, 0),
-                    "locked %d != resting locks %d for %s"
-                    % (locked, expected_locks.get(key, 0), key))
+            if available < 0 or locked < 0:
+                fail("negative balance %s" % (key,))
+            if locked != expected_locks.get(key, 0):
+                fail("%s locked %d, resting orders lock %d"
+                     % (key, locked, expected_locks.get(key, 0)))
             totals[key[1]] = totals.get(key[1], 0) + available + locked
         for key in expected_locks:
-            require(key in self.balances, "lock with no balance %s" % (key,))
+            if key not in self.balances:
+                fail("resting lock with no balance %s" % (key,))
         for asset, supply in self.supply.items():
-            require(totals.get(asset, 0) == supply,
-                    "asset %d: balances %d != supply %d"
-                    % (asset, totals.get(asset, 0), supply))
-            require(supply <= MAX_SUPPLY, "asset %d above MAX_SUPPLY" % asset)
+            if totals.get(asset, 0) != supply:
+                fail("asset %d: balances total %d, deposits - withdrawals %d"
+                     % (asset, totals.get(asset, 0), supply))
+            if supply > MAX_SUPPLY:
+                fail("asset %d above MAX_SUPPLY" % asset)
 
 
 # --------------------------------------------------------------------------

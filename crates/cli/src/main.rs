@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use crossbook_engine::{Command, Engine, Event, EventKind};
+use crossbook_engine::{Command, Engine, Event};
 use crossbook_workload::{Workload, generate};
 use sha2::{Digest, Sha256};
 use std::io::{BufWriter, Write};
@@ -141,13 +141,12 @@ fn hex(bytes: &[u8]) -> String {
 /// `--toggle-collect`.
 #[inline(never)]
 fn replay(engine: &mut Engine, commands: &[Command], events: &mut Vec<Event>) -> u64 {
-    let mut trades = 0u64;
+    let trades_before = engine.trades();
     for command in commands {
         events.clear();
         engine.apply(command, events);
-        trades += events.iter().filter(|e| matches!(e.kind, EventKind::Trade { .. })).count() as u64;
     }
-    trades
+    engine.trades() - trades_before
 }
 
 fn bench_command(name: &str, count: usize, seed: u64, latency: bool) -> Result<()> {
@@ -173,9 +172,11 @@ fn bench_command(name: &str, count: usize, seed: u64, latency: bool) -> Result<(
         histogram.saturating_record(nanos.max(1));
     }
     let seconds = elapsed.as_secs_f64();
+    let orders = commands.iter().filter(|c| matches!(c, Command::Place(_))).count();
     println!("workload {name} seed {seed} commands {count}");
     println!("elapsed_s {seconds:.3}");
     println!("commands_per_s {:.0}", count as f64 / seconds);
+    println!("orders {orders} orders_per_s {:.0}", orders as f64 / seconds);
     println!("trades {trades} trades_per_s {:.0}", trades as f64 / seconds);
     println!(
         "latency_ns min {} p50 {} p90 {} p99 {} p99.9 {} p99.99 {} max {}",

@@ -108,10 +108,10 @@ mod tests {
             assert_eq!(*arena.get(slot), value as u64);
         }
         arena.remove(slots[7]);
-        arena.remove(slots[9000]);
+        arena.remove(slots[8000]);
         assert_eq!(arena.len(), slots.len() - 2);
         // Last freed, first reused.
-        assert_eq!(arena.insert(42), slots[9000]);
+        assert_eq!(arena.insert(42), slots[8000]);
         assert_eq!(arena.insert(43), slots[7]);
         assert_eq!(*arena.get(slots[7]), 43);
         assert_eq!(*arena.get(slots[8]), 8, "neighbours untouched");

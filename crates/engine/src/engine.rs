@@ -14,9 +14,12 @@ use crate::types::*;
 pub struct Balance {
     pub available: u64,
     pub locked: u64,
-    /// Sequence number of the last command that touched this balance; lets
-    /// the engine record a balance's starting value once per command.
+    /// Sequence number of the last command that touched this balance, and
+    /// the values it had before that command: the engine compares them at
+    /// the end of the command to decide on a `balance` event.
     touched_seq: u64,
+    start_available: u64,
+    start_locked: u64,
 }
 
 struct Asset {
@@ -43,15 +46,13 @@ pub(crate) struct Account {
     last_order: u32,
 }
 
-/// A balance as it was when the current command first touched it.
+/// A balance the current command touched: its sort key and its slot in the
+/// balance table. Kept to 16 bytes: the list is sorted every command.
 #[derive(Clone, Copy)]
 struct Touch {
     account_id: AccountId,
     asset_id: AssetId,
-    account: u32,
-    asset: u32,
-    available: u64,
-    locked: u64,
+    balance: u32,
 }
 
 /// Insertion sort by (account id, asset id): a command touches a handful of
@@ -72,6 +73,36 @@ impl Touch {
     fn key(&self) -> (AccountId, AssetId) {
         (self.account_id, self.asset_id)
     }
+}
+
+/// What dropping an order from the indexes needs of it.
+struct Unlisted {
+    id: OrderId,
+    cid: ClientOrderId,
+    account: u32,
+    account_prev: u32,
+    account_next: u32,
+}
+
+/// What settling a trade needs of its instrument.
+struct Terms {
+    id: InstrumentId,
+    base: u32,
+    quote: u32,
+    tick_size: u64,
+    lot_size: u64,
+    maker_bps: i64,
+    taker_bps: i64,
+}
+
+/// What settling a trade needs of the resting order.
+struct Maker {
+    slot: u32,
+    id: OrderId,
+    account: u32,
+    remaining: u64,
+    unit_lock: u64,
+    level: u32,
 }
 
 /// The incoming side of a match: a new order, or a replaced order that lost
@@ -128,6 +159,8 @@ pub struct Engine {
     /// (account index, client order id) of every open order.
     cid_index: IdMap<(u32, ClientOrderId), u32>,
     touched: Vec<Touch>,
+    /// Trades so far (a statistic; not part of the state's meaning).
+    trades: u64,
 }
 
 impl Default for Engine {
@@ -182,8 +215,8 @@ fn times(lots: u64, unit: u64) -> u64 {
 /// largest `q` with `ceil(price * q * tick_size * (10000 + taker_bps) / 10000) <= budget`.
 /// Since `budget` is an integer, that is `floor(budget * 10000 / (price * tick_size * (10000 + taker_bps)))`.
 #[inline]
-fn affordable(spec: &InstrumentSpec, price: i64, budget: u64) -> u64 {
-    let per_lot = i128::from(price) * i128::from(spec.tick_size) * (BPS + i128::from(spec.taker_bps));
+fn affordable(tick_size: u64, taker_bps: i64, price: i64, budget: u64) -> u64 {
+    let per_lot = i128::from(price) * i128::from(tick_size) * (BPS + i128::from(taker_bps));
     let lots = i128::from(budget) * BPS / per_lot;
     u64::try_from(lots).unwrap_or(u64::MAX)
 }
@@ -211,9 +244,15 @@ impl Engine {
             order_index: id_map(),
             cid_index: id_map(),
             touched: Vec::new(),
+            trades: 0,
         };
         engine.create_account(FEE_ACCOUNT);
         engine
+    }
+
+    /// Trades executed since the engine started.
+    pub fn trades(&self) -> u64 {
+        self.trades
     }
 
     /// Sequence number of the last command applied (0 before the first).
@@ -253,19 +292,19 @@ impl Engine {
 
     /// The balance of (`account`, `asset`) by index, noting its starting
     /// value the first time this command touches it.
-    #[inline]
+    #[inline(always)]
     fn touch(&mut self, account: u32, asset: u32) -> &mut Balance {
         let seq = self.seq;
-        let balance = &mut self.balances[account as usize * self.asset_stride + asset as usize];
+        let slot = account as usize * self.asset_stride + asset as usize;
+        let balance = &mut self.balances[slot];
         if balance.touched_seq != seq {
             balance.touched_seq = seq;
+            balance.start_available = balance.available;
+            balance.start_locked = balance.locked;
             self.touched.push(Touch {
                 account_id: self.accounts[account as usize].id,
                 asset_id: self.assets[asset as usize].id,
-                account,
-                asset,
-                available: balance.available,
-                locked: balance.locked,
+                balance: slot as u32,
             });
         }
         balance
@@ -305,8 +344,8 @@ impl Engine {
         sort_touches(&mut self.touched);
         let seq = self.seq;
         for touch in &self.touched {
-            let balance = &self.balances[touch.account as usize * self.asset_stride + touch.asset as usize];
-            if balance.available != touch.available || balance.locked != touch.locked {
+            let balance = &self.balances[touch.balance as usize];
+            if balance.available != balance.start_available || balance.locked != balance.start_locked {
                 out.push(Event {
                     seq,
                     kind: EventKind::Balance {
@@ -363,7 +402,7 @@ impl Engine {
             || spec.min_price > spec.max_price
             || spec.taker_bps < 0
             || spec.taker_bps > 10_000
-            || spec.maker_bps > 10_000
+            || spec.maker_bps > spec.taker_bps
             || spec.maker_bps + spec.taker_bps < 0
             || max_notional > i128::from(MAX_SUPPLY)
             || max_base > i128::from(MAX_SUPPLY);
@@ -379,6 +418,7 @@ impl Engine {
 
     fn create_account(&mut self, id: AccountId) {
         let index = self.accounts.len() as u32;
+        assert!((self.accounts.len() + 1) * self.asset_stride < u32::MAX as usize, "balance table full");
         self.accounts.push(Account { id, first_order: NIL, last_order: NIL });
         self.balances.resize(self.accounts.len() * self.asset_stride, Balance::default());
         self.account_index.insert(id, index);
@@ -613,9 +653,21 @@ impl Engine {
     /// stopped by self-trade prevention.
     fn match_taker(&mut self, instrument: u32, taker: &mut Taker, out: &mut Vec<Event>) -> bool {
         let inst_index = instrument as usize;
-        while taker.remaining() > 0 {
+        let terms = {
             let inst = &self.instruments[inst_index];
-            let Some(best) = inst.book.best_opposite(taker.side) else {
+            Terms {
+                id: inst.spec.id,
+                base: inst.base,
+                quote: inst.quote,
+                tick_size: inst.spec.tick_size,
+                lot_size: inst.spec.lot_size,
+                maker_bps: inst.spec.maker_bps,
+                taker_bps: inst.spec.taker_bps,
+            }
+        };
+        while taker.remaining() > 0 {
+            let book = &self.instruments[inst_index].book;
+            let Some(best) = book.best_opposite(taker.side) else {
                 return false;
             };
             if let Some(limit) = taker.limit {
@@ -623,54 +675,58 @@ impl Engine {
                     return false;
                 }
             }
-            let maker_slot = inst.book.level(best.level).head;
-            let maker = *self.orders.get(maker_slot);
+            let slot = book.level(best.level).head;
+            let resting = self.orders.get(slot);
+            let maker = Maker {
+                slot,
+                id: resting.id,
+                account: resting.account,
+                remaining: resting.remaining(),
+                unit_lock: resting.unit_lock,
+                level: resting.level,
+            };
             if maker.account == taker.account && taker.stp != SelfTradePrevention::None {
                 match taker.stp {
                     SelfTradePrevention::CancelNewest => return true,
                     SelfTradePrevention::CancelOldest => {
-                        self.cancel_resting(maker_slot, CancelReason::Stp, out);
+                        self.cancel_resting(slot, CancelReason::Stp, out);
                         continue;
                     }
                     SelfTradePrevention::CancelBoth => {
-                        self.cancel_resting(maker_slot, CancelReason::Stp, out);
+                        self.cancel_resting(slot, CancelReason::Stp, out);
                         return true;
                     }
                     SelfTradePrevention::None => unreachable!(),
                 }
             }
-            let mut qty = maker.remaining().min(taker.remaining());
+            let mut qty = maker.remaining.min(taker.remaining());
             if let Some(budget) = taker.budget_left {
-                qty = qty.min(affordable(&inst.spec, best.price, budget));
+                qty = qty.min(affordable(terms.tick_size, terms.taker_bps, best.price, budget));
                 if qty == 0 {
                     return false;
                 }
             }
-            self.trade(instrument, maker_slot, &maker, taker, best.price, qty, out);
+            self.trade(instrument, &terms, &maker, taker, best.price, qty, out);
         }
         false
     }
 
-    /// Settles one trade of `qty` lots at `price` between the resting order
-    /// in `maker_slot` and the taker, and emits it.
+    /// Settles one trade of `qty` lots at `price` between a resting order
+    /// and the taker, and emits it.
     #[allow(clippy::too_many_arguments)]
-    fn trade(&mut self, instrument: u32, maker_slot: u32, maker: &Order, taker: &mut Taker, price: i64, qty: u64, out: &mut Vec<Event>) {
-        let inst = &self.instruments[instrument as usize];
-        let spec = inst.spec;
-        let (base, quote) = (inst.base, inst.quote);
-        let notional = price as u64 * qty * spec.tick_size;
-        let base_qty = qty * spec.lot_size;
-        let maker_fee = fee(notional, spec.maker_bps);
-        let taker_fee = fee(notional, spec.taker_bps);
+    #[inline]
+    fn trade(&mut self, instrument: u32, terms: &Terms, maker: &Maker, taker: &mut Taker, price: i64, qty: u64, out: &mut Vec<Event>) {
+        let (base, quote) = (terms.base, terms.quote);
+        let notional = price as u64 * qty * terms.tick_size;
+        let base_qty = qty * terms.lot_size;
+        let maker_fee = fee(notional, terms.maker_bps);
+        let taker_fee = fee(notional, terms.taker_bps);
         let (buyer, buyer_fee, buyer_unit, seller, seller_fee) = match taker.side {
             Side::Buy => (taker.account, taker_fee, taker.budget_left.map_or(Some(taker.unit_lock), |_| None), maker.account, maker_fee),
             Side::Sell => (maker.account, maker_fee, Some(maker.unit_lock), taker.account, taker_fee),
         };
         // Seller: base leaves the lock, quote (less the fee) arrives.
-        {
-            let balance = self.touch(seller, base);
-            balance.locked -= base_qty;
-        }
+        self.touch(seller, base).locked -= base_qty;
         {
             let balance = self.touch(seller, quote);
             balance.available = (balance.available as i64 + notional as i64 - seller_fee) as u64;
@@ -687,8 +743,7 @@ impl Engine {
                 balance.available += held - paid;
             }
             None => {
-                let balance = self.touch(buyer, quote);
-                balance.locked -= paid;
+                self.touch(buyer, quote).locked -= paid;
                 if let Some(left) = taker.budget_left.as_mut() {
                     *left -= paid;
                 }
@@ -699,37 +754,30 @@ impl Engine {
             self.touch(0, quote).available += fees as u64;
         }
 
+        self.trades += 1;
         taker.filled += qty;
-        let maker_remaining = maker.remaining() - qty;
-        {
-            let resting = self.orders.get_mut(maker_slot);
-            resting.filled += qty;
-        }
+        let maker_remaining = maker.remaining - qty;
+        self.orders.get_mut(maker.slot).filled += qty;
+        let book = &mut self.instruments[instrument as usize].book;
+        book.reduce_level(maker.level, qty);
         if maker_remaining == 0 {
             // The maker is the head of the best level: unlinking it is O(1),
             // and an emptied level is the side's last entry (a pop).
-            self.instruments[instrument as usize].book.reduce_level(maker.level, qty);
-            {
-                // `unlink` subtracts the order's remaining (now 0) from the level.
-                let book = &mut self.instruments[instrument as usize].book;
-                book.unlink(&mut self.orders, maker_slot);
-            }
-            self.forget(maker_slot);
-        } else {
-            self.instruments[instrument as usize].book.reduce_level(maker.level, qty);
+            book.unlink(&mut self.orders, maker.slot);
+            self.forget(maker.slot);
         }
-        let maker_account_id = self.accounts[maker.account as usize].id;
-        let taker_account_id = self.accounts[taker.account as usize].id;
+        let maker_account = self.accounts[maker.account as usize].id;
+        let taker_account = self.accounts[taker.account as usize].id;
         self.emit(
             out,
             EventKind::Trade {
-                instrument: spec.id,
+                instrument: terms.id,
                 price,
                 qty,
                 maker: maker.id,
-                maker_account: maker_account_id,
+                maker_account,
                 taker: taker.id,
-                taker_account: taker_account_id,
+                taker_account,
                 taker_side: taker.side,
                 maker_fee,
                 taker_fee,
@@ -762,8 +810,14 @@ impl Engine {
     /// Drops an order that is no longer in any level from the indexes and
     /// its account's list, and frees its slot.
     fn forget(&mut self, slot: u32) {
-        let order = *self.orders.get(slot);
-        debug_assert!(order.level == NIL);
+        let order = self.orders.get(slot);
+        let order = Unlisted {
+            id: order.id,
+            cid: order.cid,
+            account: order.account,
+            account_prev: order.account_prev,
+            account_next: order.account_next,
+        };
         self.order_index.remove(&order.id);
         self.cid_index.remove(&(order.account, order.cid));
         if order.account_prev != NIL {

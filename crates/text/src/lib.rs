@@ -58,7 +58,8 @@ pub fn parse_commands(text: &str) -> Result<Vec<Command>, LineError> {
 
 /// Parses one line: `Ok(None)` for a blank or comment line.
 pub fn parse_line(line: &str) -> Result<Option<Command>, SyntaxError> {
-    let trimmed = line.trim_matches(|c| c == ' ' || c == '\t' || c == '\r');
+    let line = line.strip_suffix('\r').unwrap_or(line);
+    let trimmed = line.trim_matches(|c| c == ' ' || c == '\t');
     if trimmed.is_empty() || trimmed.starts_with('#') {
         return Ok(None);
     }
