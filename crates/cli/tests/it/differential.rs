@@ -69,3 +69,21 @@ fn rust_engine_matches_python_reference_model() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(failures.is_empty(), "{} of {} seeds differ:\n{}", failures.len(), seeds.len(), failures.join("\n"));
 }
+
+/// The reference model checks the invariants itself after every command
+/// (`--check`): a second, independent invariant checker.
+#[test]
+fn reference_model_invariants_hold_on_mixed_runs() {
+    let dir = std::env::temp_dir().join(format!("crossbook-pycheck-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for seed in [101, 202] {
+        let commands = generate(Workload::Mixed, seed, 10_000);
+        let file = dir.join(format!("mixed-{seed}.txt"));
+        std::fs::write(&file, commands_text(&commands)).unwrap();
+        let model = repo_root().join("reference/model.py");
+        let output = Process::new(python()).arg(&model).arg("--check").arg(&file).output().unwrap();
+        assert!(output.status.success(), "seed {seed}: {}", String::from_utf8_lossy(&output.stderr));
+        assert_eq!(output.stdout, events_text(&commands), "seed {seed}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

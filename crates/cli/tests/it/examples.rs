@@ -25,3 +25,12 @@ fn engine_reproduces_every_hand_written_example() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+#[test]
+fn reference_model_reproduces_every_hand_written_example() {
+    let script = repo_root().join("reference/check_examples.py");
+    let output = std::process::Command::new("python3").arg(&script).output().expect("run python3");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.trim_end().ends_with(" 0 failed"), "{stdout}");
+}
