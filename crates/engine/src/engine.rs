@@ -7,7 +7,8 @@
 
 use crate::arena::{Arena, NIL};
 use crate::book::{Book, Order, crosses};
-use crate::hash::{DenseIndex, IdMap, id_map};
+use crate::hash::DenseIndex;
+use crate::table::Table;
 use crate::types::*;
 
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
@@ -155,9 +156,9 @@ pub struct Engine {
     /// Balance slots per account (a power of two, at least the asset count).
     pub(crate) asset_stride: usize,
     pub(crate) orders: Arena<Order>,
-    order_index: IdMap<OrderId, u32>,
+    order_index: Table<OrderId, u32>,
     /// (account index, client order id) of every open order.
-    cid_index: IdMap<(u32, ClientOrderId), u32>,
+    cid_index: Table<(u32, ClientOrderId), u32>,
     touched: Vec<Touch>,
     /// Trades so far (a statistic; not part of the state's meaning).
     trades: u64,
@@ -241,8 +242,8 @@ impl Engine {
             balances: Vec::new(),
             asset_stride: 4,
             orders: Arena::new(),
-            order_index: id_map(),
-            cid_index: id_map(),
+            order_index: Table::new(),
+            cid_index: Table::new(),
             touched: Vec::new(),
             trades: 0,
         };
@@ -500,7 +501,7 @@ impl Engine {
                 return Err(RejectReason::PriceOutOfBand);
             }
         }
-        if self.cid_index.contains_key(&(account, order.cid)) {
+        if self.cid_index.contains(&(account, order.cid)) {
             return Err(RejectReason::DuplicateClientOrderId);
         }
         let (lock_asset, unit, lock_amount) = match (order.side, is_limit) {
@@ -852,7 +853,7 @@ impl Engine {
     /// The slot of open order `order_id` if `account_id` may act on it.
     fn owned_order(&self, account_id: AccountId, order_id: OrderId) -> Result<(u32, u32), RejectReason> {
         let account = self.account_index.get(account_id).ok_or(RejectReason::UnknownAccount)?;
-        let slot = *self.order_index.get(&order_id).ok_or(RejectReason::UnknownOrder)?;
+        let slot = self.order_index.get(&order_id).ok_or(RejectReason::UnknownOrder)?;
         if self.orders.get(slot).account != account {
             return Err(RejectReason::NotOwner);
         }
@@ -990,7 +991,7 @@ impl Engine {
 
     /// An open order, as its owner would see it.
     pub fn order(&self, order: OrderId) -> Option<OrderView> {
-        let slot = *self.order_index.get(&order)?;
+        let slot = self.order_index.get(&order)?;
         let o = self.orders.get(slot);
         Some(OrderView {
             id: o.id,
@@ -1038,7 +1039,7 @@ impl Engine {
     }
 
     pub(crate) fn order_slot(&self, order: OrderId) -> Option<u32> {
-        self.order_index.get(&order).copied()
+        self.order_index.get(&order)
     }
 
     pub(crate) fn account_first_order(&self, account: u32) -> u32 {

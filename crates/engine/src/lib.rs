@@ -18,6 +18,7 @@ pub mod book;
 mod engine;
 pub mod hash;
 mod invariants;
+pub mod table;
 pub mod types;
 
 pub use engine::{Balance, Engine, OrderView, fee};

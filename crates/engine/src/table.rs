@@ -1,0 +1,210 @@
+//! An open-addressing hash table for the engine's two order indexes (order
+//! id -> slot, (account, client order id) -> slot).
+//!
+//! Why not `std`'s `HashMap`: these two indexes are touched on every order
+//! placed, rested, filled and cancelled, and `hashbrown`'s general-purpose
+//! machinery cost about 130 instructions a command on `steady-deep` for the
+//! client-id index alone. Keys here are integers and the table never needs
+//! iterating, so a flat array with linear probing, Fibonacci hashing and
+//! backward-shift deletion (no tombstones, so probe lengths never degrade)
+//! does the same job in a fraction of that.
+//!
+//! The table doubles when it is a quarter full (short probe runs); in steady state it never
+//! allocates. It is never iterated, so its layout cannot leak into output.
+
+/// A key that hashes to a well-mixed 64-bit value.
+pub trait Key: Copy + Eq + Default {
+    fn hash(&self) -> u64;
+}
+
+impl Key for u64 {
+    #[inline]
+    fn hash(&self) -> u64 {
+        // Fibonacci hashing: the high bits of the product are well mixed
+        // even for sequential ids.
+        self.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+}
+
+impl Key for (u32, u64) {
+    #[inline]
+    fn hash(&self) -> u64 {
+        (self.1 ^ u64::from(self.0).rotate_left(40)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+struct Entry<K, V> {
+    key: K,
+    value: V,
+    used: bool,
+}
+
+pub struct Table<K, V> {
+    entries: Vec<Entry<K, V>>,
+    /// `64 - log2(capacity)`: the shift that takes a hash to a home slot.
+    shift: u32,
+    len: usize,
+}
+
+const MIN_BITS: u32 = 6;
+
+impl<K: Key, V: Copy + Default> Table<K, V> {
+    pub fn new() -> Self {
+        Table { entries: vec![Entry::default(); 1 << MIN_BITS], shift: 64 - MIN_BITS, len: 0 }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    #[inline]
+    fn mask(&self) -> usize {
+        self.entries.len() - 1
+    }
+
+    #[inline]
+    fn home(&self, key: &K) -> usize {
+        (key.hash() >> self.shift) as usize
+    }
+
+    /// The slot holding `key`, or the empty slot where it would go.
+    #[inline]
+    fn find(&self, key: &K) -> (usize, bool) {
+        let mask = self.mask();
+        let mut at = self.home(key);
+        loop {
+            let entry = &self.entries[at];
+            if !entry.used {
+                return (at, false);
+            }
+            if entry.key == *key {
+                return (at, true);
+            }
+            at = (at + 1) & mask;
+        }
+    }
+
+    #[inline]
+    pub fn get(&self, key: &K) -> Option<V> {
+        match self.find(key) {
+            (at, true) => Some(self.entries[at].value),
+            _ => None,
+        }
+    }
+
+    #[inline]
+    pub fn contains(&self, key: &K) -> bool {
+        self.find(key).1
+    }
+
+    /// Inserts or overwrites.
+    #[inline]
+    pub fn insert(&mut self, key: K, value: V) {
+        if (self.len + 1) * 4 > self.entries.len() {
+            self.grow();
+        }
+        let (at, found) = self.find(&key);
+        if !found {
+            self.len += 1;
+        }
+        self.entries[at] = Entry { key, value, used: true };
+    }
+
+    /// Removes `key`; returns its value if it was there.
+    #[inline]
+    pub fn remove(&mut self, key: &K) -> Option<V> {
+        let (mut hole, found) = self.find(key);
+        if !found {
+            return None;
+        }
+        let value = self.entries[hole].value;
+        self.len -= 1;
+        // Backward-shift deletion: pull later members of the probe run back
+        // into the hole when that does not move them before their home.
+        let mask = self.mask();
+        let mut at = hole;
+        loop {
+            at = (at + 1) & mask;
+            let entry = self.entries[at];
+            if !entry.used {
+                break;
+            }
+            let home = self.home(&entry.key);
+            // Distance from home to `at` versus from home to the hole,
+            // both measured forward around the ring.
+            if (at.wrapping_sub(home) & mask) >= (at.wrapping_sub(hole) & mask) {
+                self.entries[hole] = entry;
+                hole = at;
+            }
+        }
+        self.entries[hole].used = false;
+        Some(value)
+    }
+
+    fn grow(&mut self) {
+        let bits = 64 - self.shift + 1;
+        let old = std::mem::replace(&mut self.entries, vec![Entry::default(); 1 << bits]);
+        self.shift = 64 - bits;
+        self.len = 0;
+        for entry in old.into_iter().filter(|e| e.used) {
+            let (at, _) = self.find(&entry.key);
+            self.entries[at] = entry;
+            self.len += 1;
+        }
+    }
+}
+
+impl<K: Key, V: Copy + Default> Default for Table<K, V> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// Random inserts and removes against a `BTreeMap` model, with keys from
+    /// a small range so that probe runs collide and wrap.
+    #[test]
+    fn agrees_with_a_btreemap_under_churn() {
+        let mut table: Table<u64, u32> = Table::new();
+        let mut model = BTreeMap::new();
+        let mut state = 7u64;
+        for step in 0..200_000u32 {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let key = (state >> 33) % 3_000;
+            match (state >> 20) % 3 {
+                0 | 1 => {
+                    table.insert(key, step);
+                    model.insert(key, step);
+                }
+                _ => assert_eq!(table.remove(&key), model.remove(&key), "remove {key}"),
+            }
+            if step % 1000 == 0 {
+                for probe in 0..3_000 {
+                    assert_eq!(table.get(&probe), model.get(&probe).copied(), "get {probe}");
+                }
+            }
+            assert_eq!(table.len(), model.len());
+        }
+    }
+
+    #[test]
+    fn pair_keys_do_not_confuse_their_halves() {
+        let mut table: Table<(u32, u64), u32> = Table::new();
+        table.insert((1, 2), 10);
+        table.insert((2, 1), 20);
+        assert_eq!(table.get(&(1, 2)), Some(10));
+        assert_eq!(table.get(&(2, 1)), Some(20));
+        assert_eq!(table.get(&(1, 1)), None);
+        assert_eq!(table.remove(&(1, 2)), Some(10));
+        assert_eq!(table.get(&(2, 1)), Some(20));
+    }
+}
