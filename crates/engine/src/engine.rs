@@ -21,6 +21,9 @@ pub struct Balance {
     touched_seq: u64,
     start_available: u64,
     start_locked: u64,
+    /// Whose balance this is, for the `balance` event and its sort order.
+    account_id: AccountId,
+    asset_id: AssetId,
 }
 
 struct Asset {
@@ -47,32 +50,24 @@ pub(crate) struct Account {
     last_order: u32,
 }
 
-/// A balance the current command touched: its sort key and its slot in the
-/// balance table. Kept to 16 bytes: the list is sorted every command.
-#[derive(Clone, Copy)]
-struct Touch {
-    account_id: AccountId,
-    asset_id: AssetId,
-    balance: u32,
-}
-
-/// Insertion sort by (account id, asset id): a command touches a handful of
-/// balances, where this beats the general sort by a wide margin.
+/// Insertion sort of touched balance slots by (account id, asset id): a
+/// command touches a handful of balances, where this beats the general sort
+/// by a wide margin.
 #[inline]
-fn sort_touches(touches: &mut [Touch]) {
-    for i in 1..touches.len() {
+fn sort_touches(touched: &mut [u32], balances: &[Balance]) {
+    let key = |slot: u32| {
+        let balance = &balances[slot as usize];
+        (balance.account_id, balance.asset_id)
+    };
+    for i in 1..touched.len() {
+        let moving = touched[i];
+        let moving_key = key(moving);
         let mut j = i;
-        while j > 0 && touches[j - 1].key() > touches[j].key() {
-            touches.swap(j - 1, j);
+        while j > 0 && key(touched[j - 1]) > moving_key {
+            touched[j] = touched[j - 1];
             j -= 1;
         }
-    }
-}
-
-impl Touch {
-    #[inline]
-    fn key(&self) -> (AccountId, AssetId) {
-        (self.account_id, self.asset_id)
+        touched[j] = moving;
     }
 }
 
@@ -159,7 +154,8 @@ pub struct Engine {
     order_index: Table<OrderId, u32>,
     /// (account index, client order id) of every open order.
     cid_index: Table<(u32, ClientOrderId), u32>,
-    touched: Vec<Touch>,
+    /// Slots in `balances` touched by the current command.
+    touched: Vec<u32>,
     /// Trades so far (a statistic; not part of the state's meaning).
     trades: u64,
 }
@@ -302,11 +298,7 @@ impl Engine {
             balance.touched_seq = seq;
             balance.start_available = balance.available;
             balance.start_locked = balance.locked;
-            self.touched.push(Touch {
-                account_id: self.accounts[account as usize].id,
-                asset_id: self.assets[asset as usize].id,
-                balance: slot as u32,
-            });
+            self.touched.push(slot as u32);
         }
         balance
     }
@@ -342,16 +334,18 @@ impl Engine {
         if self.touched.is_empty() {
             return;
         }
-        sort_touches(&mut self.touched);
+        if self.touched.len() > 1 {
+            sort_touches(&mut self.touched, &self.balances);
+        }
         let seq = self.seq;
-        for touch in &self.touched {
-            let balance = &self.balances[touch.balance as usize];
+        for &slot in &self.touched {
+            let balance = &self.balances[slot as usize];
             if balance.available != balance.start_available || balance.locked != balance.start_locked {
                 out.push(Event {
                     seq,
                     kind: EventKind::Balance {
-                        account: touch.account_id,
-                        asset: touch.asset_id,
+                        account: balance.account_id,
+                        asset: balance.asset_id,
                         available: balance.available,
                         locked: balance.locked,
                     },
@@ -377,9 +371,15 @@ impl Engine {
             for account in 0..self.accounts.len() {
                 let old = &self.balances[account * self.asset_stride..(account + 1) * self.asset_stride];
                 balances[account * stride..account * stride + self.asset_stride].copy_from_slice(old);
+                for balance in &mut balances[account * stride..(account + 1) * stride] {
+                    balance.account_id = self.accounts[account].id;
+                }
             }
             self.balances = balances;
             self.asset_stride = stride;
+        }
+        for account in 0..self.accounts.len() {
+            self.balances[account * self.asset_stride + index as usize].asset_id = id;
         }
         self.emit(out, EventKind::AssetAdded { asset: id, name });
         Ok(())
@@ -421,7 +421,11 @@ impl Engine {
         let index = self.accounts.len() as u32;
         assert!((self.accounts.len() + 1) * self.asset_stride < u32::MAX as usize, "balance table full");
         self.accounts.push(Account { id, first_order: NIL, last_order: NIL });
-        self.balances.resize(self.accounts.len() * self.asset_stride, Balance::default());
+        let first = self.balances.len();
+        self.balances.resize(self.accounts.len() * self.asset_stride, Balance { account_id: id, ..Balance::default() });
+        for (asset, balance) in self.balances[first..].iter_mut().enumerate() {
+            balance.asset_id = self.assets.get(asset).map_or(0, |a| a.id);
+        }
         self.account_index.insert(id, index);
     }
 
