@@ -5,4 +5,5 @@ mod determinism;
 mod differential;
 mod examples;
 mod invariants;
+mod rules;
 mod support;
