@@ -362,6 +362,7 @@ impl Engine {
             return Err(RejectReason::DuplicateAsset);
         }
         let index = self.assets.len() as u32;
+        assert!(self.assets.len() < 1 << 16, "asset table full");
         self.assets.push(Asset { id, name, supply: 0 });
         self.asset_index.insert(id.into(), index);
         if self.assets.len() > self.asset_stride {
@@ -1028,6 +1029,61 @@ impl Engine {
     pub fn supply(&self, asset: AssetId) -> Option<u64> {
         let index = self.asset_index.get(asset.into())?;
         Some(self.assets[index as usize].supply)
+    }
+
+    // ---- restoring from a snapshot (see snapshot.rs) ---------------------
+
+    pub(crate) fn asset_table(&self) -> Vec<(AssetId, Symbol, u64)> {
+        self.assets.iter().map(|a| (a.id, a.name, a.supply)).collect()
+    }
+
+    pub(crate) fn set_supply(&mut self, asset: u32, supply: u64) {
+        self.assets[asset as usize].supply = supply;
+    }
+
+    /// Sets the sequence number after a restore and forgets which balances
+    /// the rebuilding commands touched.
+    pub(crate) fn set_seq(&mut self, seq: u64) {
+        self.seq = seq;
+        for balance in &mut self.balances {
+            balance.touched_seq = 0;
+        }
+        self.touched.clear();
+    }
+
+    /// Puts a restored order into the arena, its book level (at the back)
+    /// and the indexes; its account list comes later, in id order.
+    pub(crate) fn restore_order(&mut self, mut order: Order) -> Result<u32, String> {
+        let spec = &self.instruments[order.instrument as usize].spec;
+        if order.price < spec.min_price || order.price > spec.max_price || order.qty > spec.max_qty {
+            return Err(format!("order {}: price or quantity outside its instrument's limits", order.id));
+        }
+        order.unit_lock = unit_lock(spec, order.side, order.price);
+        let slot = self.orders.insert(order);
+        self.instruments[order.instrument as usize].book.push_back(&mut self.orders, slot);
+        Ok(slot)
+    }
+
+    /// Indexes a restored order and appends it to its account's list.
+    pub(crate) fn list_restored_order(&mut self, slot: u32) -> Result<(), String> {
+        let order = *self.orders.get(slot);
+        if self.cid_index.contains(&(order.account, order.cid)) {
+            return Err(format!("order {}: client order id {} used twice", order.id, order.cid));
+        }
+        self.order_index.insert(order.id, slot);
+        self.cid_index.insert((order.account, order.cid), slot);
+        let account = &mut self.accounts[order.account as usize];
+        let last = account.last_order;
+        account.last_order = slot;
+        if last == NIL {
+            account.first_order = slot;
+        } else {
+            self.orders.get_mut(last).account_next = slot;
+        }
+        let order = self.orders.get_mut(slot);
+        order.account_prev = last;
+        order.account_next = NIL;
+        Ok(())
     }
 
     pub(crate) fn asset_supply_by_index(&self, asset: u32) -> u64 {

@@ -14,12 +14,15 @@
 //! ```
 
 pub mod arena;
+pub mod codec;
 pub mod book;
 mod engine;
 pub mod hash;
 mod invariants;
+mod snapshot;
 pub mod table;
 pub mod types;
 
 pub use engine::{Balance, Engine, OrderView, fee};
+pub use snapshot::{STATE_VERSION, StateError};
 pub use types::*;

@@ -6,4 +6,5 @@ mod differential;
 mod examples;
 mod invariants;
 mod rules;
+mod snapshot;
 mod support;
