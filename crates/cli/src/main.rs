@@ -7,7 +7,10 @@ use crossbook_workload::{Workload, generate};
 use sha2::{Digest, Sha256};
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+use crossbook_journal::{Durability, JournalConfig};
+
+mod journaled;
 
 #[derive(Parser)]
 #[command(name = "crossbook", version, about = "An exchange core: order books, matching, accounts, settlement.")]
@@ -28,13 +31,42 @@ enum Cmd {
         commands: usize,
     },
     /// Apply a command file; write the event file to standard output and its
-    /// SHA-256 to standard error.
+    /// SHA-256 to standard error. With --journal, journal every command
+    /// first and print `acked N` as commands become durable instead.
     Run {
         #[arg(long)]
         commands: PathBuf,
         /// Check every invariant after every command (slow).
         #[arg(long)]
         check: bool,
+        /// Journal directory: recover what is there, skip the commands it
+        /// already holds, journal the rest.
+        #[arg(long)]
+        journal: Option<PathBuf>,
+        /// `sync`: acknowledge after fdatasync; `async`: after the write,
+        /// with a sync every 10 ms.
+        #[arg(long, default_value = "sync")]
+        durability: String,
+        /// Write a snapshot every N commands (0: never).
+        #[arg(long, default_value_t = 0)]
+        snapshot_every: u64,
+        /// Start a new journal segment past this many bytes.
+        #[arg(long, default_value_t = 64 << 20)]
+        segment_bytes: u64,
+        /// Snapshots to keep.
+        #[arg(long, default_value_t = 2)]
+        keep_snapshots: usize,
+    },
+    /// Rebuild the state from a journal directory; print its last sequence
+    /// number and state hash.
+    Recover {
+        #[arg(long)]
+        journal: PathBuf,
+    },
+    /// Check or print a journal.
+    Journal {
+        #[command(subcommand)]
+        action: JournalAction,
     },
     /// Run a workload in process and report throughput and latency.
     Bench {
@@ -50,6 +82,14 @@ enum Cmd {
     },
 }
 
+#[derive(Subcommand)]
+enum JournalAction {
+    /// Check every record and snapshot; report each problem with its place.
+    Verify { dir: PathBuf },
+    /// Print the journal's commands in the command-file text format.
+    Inspect { dir: PathBuf },
+}
+
 fn main() {
     if let Err(error) = real_main() {
         eprintln!("crossbook: {error:#}");
@@ -60,7 +100,19 @@ fn main() {
 fn real_main() -> Result<()> {
     match Cli::parse().command {
         Cmd::Gen { workload, seed, commands } => gen_command(&workload, seed, commands),
-        Cmd::Run { commands, check } => run_command(&commands, check),
+        Cmd::Run { commands, check, journal: None, .. } => run_command(&commands, check),
+        Cmd::Run { commands, journal: Some(dir), durability, snapshot_every, segment_bytes, keep_snapshots, .. } => {
+            let durability = match durability.as_str() {
+                "sync" => Durability::Sync,
+                "async" => Durability::Async { interval: Duration::from_millis(10) },
+                other => bail!("--durability must be sync or async, not {other:?}"),
+            };
+            let config = JournalConfig { durability, segment_bytes };
+            journaled::run(&commands, &dir, config, snapshot_every, keep_snapshots)
+        }
+        Cmd::Recover { journal } => journaled::recover(&journal),
+        Cmd::Journal { action: JournalAction::Verify { dir } } => journaled::verify(&dir),
+        Cmd::Journal { action: JournalAction::Inspect { dir } } => journaled::inspect(&dir),
         Cmd::Bench { workload, commands, seed, no_latency } => bench_command(&workload, commands, seed, !no_latency),
     }
 }
@@ -91,7 +143,7 @@ fn gen_command(name: &str, seed: u64, count: usize) -> Result<()> {
     Ok(())
 }
 
-fn read_commands(path: &PathBuf) -> Result<Vec<Command>> {
+pub(crate) fn read_commands(path: &PathBuf) -> Result<Vec<Command>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     crossbook_text::parse_commands(&text).with_context(|| format!("{}", path.display()))
 }

@@ -5,6 +5,7 @@ mod determinism;
 mod differential;
 mod examples;
 mod invariants;
+mod journal;
 mod rules;
 mod snapshot;
 mod support;

@@ -1,0 +1,138 @@
+//! The journaled commands: `run --journal`, `recover`, `journal verify`,
+//! `journal inspect`.
+
+use crate::read_commands;
+use anyhow::{Context, Result, bail};
+use crossbook_engine::Event;
+use crossbook_journal::{Journal, JournalConfig, recover as recover_dir, state_hash, write_snapshot};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+pub fn run(commands: &PathBuf, dir: &Path, config: JournalConfig, snapshot_every: u64, keep: usize) -> Result<()> {
+    let commands = read_commands(commands)?;
+    let recovered = recover_dir(dir).with_context(|| format!("recovering {}", dir.display()))?;
+    for warning in &recovered.warnings {
+        eprintln!("warning: {warning}");
+    }
+    let mut engine = recovered.engine;
+    let start = engine.seq();
+    if start > 0 {
+        eprintln!("recovered seq {start}; continuing with command {}", start + 1);
+    }
+    let mut journal = Journal::open(dir, config, &recovered.end).context("opening the journal")?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut events: Vec<Event> = Vec::new();
+    let mut printed = journal.acked();
+    let started = Instant::now();
+    let todo = commands.iter().skip(start as usize);
+    let count = todo.len();
+    for command in todo {
+        let seq = engine.seq() + 1;
+        journal.append(seq, command)?;
+        events.clear();
+        engine.apply(command, &mut events);
+        if snapshot_every > 0 && seq % snapshot_every == 0 {
+            // A snapshot never gets ahead of the durable journal.
+            journal.flush()?;
+            write_snapshot(dir, &engine, keep)?;
+        }
+        let acked = journal.acked();
+        if acked > printed {
+            writeln!(out, "acked {acked}")?;
+            out.flush()?;
+            printed = acked;
+        }
+    }
+    let acked = journal.flush()?;
+    if acked > printed {
+        writeln!(out, "acked {acked}")?;
+        out.flush()?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let stats = journal.close()?;
+    eprintln!("seq {}", engine.seq());
+    eprintln!("state-sha256 {}", state_hash(&engine));
+    eprintln!(
+        "commands {count} in {elapsed:.3} s ({:.0}/s); fsyncs {} averaging {:.1} us, {:.1} commands per group commit (largest {})",
+        count as f64 / elapsed.max(1e-9),
+        stats.syncs,
+        stats.average_sync_micros(),
+        stats.average_group(),
+        stats.largest_group
+    );
+    Ok(())
+}
+
+pub fn recover(dir: &Path) -> Result<()> {
+    if !dir.is_dir() {
+        bail!("{} is not a directory", dir.display());
+    }
+    let started = Instant::now();
+    let recovered = recover_dir(dir).with_context(|| format!("recovering {}", dir.display()))?;
+    let elapsed = started.elapsed().as_secs_f64();
+    for warning in &recovered.warnings {
+        eprintln!("warning: {warning}");
+    }
+    println!("seq {}", recovered.engine.seq());
+    println!("state-sha256 {}", state_hash(&recovered.engine));
+    let from = recovered.snapshot.map_or("the start of the journal".to_string(), |s| format!("snapshot {s}"));
+    eprintln!(
+        "from {from}, replayed {} commands in {elapsed:.3} s ({:.0}/s)",
+        recovered.replayed,
+        recovered.replayed as f64 / elapsed.max(1e-9)
+    );
+    Ok(())
+}
+
+pub fn verify(dir: &Path) -> Result<()> {
+    if !dir.is_dir() {
+        bail!("{} is not a directory", dir.display());
+    }
+    let (end, problems) = crossbook_journal::verify(dir);
+    if let Some(end) = &end {
+        println!("{} records in {} segments, last seq {}", end.records, end.segments, end.last_seq);
+    }
+    for problem in &problems {
+        println!("{problem}");
+    }
+    let fatal = problems.iter().filter(|p| !matches!(p, crossbook_journal::Problem::TornTail(_))).count();
+    if fatal > 0 {
+        bail!("{fatal} problem(s) found");
+    }
+    println!("ok");
+    Ok(())
+}
+
+pub fn inspect(dir: &Path) -> Result<()> {
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut line = String::new();
+    let mut failed: Option<std::io::Error> = None;
+    let end = crossbook_journal::scan(dir, |seq, payload| {
+        let command = crossbook_engine::codec::decode_command(payload).map_err(|e| format!("undecodable command: {e}"))?;
+        line.clear();
+        crossbook_text::write_command(&mut line, &command);
+        if let Err(e) = writeln!(out, "{line}") {
+            failed.get_or_insert(e);
+        }
+        let _ = seq;
+        if failed.is_some() {
+            return Err("standard output closed".into());
+        }
+        Ok(())
+    });
+    let flushed = out.flush();
+    if let Some(e) = failed.or(flushed.err()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            return Ok(());
+        }
+        return Err(e.into());
+    }
+    let end = end?;
+    if let Some(torn) = end.torn {
+        eprintln!("warning: torn tail at {} offset {} (seq {}): {}", torn.file.display(), torn.offset, torn.seq, torn.what);
+    }
+    Ok(())
+}

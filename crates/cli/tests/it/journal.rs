@@ -1,0 +1,312 @@
+//! Durability: replay equals live, kill -9 loses nothing acknowledged, a
+//! torn tail is dropped, corruption of history is refused with its place.
+
+use crate::support::*;
+use crossbook_engine::codec::encode_command;
+use crossbook_engine::{Command, Engine};
+use crossbook_journal::format::{RECORD_OVERHEAD, SEGMENT_HEADER_BYTES};
+use crossbook_journal::{
+    Durability, Journal, JournalConfig, JournalEnd, Problem, RecoveryError, recover, state_hash, verify, write_snapshot,
+};
+use crossbook_workload::{Workload, generate};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command as Process, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("crossbook-{name}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn live_hash(commands: &[Command]) -> String {
+    let mut engine = Engine::new();
+    let mut events = Vec::new();
+    for command in commands {
+        events.clear();
+        engine.apply(command, &mut events);
+    }
+    state_hash(&engine)
+}
+
+/// Journals `commands` into `dir` as `crossbook run --journal` does.
+fn journal_run(dir: &Path, commands: &[Command], config: JournalConfig, snapshot_every: u64) -> String {
+    let recovered = recover(dir).unwrap();
+    let mut engine = recovered.engine;
+    let mut journal = Journal::open(dir, config, &recovered.end).unwrap();
+    let mut events = Vec::new();
+    for command in &commands[engine.seq() as usize..] {
+        let seq = engine.seq() + 1;
+        journal.append(seq, command).unwrap();
+        events.clear();
+        engine.apply(command, &mut events);
+        if snapshot_every > 0 && seq % snapshot_every == 0 {
+            journal.flush().unwrap();
+            write_snapshot(dir, &engine, 2).unwrap();
+        }
+    }
+    journal.close().unwrap();
+    state_hash(&engine)
+}
+
+fn small_segments(durability: Durability) -> JournalConfig {
+    JournalConfig { durability, segment_bytes: 16_000 }
+}
+
+#[test]
+fn replay_equals_live_with_and_without_snapshots_across_segments() {
+    for seed in 1..=6u64 {
+        let commands = generate(Workload::Mixed, seed, 8_000);
+        let expected = live_hash(&commands);
+        for snapshot_every in [0, 2_500] {
+            let durability = if seed % 2 == 0 { Durability::Sync } else { Durability::Async { interval: Duration::from_millis(2) } };
+            let dir = TempDir::new("replay");
+            let live = journal_run(&dir.0, &commands, small_segments(durability), snapshot_every);
+            assert_eq!(live, expected, "seed {seed}");
+            let recovered = recover(&dir.0).unwrap();
+            assert!(recovered.warnings.is_empty(), "{:?}", recovered.warnings);
+            assert!(recovered.end.segments >= 2, "seed {seed}: {} segments", recovered.end.segments);
+            assert_eq!(recovered.engine.seq(), commands.len() as u64);
+            assert_eq!(state_hash(&recovered.engine), expected, "seed {seed} snapshot_every {snapshot_every}");
+            assert_eq!(recovered.snapshot.is_some(), snapshot_every > 0);
+            let (_, problems) = verify(&dir.0);
+            assert!(problems.is_empty(), "{problems:?}");
+        }
+    }
+}
+
+#[test]
+fn a_run_resumes_where_the_journal_ends() {
+    let commands = generate(Workload::Mixed, 12, 6_000);
+    let dir = TempDir::new("resume");
+    journal_run(&dir.0, &commands[..2_000], small_segments(Durability::Sync), 0);
+    journal_run(&dir.0, &commands[..4_000], small_segments(Durability::Sync), 1_000);
+    let hash = journal_run(&dir.0, &commands, small_segments(Durability::Sync), 0);
+    assert_eq!(hash, live_hash(&commands));
+    assert_eq!(state_hash(&recover(&dir.0).unwrap().engine), hash);
+}
+
+/// Builds a one-segment journal of `count` mixed commands; returns the
+/// commands, the segment path and the byte offset of every record.
+fn one_segment(dir: &Path, count: usize) -> (Vec<Command>, PathBuf, Vec<usize>) {
+    let commands = generate(Workload::Mixed, 21, count);
+    journal_run(dir, &commands, JournalConfig::default(), 0);
+    let segment = dir.join(crossbook_journal::format::segment_name(1));
+    let mut offsets = Vec::new();
+    let mut at = SEGMENT_HEADER_BYTES;
+    let mut payload = Vec::new();
+    for command in &commands {
+        offsets.push(at);
+        payload.clear();
+        encode_command(command, &mut payload);
+        at += RECORD_OVERHEAD + payload.len();
+    }
+    assert_eq!(std::fs::metadata(&segment).unwrap().len() as usize, at);
+    (commands, segment, offsets)
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn a_torn_last_record_is_dropped_at_every_byte_offset() {
+    let original = TempDir::new("torn-src");
+    let (commands, segment, offsets) = one_segment(&original.0, 300);
+    let last = *offsets.last().unwrap();
+    let end = std::fs::metadata(&segment).unwrap().len() as usize;
+    let without_last = live_hash(&commands[..commands.len() - 1]);
+    for cut in last..end {
+        let dir = TempDir::new("torn");
+        copy_dir(&original.0, &dir.0);
+        let file = dir.0.join(segment.file_name().unwrap());
+        std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(cut as u64).unwrap();
+        let (_, problems) = verify(&dir.0);
+        if cut > last {
+            assert!(matches!(problems.as_slice(), [Problem::TornTail(t)] if t.offset == last as u64), "cut {cut}: {problems:?}");
+        }
+        let recovered = recover(&dir.0).unwrap_or_else(|e| panic!("cut at {cut}: {e}"));
+        assert_eq!(recovered.engine.seq(), commands.len() as u64 - 1, "cut at {cut}");
+        assert_eq!(state_hash(&recovered.engine), without_last, "cut at {cut}");
+        assert_eq!(recovered.warnings.len(), usize::from(cut > last), "cut at {cut}: {:?}", recovered.warnings);
+        assert_eq!(std::fs::metadata(&file).unwrap().len() as usize, last, "cut at {cut}: file truncated to the last whole record");
+        // And the journal takes new records after the cut.
+        journal_run(&dir.0, &commands, JournalConfig::default(), 0);
+        assert_eq!(state_hash(&recover(&dir.0).unwrap().engine), live_hash(&commands));
+    }
+}
+
+fn expect_refusal(dir: &Path, offset: usize, seq: u64) {
+    match recover(dir) {
+        Err(RecoveryError::Corruption(c)) => {
+            assert_eq!((c.offset, c.seq), (offset as u64, seq), "{c}");
+            assert!(c.file.ends_with(crossbook_journal::format::segment_name(1)), "{c}");
+        }
+        Err(other) => panic!("expected corruption at {offset}, got {other}"),
+        Ok(r) => panic!("expected corruption at {offset}, recovered seq {}", r.engine.seq()),
+    }
+    let (_, problems) = verify(dir);
+    assert!(
+        matches!(problems.as_slice(), [Problem::Corruption(c)] if c.offset == offset as u64 && c.seq == seq),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn a_flipped_byte_in_a_middle_record_is_refused_with_its_place() {
+    let original = TempDir::new("flip-src");
+    let (_, segment, offsets) = one_segment(&original.0, 200);
+    let bytes = std::fs::read(&segment).unwrap();
+    for (index, &record) in offsets.iter().enumerate().take(199).step_by(17) {
+        let size = offsets[index + 1] - record;
+        for within in [0, 5, 12, size - 1] {
+            let dir = TempDir::new("flip");
+            copy_dir(&original.0, &dir.0);
+            let mut corrupt = bytes.clone();
+            corrupt[record + within] ^= 0x10;
+            std::fs::write(dir.0.join(segment.file_name().unwrap()), &corrupt).unwrap();
+            expect_refusal(&dir.0, record, index as u64 + 1);
+        }
+    }
+}
+
+#[test]
+fn a_missing_or_swapped_middle_record_is_refused() {
+    let original = TempDir::new("gap-src");
+    let (_, segment, offsets) = one_segment(&original.0, 120);
+    let bytes = std::fs::read(&segment).unwrap();
+    for index in [3usize, 50, 117] {
+        let (a, b, c) = (offsets[index], offsets[index + 1], offsets[index + 2]);
+        // Drop record index+1 (seq index + 1).
+        let dir = TempDir::new("gap");
+        let mut dropped = bytes[..a].to_vec();
+        dropped.extend_from_slice(&bytes[b..]);
+        std::fs::write(dir.0.join(segment.file_name().unwrap()), &dropped).unwrap();
+        expect_refusal(&dir.0, a, index as u64 + 1);
+        // Swap records index+1 and index+2.
+        let dir = TempDir::new("swap");
+        let mut swapped = bytes[..a].to_vec();
+        swapped.extend_from_slice(&bytes[b..c]);
+        swapped.extend_from_slice(&bytes[a..b]);
+        swapped.extend_from_slice(&bytes[c..]);
+        std::fs::write(dir.0.join(segment.file_name().unwrap()), &swapped).unwrap();
+        expect_refusal(&dir.0, a, index as u64 + 1);
+    }
+}
+
+#[test]
+fn a_corrupt_newest_snapshot_falls_back_to_an_older_one_or_the_journal() {
+    let commands = generate(Workload::Mixed, 33, 9_000);
+    let expected = live_hash(&commands);
+    let dir = TempDir::new("snap");
+    journal_run(&dir.0, &commands, small_segments(Durability::Sync), 4_000);
+    let newest = dir.0.join(crossbook_journal::format::snapshot_name(8_000));
+    let older = dir.0.join(crossbook_journal::format::snapshot_name(4_000));
+    let mut bytes = std::fs::read(&newest).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&newest, &bytes).unwrap();
+    let (_, problems) = verify(&dir.0);
+    assert!(matches!(problems.as_slice(), [Problem::BadSnapshot { file, .. }] if *file == newest), "{problems:?}");
+    let recovered = recover(&dir.0).unwrap();
+    assert_eq!(recovered.snapshot, Some(4_000));
+    assert_eq!(recovered.warnings.len(), 1, "{:?}", recovered.warnings);
+    assert_eq!(state_hash(&recovered.engine), expected);
+    // Both snapshots bad: the journal from the start.
+    std::fs::write(&older, b"garbage").unwrap();
+    let recovered = recover(&dir.0).unwrap();
+    assert_eq!(recovered.snapshot, None);
+    assert_eq!(recovered.replayed, commands.len() as u64);
+    assert_eq!(state_hash(&recovered.engine), expected);
+}
+
+#[test]
+fn after_a_failed_write_the_journal_refuses_all_work() {
+    // /dev/full accepts the open and fails every write with ENOSPC.
+    let end = JournalEnd {
+        last_seq: 0,
+        last_crc: 0,
+        tail: Some((PathBuf::from("/dev/full"), 0)),
+        torn: None,
+        records: 0,
+        segments: 1,
+    };
+    let dir = TempDir::new("full");
+    let mut journal = Journal::open(&dir.0, JournalConfig::default(), &end).unwrap();
+    let command = Command::OpenAccount { account: 1 };
+    journal.append(1, &command).unwrap();
+    let error = journal.flush().unwrap_err().to_string();
+    assert!(error.contains("refuses work"), "{error}");
+    assert!(journal.append(2, &command).is_err());
+    assert!(journal.flush().is_err());
+    assert_eq!(journal.acked(), 0, "nothing was acknowledged");
+}
+
+/// `crossbook run --journal` killed with SIGKILL at random moments: every
+/// acknowledged command survives, and the state equals an in-memory replay
+/// of exactly what was recovered.
+#[test]
+fn kill_9_loses_nothing_acknowledged() {
+    let commands = generate(Workload::Mixed, 77, 400_000);
+    let work = TempDir::new("crash");
+    let file = work.0.join("commands.txt");
+    std::fs::write(&file, commands_text(&commands)).unwrap();
+    let mut rng = crossbook_workload::Rng::new(2026);
+    let mut kills_with_progress = 0;
+    for round in 0..20 {
+        let dir = work.0.join(format!("journal-{round}"));
+        let snapshot_every = if round % 2 == 0 { "0" } else { "50000" };
+        let mut child = Process::new(env!("CARGO_BIN_EXE_crossbook"))
+            .args(["run", "--commands", file.to_str().unwrap(), "--journal", dir.to_str().unwrap()])
+            .args(["--snapshot-every", snapshot_every, "--segment-bytes", "1000000"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let acked = Arc::new(AtomicU64::new(0));
+        let reader = {
+            let acked = acked.clone();
+            let stdout = child.stdout.take().unwrap();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    if let Some(n) = line.strip_prefix("acked ").and_then(|n| n.parse::<u64>().ok()) {
+                        acked.store(n, Ordering::SeqCst);
+                    }
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(80 + rng.below(400)));
+        let _ = child.kill();
+        let _ = child.wait();
+        reader.join().unwrap();
+        let acked = acked.load(Ordering::SeqCst);
+        let recovered = recover(&dir).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let seq = recovered.engine.seq();
+        assert!(seq >= acked, "round {round}: recovered seq {seq} < acknowledged {acked}");
+        assert_eq!(state_hash(&recovered.engine), live_hash(&commands[..seq as usize]), "round {round} at seq {seq}");
+        if acked > 0 && (seq as usize) < commands.len() {
+            kills_with_progress += 1;
+        }
+    }
+    assert!(kills_with_progress >= 10, "only {kills_with_progress} of 20 kills landed mid-run");
+}

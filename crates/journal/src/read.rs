@@ -1,0 +1,153 @@
+//! Reading the journal back: checking every record, finding where it ends,
+//! telling a torn tail (never acknowledged: truncate) from corruption of
+//! history (refuse to start).
+
+use crate::format::*;
+use std::path::{Path, PathBuf};
+
+/// Damage that is not a torn tail: history itself is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Corruption {
+    pub file: PathBuf,
+    pub offset: u64,
+    /// The sequence number the journal expected at that place.
+    pub seq: u64,
+    pub what: String,
+}
+
+impl std::fmt::Display for Corruption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "corrupt journal: {} at offset {} (expected seq {}): {}", self.file.display(), self.offset, self.seq, self.what)
+    }
+}
+
+impl std::error::Error for Corruption {}
+
+/// An incomplete or unreadable last record with nothing valid after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TornTail {
+    pub file: PathBuf,
+    pub offset: u64,
+    /// The sequence number the dropped record would have had.
+    pub seq: u64,
+    pub what: String,
+    /// The segment's header itself never made it to disk.
+    pub whole_segment: bool,
+}
+
+/// Where a checked journal ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalEnd {
+    pub last_seq: u64,
+    /// Checksum of the last valid record (the next record's chain value).
+    pub last_crc: u32,
+    /// The last segment holding valid data, and where that data ends.
+    pub tail: Option<(PathBuf, u64)>,
+    pub torn: Option<TornTail>,
+    pub records: u64,
+    pub segments: usize,
+}
+
+/// Is there a record anywhere in `bytes[from..]` that verifies against the
+/// checksum stored just before it? Such a record means the damage at
+/// `from` is followed by history, not by the end of a torn write.
+fn valid_record_after(bytes: &[u8], from: usize) -> bool {
+    let start = from.max(4) + 1;
+    if bytes.len() < RECORD_OVERHEAD + 1 {
+        return false;
+    }
+    (start..=bytes.len() - RECORD_OVERHEAD - 1).any(|at| decode_record(&bytes[at..], u32_at(bytes, at - 4)).is_ok())
+}
+
+/// Checks every segment in `dir` in order and calls `visit(seq, payload)` for
+/// each valid record. A `visit` error is reported as corruption at that
+/// record.
+pub fn scan(dir: &Path, mut visit: impl FnMut(u64, &[u8]) -> Result<(), String>) -> Result<JournalEnd, Corruption> {
+    let segments = list(dir, "segment-", ".xbj").map_err(|e| Corruption {
+        file: dir.to_path_buf(),
+        offset: 0,
+        seq: 1,
+        what: format!("cannot list the journal directory: {e}"),
+    })?;
+    let mut end = JournalEnd { last_seq: 0, last_crc: 0, tail: None, torn: None, records: 0, segments: segments.len() };
+    let mut expected = 1u64;
+    let mut chain = 0u32;
+    for (index, (named_seq, path)) in segments.iter().enumerate() {
+        let is_last = index + 1 == segments.len();
+        let corrupt = |offset: usize, seq: u64, what: String| Corruption { file: path.clone(), offset: offset as u64, seq, what };
+        let bytes = std::fs::read(path).map_err(|e| corrupt(0, expected, format!("cannot read: {e}")))?;
+        let header = match parse_segment_header(&bytes) {
+            Ok(header) => header,
+            Err(what) => {
+                if is_last && !valid_record_after(&bytes, SEGMENT_HEADER_BYTES.min(bytes.len())) {
+                    end.torn = Some(TornTail { file: path.clone(), offset: 0, seq: expected, what, whole_segment: true });
+                    break;
+                }
+                return Err(corrupt(0, expected, what));
+            }
+        };
+        if header.first_seq != *named_seq {
+            return Err(corrupt(0, expected, format!("named for seq {named_seq} but its header says {}", header.first_seq)));
+        }
+        if header.first_seq != expected {
+            return Err(corrupt(0, expected, format!("starts at seq {}: records {expected}.. are missing", header.first_seq)));
+        }
+        if header.chain_seed != chain {
+            return Err(corrupt(0, expected, "does not chain to the end of the previous segment".into()));
+        }
+        let mut at = SEGMENT_HEADER_BYTES;
+        while at < bytes.len() {
+            match decode_record(&bytes[at..], chain) {
+                Ok(record) if record.seq == expected => {
+                    visit(record.seq, record.payload).map_err(|what| corrupt(at, expected, what))?;
+                    chain = record.crc;
+                    end.last_seq = expected;
+                    end.records += 1;
+                    expected += 1;
+                    at += record.size;
+                }
+                Ok(record) => {
+                    return Err(corrupt(at, expected, format!("holds seq {}", record.seq)));
+                }
+                Err(error) => {
+                    let rest = &bytes[at..];
+                    // A complete record whose sequence number is not the one
+                    // due is history out of order (a record missing or
+                    // swapped), not a torn write.
+                    let out_of_order = rest.len() >= 12 && {
+                        let len = u32_at(rest, 0) as usize;
+                        len > 0 && len <= MAX_PAYLOAD && rest.len() >= RECORD_OVERHEAD + len && u64_at(rest, 4) != expected
+                    };
+                    if is_last && !out_of_order && !valid_record_after(&bytes, at) {
+                        end.torn = Some(TornTail {
+                            file: path.clone(),
+                            offset: at as u64,
+                            seq: expected,
+                            what: error.to_string(),
+                            whole_segment: false,
+                        });
+                        end.tail = Some((path.clone(), at as u64));
+                        end.last_crc = chain;
+                        return Ok(end);
+                    }
+                    let what = if out_of_order {
+                        format!("{error}; the record there says seq {}", u64_at(rest, 4))
+                    } else {
+                        format!("{error}, and valid records follow")
+                    };
+                    return Err(corrupt(at, expected, what));
+                }
+            }
+        }
+        end.tail = Some((path.clone(), at.min(bytes.len()) as u64));
+    }
+    end.last_crc = chain;
+    Ok(end)
+}
+
+/// A snapshot file found in the directory, newest first.
+pub fn snapshots(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
+    let mut found = list(dir, "snapshot-", ".xbs")?;
+    found.reverse();
+    Ok(found)
+}

@@ -1,0 +1,416 @@
+//! Appending to the journal with group commit.
+//!
+//! The caller appends records to a pending buffer (`Journal::append`); one
+//! writer thread takes everything pending, writes it with one `write` and
+//! covers it with one `fdatasync`, then publishes the highest sequence
+//! number that is now acknowledged. Whatever arrives while a sync runs goes
+//! into the next batch: one sync covers every command that arrived while
+//! the previous one ran.
+//!
+//! After a failed write or sync the journal refuses all further work: the
+//! state of the file after an fsync error is unknown and retrying it cannot
+//! be trusted (redb's `PreviousIo`, PostgreSQL's fsync lesson).
+
+use crate::format::*;
+use crate::read::JournalEnd;
+use crossbook_engine::Command;
+use crossbook_engine::codec::encode_command;
+use std::fs::{File, OpenOptions};
+use std::io::{Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Nothing is acknowledged before the record holding it is on disk
+    /// (`fdatasync`). Survives a power cut.
+    Sync,
+    /// Records are written at once and synced every `interval`: a command
+    /// is acknowledged once the operating system has it. Survives a crash
+    /// of the process, not of the machine.
+    Async { interval: Duration },
+}
+
+#[derive(Clone, Debug)]
+pub struct JournalConfig {
+    pub durability: Durability,
+    /// A new segment starts once the current one has reached this size.
+    pub segment_bytes: u64,
+}
+
+impl Default for JournalConfig {
+    fn default() -> Self {
+        JournalConfig { durability: Durability::Sync, segment_bytes: 64 << 20 }
+    }
+}
+
+/// Bound on bytes waiting for the writer: `append` blocks beyond it.
+const MAX_PENDING_BYTES: usize = 16 << 20;
+
+#[derive(Debug)]
+pub enum JournalError {
+    Io { context: String, source: std::io::Error },
+    /// An earlier write or sync failed; nothing more is accepted.
+    Poisoned(String),
+}
+
+impl std::fmt::Display for JournalError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JournalError::Io { context, source } => write!(f, "{context}: {source}"),
+            JournalError::Poisoned(why) => write!(f, "journal refuses work after an earlier I/O failure: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for JournalError {}
+
+pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> JournalError {
+    let context = context.into();
+    move |source| JournalError::Io { context, source }
+}
+
+/// Group-commit figures.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CommitStats {
+    pub syncs: u64,
+    pub records: u64,
+    pub sync_nanos: u64,
+    pub largest_group: u64,
+}
+
+impl CommitStats {
+    pub fn average_group(&self) -> f64 {
+        if self.syncs == 0 { 0.0 } else { self.records as f64 / self.syncs as f64 }
+    }
+    pub fn average_sync_micros(&self) -> f64 {
+        if self.syncs == 0 { 0.0 } else { self.sync_nanos as f64 / self.syncs as f64 / 1000.0 }
+    }
+}
+
+struct Pending {
+    bytes: Vec<u8>,
+    first_seq: u64,
+    last_seq: u64,
+    records: u64,
+    closed: bool,
+    error: Option<String>,
+    stats: CommitStats,
+}
+
+struct Shared {
+    pending: Mutex<Pending>,
+    /// Signals the writer: something is pending, or closing.
+    work: Condvar,
+    /// Signals appenders and flushers: progress, room, or an error.
+    progress: Condvar,
+    acked: AtomicU64,
+    poisoned: AtomicBool,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Pending> {
+        // A panic in the writer thread poisons the mutex; the state inside
+        // is still consistent (plain buffers and counters).
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+pub struct Journal {
+    shared: Arc<Shared>,
+    writer: Option<JoinHandle<()>>,
+    chain: u32,
+    appended: u64,
+    record: Vec<u8>,
+    payload: Vec<u8>,
+}
+
+/// Syncs a directory so that a created, renamed or removed entry in it is
+/// durable.
+pub fn sync_dir(dir: &Path) -> Result<(), JournalError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io(format!("syncing directory {}", dir.display())))
+}
+
+struct Segment {
+    file: File,
+    path: PathBuf,
+    size: u64,
+}
+
+fn create_segment(dir: &Path, first_seq: u64, chain_seed: u32) -> Result<Segment, JournalError> {
+    let path = dir.join(segment_name(first_seq));
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(io(format!("creating {}", path.display())))?;
+    file.write_all(&segment_header(first_seq, chain_seed)).map_err(io(format!("writing {}", path.display())))?;
+    Ok(Segment { file, path, size: SEGMENT_HEADER_BYTES as u64 })
+}
+
+impl Journal {
+    /// Opens the journal in `dir` for appending after `end` (what recovery
+    /// found; a torn tail must already have been truncated).
+    pub fn open(dir: &Path, config: JournalConfig, end: &JournalEnd) -> Result<Journal, JournalError> {
+        let segment = match &end.tail {
+            Some((path, valid_len)) => {
+                let mut file = OpenOptions::new().write(true).open(path).map_err(io(format!("opening {}", path.display())))?;
+                file.seek(SeekFrom::Start(*valid_len)).map_err(io(format!("seeking in {}", path.display())))?;
+                Segment { file, path: path.clone(), size: *valid_len }
+            }
+            None => {
+                let segment = create_segment(dir, end.last_seq + 1, end.last_crc)?;
+                segment.file.sync_all().map_err(io(format!("syncing {}", segment.path.display())))?;
+                sync_dir(dir)?;
+                segment
+            }
+        };
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(Pending {
+                bytes: Vec::with_capacity(1 << 16),
+                first_seq: 0,
+                last_seq: 0,
+                records: 0,
+                closed: false,
+                error: None,
+                stats: CommitStats::default(),
+            }),
+            work: Condvar::new(),
+            progress: Condvar::new(),
+            acked: AtomicU64::new(end.last_seq),
+            poisoned: AtomicBool::new(false),
+        });
+        let writer = Writer { shared: shared.clone(), dir: dir.to_path_buf(), config, segment, last_crc: end.last_crc, dirty: false };
+        let handle = std::thread::Builder::new()
+            .name("journal-writer".into())
+            .spawn(move || writer.run())
+            .map_err(io("starting the journal writer thread"))?;
+        Ok(Journal { shared, writer: Some(handle), chain: end.last_crc, appended: end.last_seq, record: Vec::new(), payload: Vec::new() })
+    }
+
+    fn check(&self) -> Result<(), JournalError> {
+        if self.shared.poisoned.load(Ordering::Acquire) {
+            let why = self.shared.lock().error.clone().unwrap_or_default();
+            return Err(JournalError::Poisoned(why));
+        }
+        Ok(())
+    }
+
+    /// Queues the record of command `seq` (which must follow the last one).
+    pub fn append(&mut self, seq: u64, command: &Command) -> Result<(), JournalError> {
+        self.check()?;
+        assert_eq!(seq, self.appended + 1, "journal records must be appended in sequence");
+        self.payload.clear();
+        encode_command(command, &mut self.payload);
+        self.record.clear();
+        self.chain = encode_record(&mut self.record, self.chain, seq, &self.payload);
+        let mut pending = self.shared.lock();
+        while pending.bytes.len() >= MAX_PENDING_BYTES && pending.error.is_none() {
+            pending = self.shared.progress.wait(pending).unwrap_or_else(|e| e.into_inner());
+        }
+        if let Some(why) = &pending.error {
+            return Err(JournalError::Poisoned(why.clone()));
+        }
+        if pending.bytes.is_empty() {
+            pending.first_seq = seq;
+        }
+        pending.bytes.extend_from_slice(&self.record);
+        pending.last_seq = seq;
+        pending.records += 1;
+        drop(pending);
+        self.shared.work.notify_one();
+        self.appended = seq;
+        Ok(())
+    }
+
+    /// The highest sequence number acknowledged: synced (sync mode) or
+    /// written (async mode).
+    pub fn acked(&self) -> u64 {
+        self.shared.acked.load(Ordering::Acquire)
+    }
+
+    /// The highest sequence number appended.
+    pub fn appended(&self) -> u64 {
+        self.appended
+    }
+
+    /// Waits until everything appended is acknowledged.
+    pub fn flush(&mut self) -> Result<u64, JournalError> {
+        let target = self.appended;
+        let mut pending = self.shared.lock();
+        loop {
+            if let Some(why) = &pending.error {
+                return Err(JournalError::Poisoned(why.clone()));
+            }
+            if self.shared.acked.load(Ordering::Acquire) >= target {
+                return Ok(target);
+            }
+            pending = self.shared.progress.wait(pending).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    pub fn stats(&self) -> CommitStats {
+        self.shared.lock().stats
+    }
+
+    /// Flushes, syncs and stops the writer.
+    pub fn close(mut self) -> Result<CommitStats, JournalError> {
+        let result = self.flush();
+        let stats = self.stop();
+        result.map(|_| stats)
+    }
+
+    fn stop(&mut self) -> CommitStats {
+        self.shared.lock().closed = true;
+        self.shared.work.notify_one();
+        if let Some(handle) = self.writer.take() {
+            let _ = handle.join();
+        }
+        self.shared.lock().stats
+    }
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct Writer {
+    shared: Arc<Shared>,
+    dir: PathBuf,
+    config: JournalConfig,
+    segment: Segment,
+    last_crc: u32,
+    /// Written but not yet synced (async mode).
+    dirty: bool,
+}
+
+impl Writer {
+    fn run(mut self) {
+        let mut batch: Vec<u8> = Vec::with_capacity(1 << 16);
+        let mut last_sync = Instant::now();
+        loop {
+            let (first_seq, last_seq, records, closing) = {
+                let mut pending = self.shared.lock();
+                while pending.bytes.is_empty() && !pending.closed {
+                    match self.config.durability {
+                        Durability::Async { interval } if self.dirty => {
+                            let left = interval.saturating_sub(last_sync.elapsed());
+                            if left.is_zero() {
+                                break;
+                            }
+                            pending = self.shared.work.wait_timeout(pending, left).unwrap_or_else(|e| e.into_inner()).0;
+                        }
+                        _ => pending = self.shared.work.wait(pending).unwrap_or_else(|e| e.into_inner()),
+                    }
+                }
+                std::mem::swap(&mut batch, &mut pending.bytes);
+                let taken = (pending.first_seq, pending.last_seq, pending.records, pending.closed);
+                pending.records = 0;
+                taken
+            };
+            self.shared.progress.notify_all();
+            let result = if batch.is_empty() { self.sync_if_dirty() } else { self.commit(&batch, first_seq, last_seq) };
+            let now_synced = !self.dirty;
+            match result {
+                Ok(sync_nanos) => {
+                    if now_synced {
+                        last_sync = Instant::now();
+                    }
+                    let mut pending = self.shared.lock();
+                    if !batch.is_empty() {
+                        self.shared.acked.store(last_seq, Ordering::Release);
+                    }
+                    if let Some(nanos) = sync_nanos {
+                        pending.stats.syncs += 1;
+                        pending.stats.sync_nanos += nanos;
+                        pending.stats.records += records;
+                        pending.stats.largest_group = pending.stats.largest_group.max(records);
+                    }
+                }
+                Err(error) => {
+                    let mut pending = self.shared.lock();
+                    pending.error = Some(error.to_string());
+                    self.shared.poisoned.store(true, Ordering::Release);
+                    drop(pending);
+                    self.shared.progress.notify_all();
+                    return;
+                }
+            }
+            self.shared.progress.notify_all();
+            batch.clear();
+            if closing && batch.is_empty() {
+                let _ = self.sync_if_dirty();
+                if self.shared.lock().bytes.is_empty() {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn write_chunk(&mut self, chunk: &[u8]) -> Result<(), JournalError> {
+        if chunk.is_empty() {
+            return Ok(());
+        }
+        self.segment.file.write_all(chunk).map_err(io(format!("writing {}", self.segment.path.display())))?;
+        self.segment.size += chunk.len() as u64;
+        self.last_crc = u32_at(chunk, chunk.len() - 4);
+        self.dirty = true;
+        Ok(())
+    }
+
+    fn sync_if_dirty(&mut self) -> Result<Option<u64>, JournalError> {
+        if !self.dirty {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        self.segment.file.sync_data().map_err(io(format!("fdatasync {}", self.segment.path.display())))?;
+        self.dirty = false;
+        Ok(Some(started.elapsed().as_nanos() as u64))
+    }
+
+    /// Writes one batch of whole records, starting a new segment at a record
+    /// boundary whenever the current one is full, and, in sync mode, syncs
+    /// it.
+    fn commit(&mut self, batch: &[u8], _first_seq: u64, _last_seq: u64) -> Result<Option<u64>, JournalError> {
+        let mut new_segment = false;
+        let mut written = 0usize;
+        let mut at = 0usize;
+        while at < batch.len() {
+            if self.segment.size + (at - written) as u64 >= self.config.segment_bytes
+                && self.segment.size + (at - written) as u64 > SEGMENT_HEADER_BYTES as u64
+            {
+                // Close this segment at the record boundary `at`.
+                self.write_chunk(&batch[written..at])?;
+                written = at;
+                self.sync_if_dirty()?;
+                let next_seq = u64_at(batch, at + 4);
+                self.segment = create_segment(&self.dir, next_seq, self.last_crc)?;
+                self.dirty = true;
+                new_segment = true;
+            }
+            at += RECORD_OVERHEAD + u32_at(batch, at) as usize;
+        }
+        self.write_chunk(&batch[written..])?;
+        match self.config.durability {
+            Durability::Sync => {
+                let synced = self.sync_if_dirty()?;
+                if new_segment {
+                    sync_dir(&self.dir)?;
+                }
+                Ok(synced)
+            }
+            Durability::Async { .. } => {
+                if new_segment {
+                    self.segment.file.sync_data().map_err(io(format!("fdatasync {}", self.segment.path.display())))?;
+                    sync_dir(&self.dir)?;
+                }
+                Ok(None)
+            }
+        }
+    }
+}
