@@ -136,3 +136,75 @@ pub fn inspect(dir: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+/// The journal figures of `crossbook bench --journal DIR`: in rounds, the
+/// commands applied in memory, journaled in async mode, journaled in sync
+/// mode, and recovered from the sync journal; medians of each, so that the
+/// ratios compare figures taken side by side.
+pub fn bench(commands: &[crossbook_engine::Command], dir: &Path, _in_memory_per_s: f64) -> Result<()> {
+    use crossbook_journal::{CommitStats, Durability};
+    use std::time::Duration;
+    const ROUNDS: usize = 5;
+    let mut memory = Vec::new();
+    let mut journaled: [Vec<(f64, CommitStats)>; 2] = [Vec::new(), Vec::new()];
+    let mut replay = Vec::new();
+    let modes = [("async", Durability::Async { interval: Duration::from_millis(10) }), ("sync", Durability::Sync)];
+    for _ in 0..ROUNDS {
+        let _ = std::fs::remove_dir_all(dir);
+        let mut engine = crossbook_engine::Engine::new();
+        let mut events: Vec<Event> = Vec::with_capacity(1 << 12);
+        let started = Instant::now();
+        for command in commands {
+            events.clear();
+            engine.apply(command, &mut events);
+        }
+        memory.push(commands.len() as f64 / started.elapsed().as_secs_f64());
+        for (index, (name, durability)) in modes.iter().enumerate() {
+            let path = dir.join(name);
+            let recovered = recover_dir(&path)?;
+            let mut engine = recovered.engine;
+            let mut journal = Journal::open(&path, JournalConfig { durability: *durability, ..JournalConfig::default() }, &recovered.end)?;
+            let started = Instant::now();
+            for command in commands {
+                let seq = engine.seq() + 1;
+                journal.append(seq, command)?;
+                events.clear();
+                engine.apply(command, &mut events);
+            }
+            journal.flush()?;
+            let elapsed = started.elapsed().as_secs_f64();
+            let stats = journal.close()?;
+            journaled[index].push((commands.len() as f64 / elapsed, stats));
+        }
+        let started = Instant::now();
+        let recovered = recover_dir(&dir.join("sync"))?;
+        replay.push(recovered.replayed as f64 / started.elapsed().as_secs_f64());
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    let median = |values: &mut Vec<f64>| {
+        values.sort_by(|a, b| a.total_cmp(b));
+        values[values.len() / 2]
+    };
+    let memory = median(&mut memory);
+    println!("journal_rounds {ROUNDS} (medians)");
+    println!("in_memory commands_per_s {memory:.0}");
+    for (index, (name, _)) in modes.iter().enumerate() {
+        let mut rates: Vec<f64> = journaled[index].iter().map(|(r, _)| *r).collect();
+        let rate = median(&mut rates);
+        let syncs: u64 = journaled[index].iter().map(|(_, s)| s.syncs).sum();
+        let records: u64 = journaled[index].iter().map(|(_, s)| s.records).sum();
+        let nanos: u64 = journaled[index].iter().map(|(_, s)| s.sync_nanos).sum();
+        let mut line = format!("journal_{name} commands_per_s {rate:.0} ({:.0}% of in-memory)", 100.0 * rate / memory);
+        if *name == "sync" && syncs > 0 {
+            line.push_str(&format!(
+                " fsyncs {syncs} fsync_us {:.1} commands_per_group_commit {:.1}",
+                nanos as f64 / syncs as f64 / 1000.0,
+                records as f64 / syncs as f64
+            ));
+        }
+        println!("{line}");
+    }
+    let replay = median(&mut replay);
+    println!("recovery_replay commands_per_s {replay:.0} ({:.0}% of in-memory)", 100.0 * replay / memory);
+    Ok(())
+}

@@ -79,6 +79,10 @@ enum Cmd {
         /// Skip the per-command latency pass (for instruction counting).
         #[arg(long)]
         no_latency: bool,
+        /// Also run the workload through the journal (async, then sync)
+        /// in this scratch directory, and time recovery from it.
+        #[arg(long)]
+        journal: Option<PathBuf>,
     },
 }
 
@@ -113,7 +117,7 @@ fn real_main() -> Result<()> {
         Cmd::Recover { journal } => journaled::recover(&journal),
         Cmd::Journal { action: JournalAction::Verify { dir } } => journaled::verify(&dir),
         Cmd::Journal { action: JournalAction::Inspect { dir } } => journaled::inspect(&dir),
-        Cmd::Bench { workload, commands, seed, no_latency } => bench_command(&workload, commands, seed, !no_latency),
+        Cmd::Bench { workload, commands, seed, no_latency, journal } => bench_command(&workload, commands, seed, !no_latency, journal.as_deref()),
     }
 }
 
@@ -201,7 +205,7 @@ fn replay(engine: &mut Engine, commands: &[Command], events: &mut Vec<Event>) ->
     engine.trades() - trades_before
 }
 
-fn bench_command(name: &str, count: usize, seed: u64, latency: bool) -> Result<()> {
+fn bench_command(name: &str, count: usize, seed: u64, latency: bool, journal: Option<&std::path::Path>) -> Result<()> {
     let workload = workload(name)?;
     let commands = generate(workload, seed, count);
 
@@ -240,5 +244,8 @@ fn bench_command(name: &str, count: usize, seed: u64, latency: bool) -> Result<(
         histogram.value_at_quantile(0.9999),
         histogram.max()
     );
+    if let Some(dir) = journal {
+        journaled::bench(&commands, dir, count as f64 / seconds)?;
+    }
     Ok(())
 }

@@ -112,6 +112,7 @@ impl<'a> Reader<'a> {
         self.bytes.len() - self.at
     }
 
+    #[inline]
     pub fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         if self.remaining() < n {
             return Err(DecodeError::Truncated);
@@ -121,24 +122,30 @@ impl<'a> Reader<'a> {
         Ok(slice)
     }
 
+    #[inline]
     fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
         let mut out = [0u8; N];
         out.copy_from_slice(self.take(N)?);
         Ok(out)
     }
 
+    #[inline]
     pub fn u8(&mut self) -> Result<u8, DecodeError> {
         Ok(self.take(1)?[0])
     }
+    #[inline]
     pub fn u32(&mut self) -> Result<u32, DecodeError> {
         Ok(u32::from_le_bytes(self.array()?))
     }
+    #[inline]
     pub fn u64(&mut self) -> Result<u64, DecodeError> {
         Ok(u64::from_le_bytes(self.array()?))
     }
+    #[inline]
     pub fn i64(&mut self) -> Result<i64, DecodeError> {
         Ok(i64::from_le_bytes(self.array()?))
     }
+    #[inline]
     pub fn flag(&mut self, field: &'static str) -> Result<bool, DecodeError> {
         match self.u8()? {
             0 => Ok(false),
@@ -172,6 +179,7 @@ impl<'a> Reader<'a> {
             taker_bps: self.i64()?,
         })
     }
+    #[inline]
     pub fn side(&mut self) -> Result<Side, DecodeError> {
         match self.u8()? {
             0 => Ok(Side::Buy),
@@ -179,6 +187,7 @@ impl<'a> Reader<'a> {
             v => Err(DecodeError::BadValue { field: "side", value: u64::from(v) }),
         }
     }
+    #[inline]
     pub fn stp(&mut self) -> Result<SelfTradePrevention, DecodeError> {
         match self.u8()? {
             0 => Ok(SelfTradePrevention::None),

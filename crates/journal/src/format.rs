@@ -115,7 +115,18 @@ pub fn encode_record(out: &mut Vec<u8>, previous: u32, seq: u64, payload: &[u8])
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
     out.extend_from_slice(payload);
-    let crc = record_crc(previous, &out[start..]);
+    seal_record(out, start, previous)
+}
+
+/// Appends the chained checksum to the record that starts at `out[start..]`
+/// (its length, sequence number and payload already written); returns it.
+#[inline]
+pub fn seal_record(out: &mut Vec<u8>, start: usize, previous: u32) -> u32 {
+    let crc = if start >= 4 && u32_at(out, start - 4) == previous {
+        crc32c::crc32c(&out[start - 4..])
+    } else {
+        record_crc(previous, &out[start..])
+    };
     out.extend_from_slice(&crc.to_le_bytes());
     crc
 }
@@ -147,6 +158,34 @@ impl std::fmt::Display for RecordError {
             RecordError::BadChecksum => f.write_str("checksum mismatch"),
         }
     }
+}
+
+/// Parses the record at `buffer[at..]` with chain value `previous`. When
+/// the previous record's checksum lies just before it in the buffer (every
+/// record but a segment's first), the chained checksum is one CRC pass over
+/// contiguous bytes.
+#[inline]
+pub fn decode_record_at(buffer: &[u8], at: usize, previous: u32) -> Result<RecordView<'_>, RecordError> {
+    if at < 4 || u32_at(buffer, at - 4) != previous {
+        return decode_record(&buffer[at..], previous);
+    }
+    let bytes = &buffer[at..];
+    if bytes.len() < 4 {
+        return Err(RecordError::Incomplete);
+    }
+    let len = u32_at(bytes, 0);
+    if len == 0 || len as usize > MAX_PAYLOAD {
+        return Err(RecordError::BadLength(len));
+    }
+    let size = RECORD_OVERHEAD + len as usize;
+    if bytes.len() < size {
+        return Err(RecordError::Incomplete);
+    }
+    let crc = u32_at(bytes, size - 4);
+    if crc32c::crc32c(&buffer[at - 4..at + size - 4]) != crc {
+        return Err(RecordError::BadChecksum);
+    }
+    Ok(RecordView { seq: u64_at(bytes, 4), payload: &bytes[12..size - 4], crc, size })
 }
 
 /// Parses the record at the start of `bytes`, checking its checksum against

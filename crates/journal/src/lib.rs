@@ -120,19 +120,7 @@ pub fn recover(dir: &Path) -> Result<Recovered, RecoveryError> {
             },
             None => (Engine::new(), 0),
         };
-        let mut events = Vec::new();
-        let mut replayed = 0u64;
-        let end = scan(dir, |seq, payload| {
-            if seq <= from {
-                return Ok(());
-            }
-            let command = decode_command(payload).map_err(|e| format!("undecodable command: {e}"))?;
-            events.clear();
-            engine.apply(&command, &mut events);
-            replayed += 1;
-            Ok(())
-        })
-        .map_err(RecoveryError::Corruption)?;
+        let (end, replayed) = replay(dir, &mut engine, from)?;
         if end.last_seq < from {
             let path = candidate.as_ref().map(|(_, p)| p.display().to_string()).unwrap_or_default();
             warnings.push(format!(
@@ -154,6 +142,52 @@ pub fn recover(dir: &Path) -> Result<Recovered, RecoveryError> {
         return Ok(Recovered { engine, end, snapshot: candidate.map(|(seq, _)| seq), replayed, warnings });
     }
     unreachable!("the last candidate (no snapshot) always returns")
+}
+
+/// Commands handed from the reading thread to the applying one at a time.
+const REPLAY_BATCH: usize = 4096;
+
+/// Applies every journal record after `from` to `engine`. One thread reads,
+/// checks and decodes the journal while this one applies, so recovery runs
+/// at close to the engine's own speed.
+fn replay(dir: &Path, engine: &mut Engine, from: u64) -> Result<(JournalEnd, u64), RecoveryError> {
+    let (sender, receiver) = std::sync::mpsc::sync_channel::<Vec<crossbook_engine::Command>>(4);
+    let reader_dir = dir.to_path_buf();
+    let reader = std::thread::Builder::new()
+        .name("journal-reader".into())
+        .spawn(move || {
+            let mut batch = Vec::with_capacity(REPLAY_BATCH);
+            let result = scan(&reader_dir, |seq, payload| {
+                if seq <= from {
+                    return Ok(());
+                }
+                batch.push(decode_command(payload).map_err(|e| format!("undecodable command: {e}"))?);
+                if batch.len() == REPLAY_BATCH {
+                    let full = std::mem::replace(&mut batch, Vec::with_capacity(REPLAY_BATCH));
+                    sender.send(full).map_err(|_| "recovery stopped".to_string())?;
+                }
+                Ok(())
+            });
+            if result.is_ok() && !batch.is_empty() {
+                let _ = sender.send(batch);
+            }
+            result
+        })
+        .map_err(|e| RecoveryError::Io(write::io("starting the journal reader thread")(e)))?;
+    let mut events = Vec::new();
+    let mut replayed = 0u64;
+    for batch in receiver {
+        for command in &batch {
+            events.clear();
+            engine.apply(command, &mut events);
+        }
+        replayed += batch.len() as u64;
+    }
+    let end = match reader.join() {
+        Ok(result) => result.map_err(RecoveryError::Corruption)?,
+        Err(_) => panic!("the journal reader thread panicked"),
+    };
+    Ok((end, replayed))
 }
 
 fn truncate_torn_tail(dir: &Path, torn: &TornTail) -> Result<(), JournalError> {

@@ -3,6 +3,8 @@
 //! history (refuse to start).
 
 use crate::format::*;
+use std::fs::File;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// Damage that is not a torn tail: history itself is wrong.
@@ -75,6 +77,16 @@ pub fn scan(dir: &Path, mut visit: impl FnMut(u64, &[u8]) -> Result<(), String>)
     for (index, (named_seq, path)) in segments.iter().enumerate() {
         let is_last = index + 1 == segments.len();
         let corrupt = |offset: usize, seq: u64, what: String| Corruption { file: path.clone(), offset: offset as u64, seq, what };
+        // The common case: read in chunks, every record fine.
+        let resume = match fast_segment(path, *named_seq, &mut expected, &mut chain, &mut end, &mut visit)? {
+            Fast::Complete(length) => {
+                end.tail = Some((path.clone(), length));
+                continue;
+            }
+            Fast::Stopped(offset) => offset,
+        };
+        // Something is off at `resume`: read the whole segment and decide
+        // between a torn tail and corruption.
         let bytes = std::fs::read(path).map_err(|e| corrupt(0, expected, format!("cannot read: {e}")))?;
         let header = match parse_segment_header(&bytes) {
             Ok(header) => header,
@@ -89,15 +101,15 @@ pub fn scan(dir: &Path, mut visit: impl FnMut(u64, &[u8]) -> Result<(), String>)
         if header.first_seq != *named_seq {
             return Err(corrupt(0, expected, format!("named for seq {named_seq} but its header says {}", header.first_seq)));
         }
-        if header.first_seq != expected {
+        if resume == 0 && header.first_seq != expected {
             return Err(corrupt(0, expected, format!("starts at seq {}: records {expected}.. are missing", header.first_seq)));
         }
-        if header.chain_seed != chain {
+        if resume == 0 && header.chain_seed != chain {
             return Err(corrupt(0, expected, "does not chain to the end of the previous segment".into()));
         }
-        let mut at = SEGMENT_HEADER_BYTES;
+        let mut at = resume.max(SEGMENT_HEADER_BYTES);
         while at < bytes.len() {
-            match decode_record(&bytes[at..], chain) {
+            match decode_record_at(&bytes, at, chain) {
                 Ok(record) if record.seq == expected => {
                     visit(record.seq, record.payload).map_err(|what| corrupt(at, expected, what))?;
                     chain = record.crc;
@@ -143,6 +155,89 @@ pub fn scan(dir: &Path, mut visit: impl FnMut(u64, &[u8]) -> Result<(), String>)
     }
     end.last_crc = chain;
     Ok(end)
+}
+
+enum Fast {
+    /// Every record checked out; the segment's length.
+    Complete(u64),
+    /// Stopped at this file offset (0: the header) for the careful path.
+    Stopped(usize),
+}
+
+const CHUNK_BYTES: usize = 4 << 20;
+
+fn read_full(file: &mut File, buffer: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buffer.len() {
+        match file.read(&mut buffer[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// Reads a segment in chunks and visits its records while all is well;
+/// stops at the first thing that is not (an unreadable header, a bad or
+/// incomplete record) and says where.
+fn fast_segment(
+    path: &Path,
+    named_seq: u64,
+    expected: &mut u64,
+    chain: &mut u32,
+    end: &mut JournalEnd,
+    visit: &mut impl FnMut(u64, &[u8]) -> Result<(), String>,
+) -> Result<Fast, Corruption> {
+    let corrupt = |offset: usize, seq: u64, what: String| Corruption { file: path.to_path_buf(), offset: offset as u64, seq, what };
+    let mut file = File::open(path).map_err(|e| corrupt(0, *expected, format!("cannot open: {e}")))?;
+    let mut header = [0u8; SEGMENT_HEADER_BYTES];
+    let got = read_full(&mut file, &mut header).map_err(|e| corrupt(0, *expected, format!("cannot read: {e}")))?;
+    let Ok(parsed) = parse_segment_header(&header[..got]) else {
+        return Ok(Fast::Stopped(0));
+    };
+    if parsed.first_seq != named_seq {
+        return Err(corrupt(0, *expected, format!("named for seq {named_seq} but its header says {}", parsed.first_seq)));
+    }
+    if parsed.first_seq != *expected {
+        return Err(corrupt(0, *expected, format!("starts at seq {}: records {}.. are missing", parsed.first_seq, *expected)));
+    }
+    if parsed.chain_seed != *chain {
+        return Err(corrupt(0, *expected, "does not chain to the end of the previous segment".into()));
+    }
+    // `buffer[0]` is at file offset `base`; the 4 bytes before each record
+    // stay in the buffer so that its chained checksum is one pass.
+    let mut buffer: Vec<u8> = header[SEGMENT_HEADER_BYTES - 4..].to_vec();
+    let mut base = SEGMENT_HEADER_BYTES - 4;
+    let mut at = 4;
+    loop {
+        let filled = buffer.len();
+        buffer.resize(filled + CHUNK_BYTES, 0);
+        let read = read_full(&mut file, &mut buffer[filled..]).map_err(|e| corrupt(base + at, *expected, format!("cannot read: {e}")))?;
+        buffer.truncate(filled + read);
+        let at_eof = read < CHUNK_BYTES;
+        while at < buffer.len() {
+            match decode_record_at(&buffer, at, *chain) {
+                Ok(record) if record.seq == *expected => {
+                    visit(record.seq, record.payload).map_err(|what| corrupt(base + at, *expected, what))?;
+                    *chain = record.crc;
+                    end.last_seq = *expected;
+                    end.records += 1;
+                    *expected += 1;
+                    at += record.size;
+                }
+                Err(RecordError::Incomplete) if !at_eof => break,
+                _ => return Ok(Fast::Stopped(base + at)),
+            }
+        }
+        if at_eof && at >= buffer.len() {
+            return Ok(Fast::Complete((base + at) as u64));
+        }
+        buffer.drain(..at - 4);
+        base += at - 4;
+        at = 4;
+    }
 }
 
 /// A snapshot file found in the directory, newest first.

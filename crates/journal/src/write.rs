@@ -47,8 +47,8 @@ impl Default for JournalConfig {
     }
 }
 
-/// Bound on bytes waiting for the writer: `append` blocks beyond it.
-const MAX_PENDING_BYTES: usize = 16 << 20;
+/// Bound on commands waiting for the writer: `append` blocks beyond it.
+const MAX_PENDING_COMMANDS: usize = 1 << 18;
 
 #[derive(Debug)]
 pub enum JournalError {
@@ -92,10 +92,10 @@ impl CommitStats {
 }
 
 struct Pending {
-    bytes: Vec<u8>,
+    /// Commands handed over and not yet written, from `first_seq` on.
+    commands: Vec<Command>,
     first_seq: u64,
     last_seq: u64,
-    records: u64,
     closed: bool,
     error: Option<String>,
     stats: CommitStats,
@@ -109,6 +109,8 @@ struct Shared {
     progress: Condvar,
     acked: AtomicU64,
     poisoned: AtomicBool,
+    /// The writer is idle, waiting for records: hand them over at once.
+    writer_idle: AtomicBool,
 }
 
 impl Shared {
@@ -122,11 +124,19 @@ impl Shared {
 pub struct Journal {
     shared: Arc<Shared>,
     writer: Option<JoinHandle<()>>,
-    chain: u32,
     appended: u64,
-    record: Vec<u8>,
-    payload: Vec<u8>,
+    /// Commands not yet handed to the writer, and the sequence number of
+    /// the first. The writer thread encodes and checksums them: the
+    /// engine's thread only copies each command once.
+    staging: Vec<Command>,
+    staging_first: u64,
+    /// Publish whenever the writer is idle (sync mode).
+    eager: bool,
 }
+
+/// Staged commands past which `append` hands them to the writer even while
+/// it is busy.
+const STAGING_COMMANDS: usize = 8192;
 
 /// Syncs a directory so that a created, renamed or removed entry in it is
 /// durable.
@@ -170,10 +180,9 @@ impl Journal {
         };
         let shared = Arc::new(Shared {
             pending: Mutex::new(Pending {
-                bytes: Vec::with_capacity(1 << 16),
+                commands: Vec::with_capacity(STAGING_COMMANDS),
                 first_seq: 0,
                 last_seq: 0,
-                records: 0,
                 closed: false,
                 error: None,
                 stats: CommitStats::default(),
@@ -182,13 +191,22 @@ impl Journal {
             progress: Condvar::new(),
             acked: AtomicU64::new(end.last_seq),
             poisoned: AtomicBool::new(false),
+            writer_idle: AtomicBool::new(false),
         });
+        let eager = config.durability == Durability::Sync;
         let writer = Writer { shared: shared.clone(), dir: dir.to_path_buf(), config, segment, last_crc: end.last_crc, dirty: false };
         let handle = std::thread::Builder::new()
             .name("journal-writer".into())
             .spawn(move || writer.run())
             .map_err(io("starting the journal writer thread"))?;
-        Ok(Journal { shared, writer: Some(handle), chain: end.last_crc, appended: end.last_seq, record: Vec::new(), payload: Vec::new() })
+        Ok(Journal {
+            shared,
+            writer: Some(handle),
+            appended: end.last_seq,
+            staging: Vec::with_capacity(STAGING_COMMANDS),
+            staging_first: 0,
+            eager,
+        })
     }
 
     fn check(&self) -> Result<(), JournalError> {
@@ -200,29 +218,49 @@ impl Journal {
     }
 
     /// Queues the record of command `seq` (which must follow the last one).
+    /// Records are handed to the writer thread at once when it is idle, and
+    /// otherwise in batches (see [`Journal::publish`]).
     pub fn append(&mut self, seq: u64, command: &Command) -> Result<(), JournalError> {
         self.check()?;
         assert_eq!(seq, self.appended + 1, "journal records must be appended in sequence");
-        self.payload.clear();
-        encode_command(command, &mut self.payload);
-        self.record.clear();
-        self.chain = encode_record(&mut self.record, self.chain, seq, &self.payload);
+        if self.staging.is_empty() {
+            self.staging_first = seq;
+        }
+        self.staging.push(*command);
+        self.appended = seq;
+        // Sync mode hands records over as soon as the writer is free, so a
+        // sync starts as early as possible; async mode batches them, since
+        // its writes are cheap and waking the writer per command is not.
+        let eager = self.eager && self.shared.writer_idle.load(Ordering::Acquire);
+        if self.staging.len() >= STAGING_COMMANDS || eager {
+            self.publish()?;
+        }
+        Ok(())
+    }
+
+    /// Hands every staged record to the writer thread.
+    pub fn publish(&mut self) -> Result<(), JournalError> {
+        if self.staging.is_empty() {
+            return Ok(());
+        }
         let mut pending = self.shared.lock();
-        while pending.bytes.len() >= MAX_PENDING_BYTES && pending.error.is_none() {
+        while pending.commands.len() >= MAX_PENDING_COMMANDS && pending.error.is_none() {
             pending = self.shared.progress.wait(pending).unwrap_or_else(|e| e.into_inner());
         }
         if let Some(why) = &pending.error {
             return Err(JournalError::Poisoned(why.clone()));
         }
-        if pending.bytes.is_empty() {
-            pending.first_seq = seq;
+        if pending.commands.is_empty() {
+            pending.first_seq = self.staging_first;
+            // Hand the buffer over whole rather than copying it.
+            std::mem::swap(&mut pending.commands, &mut self.staging);
+        } else {
+            pending.commands.extend_from_slice(&self.staging);
         }
-        pending.bytes.extend_from_slice(&self.record);
-        pending.last_seq = seq;
-        pending.records += 1;
+        pending.last_seq = self.appended;
         drop(pending);
+        self.staging.clear();
         self.shared.work.notify_one();
-        self.appended = seq;
         Ok(())
     }
 
@@ -239,6 +277,7 @@ impl Journal {
 
     /// Waits until everything appended is acknowledged.
     pub fn flush(&mut self) -> Result<u64, JournalError> {
+        self.publish()?;
         let target = self.appended;
         let mut pending = self.shared.lock();
         loop {
@@ -264,6 +303,7 @@ impl Journal {
     }
 
     fn stop(&mut self) -> CommitStats {
+        let _ = self.publish();
         self.shared.lock().closed = true;
         self.shared.work.notify_one();
         if let Some(handle) = self.writer.take() {
@@ -291,12 +331,14 @@ struct Writer {
 
 impl Writer {
     fn run(mut self) {
-        let mut batch: Vec<u8> = Vec::with_capacity(1 << 16);
+        let mut batch: Vec<Command> = Vec::with_capacity(STAGING_COMMANDS);
+        let mut encoded: Vec<u8> = Vec::with_capacity(1 << 16);
         let mut last_sync = Instant::now();
         loop {
             let (first_seq, last_seq, records, closing) = {
                 let mut pending = self.shared.lock();
-                while pending.bytes.is_empty() && !pending.closed {
+                while pending.commands.is_empty() && !pending.closed {
+                    self.shared.writer_idle.store(true, Ordering::Release);
                     match self.config.durability {
                         Durability::Async { interval } if self.dirty => {
                             let left = interval.saturating_sub(last_sync.elapsed());
@@ -308,13 +350,17 @@ impl Writer {
                         _ => pending = self.shared.work.wait(pending).unwrap_or_else(|e| e.into_inner()),
                     }
                 }
-                std::mem::swap(&mut batch, &mut pending.bytes);
-                let taken = (pending.first_seq, pending.last_seq, pending.records, pending.closed);
-                pending.records = 0;
-                taken
+                self.shared.writer_idle.store(false, Ordering::Release);
+                std::mem::swap(&mut batch, &mut pending.commands);
+                (pending.first_seq, pending.last_seq, batch.len() as u64, pending.closed)
             };
             self.shared.progress.notify_all();
-            let result = if batch.is_empty() { self.sync_if_dirty() } else { self.commit(&batch, first_seq, last_seq) };
+            let result = if batch.is_empty() {
+                self.sync_if_dirty()
+            } else {
+                self.encode(&batch, first_seq, &mut encoded);
+                self.commit(&encoded, first_seq, last_seq)
+            };
             let now_synced = !self.dirty;
             match result {
                 Ok(sync_nanos) => {
@@ -345,10 +391,26 @@ impl Writer {
             batch.clear();
             if closing && batch.is_empty() {
                 let _ = self.sync_if_dirty();
-                if self.shared.lock().bytes.is_empty() {
+                if self.shared.lock().commands.is_empty() {
                     return;
                 }
             }
+        }
+    }
+
+    /// Encodes a batch of commands as chained records.
+    fn encode(&self, batch: &[Command], first_seq: u64, out: &mut Vec<u8>) {
+        out.clear();
+        let mut chain = self.last_crc;
+        for (offset, command) in batch.iter().enumerate() {
+            let seq = first_seq + offset as u64;
+            let start = out.len();
+            out.extend_from_slice(&[0u8; 4]);
+            out.extend_from_slice(&seq.to_le_bytes());
+            encode_command(command, out);
+            let len = (out.len() - start - 12) as u32;
+            out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+            chain = seal_record(out, start, chain);
         }
     }
 

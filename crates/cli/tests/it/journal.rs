@@ -12,7 +12,6 @@ use crossbook_workload::{Workload, generate};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command as Process, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -282,29 +281,29 @@ fn kill_9_loses_nothing_acknowledged() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let acked = Arc::new(AtomicU64::new(0));
-        let reader = {
-            let acked = acked.clone();
-            let stdout = child.stdout.take().unwrap();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stdout).lines() {
-                    let Ok(line) = line else { break };
-                    if let Some(n) = line.strip_prefix("acked ").and_then(|n| n.parse::<u64>().ok()) {
-                        acked.store(n, Ordering::SeqCst);
-                    }
-                }
-            })
-        };
-        std::thread::sleep(Duration::from_millis(80 + rng.below(400)));
-        let _ = child.kill();
+        // Kill the moment the acknowledgements pass a random point: the
+        // writer is mid-flight then, with more commands appended and being
+        // synced.
+        let target = 1 + rng.below(commands.len() as u64 - 1000);
+        let mut acked = 0u64;
+        let stdout = child.stdout.take().unwrap();
+        let mut killed = false;
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Some(n) = line.strip_prefix("acked ").and_then(|n| n.parse::<u64>().ok()) {
+                acked = n;
+            }
+            if !killed && acked >= target {
+                let _ = child.kill();
+                killed = true;
+            }
+        }
         let _ = child.wait();
-        reader.join().unwrap();
-        let acked = acked.load(Ordering::SeqCst);
         let recovered = recover(&dir).unwrap_or_else(|e| panic!("round {round}: {e}"));
         let seq = recovered.engine.seq();
         assert!(seq >= acked, "round {round}: recovered seq {seq} < acknowledged {acked}");
         assert_eq!(state_hash(&recovered.engine), live_hash(&commands[..seq as usize]), "round {round} at seq {seq}");
-        if acked > 0 && (seq as usize) < commands.len() {
+        if killed && (seq as usize) < commands.len() {
             kills_with_progress += 1;
         }
     }
