@@ -8,7 +8,7 @@
 use crate::arena::{Arena, NIL};
 use crate::book::{Book, Order, crosses};
 use crate::hash::DenseIndex;
-use crate::table::Table;
+use crate::table::{OrderIndex, Table};
 use crate::types::*;
 
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
@@ -151,7 +151,7 @@ pub struct Engine {
     /// Balance slots per account (a power of two, at least the asset count).
     pub(crate) asset_stride: usize,
     pub(crate) orders: Arena<Order>,
-    order_index: Table<OrderId, u32>,
+    order_index: OrderIndex,
     /// (account index, client order id) of every open order.
     cid_index: Table<(u32, ClientOrderId), u32>,
     /// Slots in `balances` touched by the current command.
@@ -238,7 +238,7 @@ impl Engine {
             balances: Vec::new(),
             asset_stride: 4,
             orders: Arena::new(),
-            order_index: Table::new(),
+            order_index: OrderIndex::default(),
             cid_index: Table::new(),
             touched: Vec::new(),
             trades: 0,
@@ -261,6 +261,7 @@ impl Engine {
     pub fn apply(&mut self, command: &Command, out: &mut Vec<Event>) {
         self.seq += 1;
         let seq = self.seq;
+        self.order_index.advance(seq);
         let result = match command {
             Command::AddAsset { id, name } => self.add_asset(*id, *name, out),
             Command::AddInstrument(spec) => self.add_instrument(spec, out),
@@ -331,28 +332,29 @@ impl Engine {
     /// One `balance` event per pair whose value differs from the start of
     /// the command, sorted by account id then asset id.
     fn flush_balances(&mut self, out: &mut Vec<Event>) {
-        if self.touched.is_empty() {
-            return;
-        }
         if self.touched.len() > 1 {
             sort_touches(&mut self.touched, &self.balances);
         }
-        let seq = self.seq;
-        for &slot in &self.touched {
-            let balance = &self.balances[slot as usize];
-            if balance.available != balance.start_available || balance.locked != balance.start_locked {
-                out.push(Event {
-                    seq,
-                    kind: EventKind::Balance {
-                        account: balance.account_id,
-                        asset: balance.asset_id,
-                        available: balance.available,
-                        locked: balance.locked,
-                    },
-                });
-            }
+        for index in 0..self.touched.len() {
+            self.emit_balance(self.touched[index], out);
         }
         self.touched.clear();
+    }
+
+    #[inline]
+    fn emit_balance(&self, slot: u32, out: &mut Vec<Event>) {
+        let balance = &self.balances[slot as usize];
+        if balance.available != balance.start_available || balance.locked != balance.start_locked {
+            out.push(Event {
+                seq: self.seq,
+                kind: EventKind::Balance {
+                    account: balance.account_id,
+                    asset: balance.asset_id,
+                    available: balance.available,
+                    locked: balance.locked,
+                },
+            });
+        }
     }
 
     // ---- reference data ----------------------------------------------
@@ -798,7 +800,7 @@ impl Engine {
     fn rest_new(&mut self, slot: u32) {
         let order = *self.orders.get(slot);
         self.instruments[order.instrument as usize].book.push_back(&mut self.orders, slot);
-        self.order_index.insert(order.id, slot);
+        self.order_index.insert(order.id, slot, self.seq);
         self.cid_index.insert((order.account, order.cid), slot);
         let account = &mut self.accounts[order.account as usize];
         let last = account.last_order;
@@ -824,7 +826,7 @@ impl Engine {
             account_prev: order.account_prev,
             account_next: order.account_next,
         };
-        self.order_index.remove(&order.id);
+        self.order_index.remove(order.id, self.seq);
         self.cid_index.remove(&(order.account, order.cid));
         if order.account_prev != NIL {
             self.orders.get_mut(order.account_prev).account_next = order.account_next;
@@ -858,7 +860,7 @@ impl Engine {
     /// The slot of open order `order_id` if `account_id` may act on it.
     fn owned_order(&self, account_id: AccountId, order_id: OrderId) -> Result<(u32, u32), RejectReason> {
         let account = self.account_index.get(account_id).ok_or(RejectReason::UnknownAccount)?;
-        let slot = self.order_index.get(&order_id).ok_or(RejectReason::UnknownOrder)?;
+        let slot = self.order_index.get(order_id, self.seq).ok_or(RejectReason::UnknownOrder)?;
         if self.orders.get(slot).account != account {
             return Err(RejectReason::NotOwner);
         }
@@ -996,7 +998,7 @@ impl Engine {
 
     /// An open order, as its owner would see it.
     pub fn order(&self, order: OrderId) -> Option<OrderView> {
-        let slot = self.order_index.get(&order)?;
+        let slot = self.order_index.get(order, self.seq)?;
         let o = self.orders.get(slot);
         Some(OrderView {
             id: o.id,
@@ -1070,7 +1072,8 @@ impl Engine {
         if self.cid_index.contains(&(order.account, order.cid)) {
             return Err(format!("order {}: client order id {} used twice", order.id, order.cid));
         }
-        self.order_index.insert(order.id, slot);
+        // Restored orders go by their own ids; `seq` is still the rebuild's.
+        self.order_index.insert(order.id, slot, 0);
         self.cid_index.insert((order.account, order.cid), slot);
         let account = &mut self.accounts[order.account as usize];
         let last = account.last_order;
@@ -1099,7 +1102,7 @@ impl Engine {
     }
 
     pub(crate) fn order_slot(&self, order: OrderId) -> Option<u32> {
-        self.order_index.get(&order)
+        self.order_index.get(order, self.seq)
     }
 
     pub(crate) fn account_first_order(&self, account: u32) -> u32 {

@@ -208,3 +208,128 @@ mod tests {
         assert_eq!(table.get(&(2, 1)), Some(20));
     }
 }
+
+/// Order id -> slot, exploiting that order ids are sequence numbers.
+///
+/// Most orders live for a few hundred or thousand commands. The slot of an
+/// order placed by command `s` sits in a ring of `RING` entries at
+/// `s % RING` while `s` is among the last `RING` sequence numbers: finding,
+/// adding or removing it is one array access. When command `s + RING`
+/// comes to reuse the entry and the order is still open, it moves to an
+/// overflow [`Table`]. Nothing is ever scanned.
+pub struct OrderIndex {
+    ring: Vec<u32>,
+    overflow: Table<u64, u32>,
+    len: usize,
+}
+
+const RING_BITS: u32 = 16;
+const RING: u64 = 1 << RING_BITS;
+const EMPTY: u32 = u32::MAX;
+
+impl Default for OrderIndex {
+    fn default() -> Self {
+        OrderIndex { ring: vec![EMPTY; RING as usize], overflow: Table::new(), len: 0 }
+    }
+}
+
+impl OrderIndex {
+    #[inline]
+    fn in_window(id: u64, seq: u64) -> bool {
+        id <= seq && seq - id < RING
+    }
+
+    /// Called before command `seq` is applied: frees its ring entry,
+    /// moving an order that still holds it (placed by `seq - RING`) to the
+    /// overflow table.
+    #[inline]
+    pub fn advance(&mut self, seq: u64) {
+        let at = (seq % RING) as usize;
+        let slot = self.ring[at];
+        if slot != EMPTY {
+            self.overflow.insert(seq - RING, slot);
+            self.ring[at] = EMPTY;
+        }
+    }
+
+    /// Adds order `id`; `seq` is the command being applied (`id <= seq`).
+    #[inline]
+    pub fn insert(&mut self, id: u64, slot: u32, seq: u64) {
+        self.len += 1;
+        if Self::in_window(id, seq) {
+            self.ring[(id % RING) as usize] = slot;
+        } else {
+            self.overflow.insert(id, slot);
+        }
+    }
+
+    #[inline]
+    pub fn get(&self, id: u64, seq: u64) -> Option<u32> {
+        if Self::in_window(id, seq) {
+            let slot = self.ring[(id % RING) as usize];
+            if slot != EMPTY {
+                return Some(slot);
+            }
+        }
+        self.overflow.get(&id)
+    }
+
+    #[inline]
+    pub fn remove(&mut self, id: u64, seq: u64) {
+        if Self::in_window(id, seq) {
+            let entry = &mut self.ring[(id % RING) as usize];
+            if *entry != EMPTY {
+                *entry = EMPTY;
+                self.len -= 1;
+                return;
+            }
+        }
+        if self.overflow.remove(&id).is_some() {
+            self.len -= 1;
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+#[cfg(test)]
+mod order_index_tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// Orders with lifetimes from one command to several ring lengths,
+    /// checked against a map.
+    #[test]
+    fn agrees_with_a_map_across_the_ring_boundary() {
+        let mut index = OrderIndex::default();
+        let mut model: BTreeMap<u64, u32> = BTreeMap::new();
+        let mut state = 3u64;
+        for seq in 1..=(RING * 5) {
+            index.advance(seq);
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            if state >> 62 != 0 {
+                index.insert(seq, seq as u32, seq);
+                model.insert(seq, seq as u32);
+            }
+            // Remove a random live order now and then, old or young.
+            if (state >> 20) % 2 == 0 && !model.is_empty() {
+                let pick = if (state >> 30) % 4 == 0 { *model.keys().next().unwrap() } else { *model.keys().next_back().unwrap() };
+                index.remove(pick, seq);
+                model.remove(&pick);
+            }
+            if seq % 9_973 == 0 {
+                for (&id, &slot) in &model {
+                    assert_eq!(index.get(id, seq), Some(slot), "id {id} at {seq}");
+                }
+                assert_eq!(index.get(seq + 1, seq), None);
+                assert_eq!(index.len(), model.len());
+            }
+        }
+    }
+}
