@@ -234,6 +234,7 @@ fn bench_command(name: &str, count: usize, seed: u64, latency: bool, journal: Op
     println!("commands_per_s {:.0}", count as f64 / seconds);
     println!("orders {orders} orders_per_s {:.0}", orders as f64 / seconds);
     println!("trades {trades} trades_per_s {:.0}", trades as f64 / seconds);
+    if latency {
     println!(
         "latency_ns min {} p50 {} p90 {} p99 {} p99.9 {} p99.99 {} max {}",
         histogram.min(),
@@ -244,6 +245,7 @@ fn bench_command(name: &str, count: usize, seed: u64, latency: bool, journal: Op
         histogram.value_at_quantile(0.9999),
         histogram.max()
     );
+    }
     if let Some(dir) = journal {
         journaled::bench(&commands, dir, count as f64 / seconds)?;
     }

@@ -8,6 +8,8 @@
 use crossbook_engine::*;
 
 mod mixed;
+pub mod multisymbol;
+pub mod placecancel;
 pub mod rng;
 mod steady;
 
@@ -21,15 +23,22 @@ pub enum Workload {
     /// One instrument, ~512 resting orders, random sides in a 64-tick band:
     /// the shape of qsl's published benchmark.
     SteadyDeep,
+    /// 1.3M orders and cancels, 1,000 accounts, one instrument, 30%
+    /// crossing, log-normal sizes: the shape of the 0xInfinity dataset.
+    PlaceCancel,
+    /// 1,000 instruments, 100,000 accounts, Zipf-like popularity.
+    MultiSymbol,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 2] = [Workload::Mixed, Workload::SteadyDeep];
+    pub const ALL: [Workload; 4] = [Workload::Mixed, Workload::SteadyDeep, Workload::PlaceCancel, Workload::MultiSymbol];
 
     pub fn name(self) -> &'static str {
         match self {
             Workload::Mixed => "mixed",
             Workload::SteadyDeep => "steady-deep",
+            Workload::PlaceCancel => "place-cancel",
+            Workload::MultiSymbol => "multi-symbol",
         }
     }
 
@@ -47,6 +56,8 @@ pub fn generator(workload: Workload, seed: u64) -> Box<dyn Generator> {
     match workload {
         Workload::Mixed => Box::new(mixed::Mixed::new(seed)),
         Workload::SteadyDeep => Box::new(steady::SteadyDeep::new(seed)),
+        Workload::PlaceCancel => Box::new(placecancel::PlaceCancel::new(seed)),
+        Workload::MultiSymbol => Box::new(multisymbol::MultiSymbol::new(seed)),
     }
 }
 

@@ -8,4 +8,5 @@ mod invariants;
 mod journal;
 mod rules;
 mod snapshot;
+mod workloads;
 mod support;
