@@ -7,9 +7,10 @@ use crossbook_workload::{Workload, generate};
 use sha2::{Digest, Sha256};
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use crossbook_journal::{Durability, JournalConfig};
 
+mod bench;
 mod journaled;
 
 #[derive(Parser)]
@@ -83,6 +84,21 @@ enum Cmd {
         /// in this scratch directory, and time recovery from it.
         #[arg(long)]
         journal: Option<PathBuf>,
+        /// `text`, or `json`: the machine-readable report with provenance
+        /// (a baseline for --compare).
+        #[arg(long, default_value = "text")]
+        format: String,
+        /// Rerun the workload of this baseline report and compare; exits
+        /// non-zero on a regression past --threshold or different events.
+        #[arg(long)]
+        compare: Option<PathBuf>,
+        /// Percent by which a gated figure may get worse before --compare
+        /// calls it a regression.
+        #[arg(long, default_value_t = 10.0)]
+        threshold: f64,
+        /// Test hook: busy-wait this many nanoseconds per command.
+        #[arg(long, default_value_t = 0, hide = true)]
+        slow_ns: u64,
     },
 }
 
@@ -117,7 +133,24 @@ fn real_main() -> Result<()> {
         Cmd::Recover { journal } => journaled::recover(&journal),
         Cmd::Journal { action: JournalAction::Verify { dir } } => journaled::verify(&dir),
         Cmd::Journal { action: JournalAction::Inspect { dir } } => journaled::inspect(&dir),
-        Cmd::Bench { workload, commands, seed, no_latency, journal } => bench_command(&workload, commands, seed, !no_latency, journal.as_deref()),
+        Cmd::Bench { workload: name, commands, seed, no_latency, journal, format, compare, threshold, slow_ns } => {
+            let json = match format.as_str() {
+                "text" => false,
+                "json" => true,
+                other => bail!("--format must be text or json, not {other:?}"),
+            };
+            bench::run(bench::Options {
+                workload: workload(&name)?,
+                commands,
+                seed,
+                latency: !no_latency,
+                journal,
+                json,
+                compare,
+                threshold_percent: threshold,
+                slow_ns,
+            })
+        }
     }
 }
 
@@ -196,7 +229,7 @@ fn hex(bytes: &[u8]) -> String {
 /// that `scripts/instructions` can count exactly this loop with callgrind's
 /// `--toggle-collect`.
 #[inline(never)]
-fn replay(engine: &mut Engine, commands: &[Command], events: &mut Vec<Event>) -> u64 {
+pub(crate) fn replay(engine: &mut Engine, commands: &[Command], events: &mut Vec<Event>) -> u64 {
     let trades_before = engine.trades();
     for command in commands {
         events.clear();
@@ -205,49 +238,3 @@ fn replay(engine: &mut Engine, commands: &[Command], events: &mut Vec<Event>) ->
     engine.trades() - trades_before
 }
 
-fn bench_command(name: &str, count: usize, seed: u64, latency: bool, journal: Option<&std::path::Path>) -> Result<()> {
-    let workload = workload(name)?;
-    let commands = generate(workload, seed, count);
-
-    // Pass 1: throughput, nothing measured per command.
-    let mut engine = Engine::new();
-    let mut events = Vec::with_capacity(1 << 12);
-    let started = Instant::now();
-    let trades = replay(&mut engine, &commands, &mut events);
-    let elapsed = started.elapsed();
-
-    // Pass 2: per-command latency on a fresh engine (the clock reads cost
-    // about 40 ns a command, so throughput comes from pass 1).
-    let mut histogram = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
-    let mut engine = Engine::new();
-    for command in commands.iter().take(if latency { usize::MAX } else { 0 }) {
-        events.clear();
-        let start = Instant::now();
-        engine.apply(command, &mut events);
-        let nanos = start.elapsed().as_nanos() as u64;
-        histogram.saturating_record(nanos.max(1));
-    }
-    let seconds = elapsed.as_secs_f64();
-    let orders = commands.iter().filter(|c| matches!(c, Command::Place(_))).count();
-    println!("workload {name} seed {seed} commands {count}");
-    println!("elapsed_s {seconds:.3}");
-    println!("commands_per_s {:.0}", count as f64 / seconds);
-    println!("orders {orders} orders_per_s {:.0}", orders as f64 / seconds);
-    println!("trades {trades} trades_per_s {:.0}", trades as f64 / seconds);
-    if latency {
-    println!(
-        "latency_ns min {} p50 {} p90 {} p99 {} p99.9 {} p99.99 {} max {}",
-        histogram.min(),
-        histogram.value_at_quantile(0.50),
-        histogram.value_at_quantile(0.90),
-        histogram.value_at_quantile(0.99),
-        histogram.value_at_quantile(0.999),
-        histogram.value_at_quantile(0.9999),
-        histogram.max()
-    );
-    }
-    if let Some(dir) = journal {
-        journaled::bench(&commands, dir, count as f64 / seconds)?;
-    }
-    Ok(())
-}

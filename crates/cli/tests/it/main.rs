@@ -1,6 +1,7 @@
 //! crossbook's integration tests: one binary, a module per area.
 
 mod alloc;
+mod bench;
 mod determinism;
 mod differential;
 mod examples;

@@ -1,0 +1,325 @@
+//! `crossbook bench`: throughput, latency percentiles, a stage split, a
+//! machine-readable report with its provenance, and comparison against a
+//! baseline report.
+
+use crate::replay;
+use anyhow::{Context, Result, bail};
+use crossbook_engine::{Command, Engine, Event};
+use crossbook_workload::{Workload, generate};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+pub struct Options {
+    pub workload: Workload,
+    pub commands: usize,
+    pub seed: u64,
+    pub latency: bool,
+    pub journal: Option<PathBuf>,
+    pub json: bool,
+    pub compare: Option<PathBuf>,
+    pub threshold_percent: f64,
+    /// Test hook: a busy wait of this many nanoseconds per command in the
+    /// throughput pass, to prove that `--compare` catches a slower build.
+    pub slow_ns: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Latency {
+    pub min: u64,
+    pub p50: u64,
+    pub p90: u64,
+    pub p99: u64,
+    #[serde(rename = "p99.9")]
+    pub p99_9: u64,
+    #[serde(rename = "p99.99")]
+    pub p99_99: u64,
+    pub max: u64,
+}
+
+/// Nanoseconds per command spent in each stage, each measured in its own
+/// pass over the same commands (so no clock is read inside a stage).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Stages {
+    /// Risk checks, matching and settlement: the engine's `apply`.
+    pub engine: f64,
+    /// Writing every event as text (the event file format).
+    pub event_encoding: f64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Report {
+    pub schema: u32,
+    pub workload: String,
+    pub seed: u64,
+    pub commands: usize,
+    pub orders: usize,
+    pub trades: u64,
+    pub commands_per_s: f64,
+    pub orders_per_s: f64,
+    pub trades_per_s: f64,
+    pub latency_ns: Option<Latency>,
+    pub stages_ns_per_command: Stages,
+    /// SHA-256 of the event file the run produced: a faster build that
+    /// computes something else is caught.
+    pub events_sha256: String,
+    pub command_line: String,
+    pub git_commit: String,
+    pub git_dirty: bool,
+    pub build_profile: String,
+    pub cpu_model: String,
+    pub date: String,
+}
+
+fn busy_wait(nanos: u64) {
+    if nanos == 0 {
+        return;
+    }
+    let start = Instant::now();
+    while (start.elapsed().as_nanos() as u64) < nanos {
+        std::hint::spin_loop();
+    }
+}
+
+pub fn measure(options: &Options) -> Result<(Report, Vec<Command>)> {
+    let commands = generate(options.workload, options.seed, options.commands);
+    let count = commands.len();
+
+    // Pass 1: throughput, nothing measured per command.
+    let mut engine = Engine::new();
+    let mut events: Vec<Event> = Vec::with_capacity(1 << 12);
+    let started = Instant::now();
+    let trades = if options.slow_ns == 0 {
+        replay(&mut engine, &commands, &mut events)
+    } else {
+        for command in &commands {
+            events.clear();
+            engine.apply(command, &mut events);
+            busy_wait(options.slow_ns);
+        }
+        engine.trades()
+    };
+    let seconds = started.elapsed().as_secs_f64();
+
+    // Pass 2: per-command latency on a fresh engine. The two clock reads
+    // around each command cost about 40 ns; that is why throughput comes
+    // from pass 1.
+    let latency = if options.latency {
+        let mut histogram = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+        let mut engine = Engine::new();
+        for command in &commands {
+            events.clear();
+            let start = Instant::now();
+            engine.apply(command, &mut events);
+            histogram.saturating_record((start.elapsed().as_nanos() as u64).max(1));
+        }
+        Some(Latency {
+            min: histogram.min(),
+            p50: histogram.value_at_quantile(0.50),
+            p90: histogram.value_at_quantile(0.90),
+            p99: histogram.value_at_quantile(0.99),
+            p99_9: histogram.value_at_quantile(0.999),
+            p99_99: histogram.value_at_quantile(0.9999),
+            max: histogram.max(),
+        })
+    } else {
+        None
+    };
+
+    // Pass 3: the same again, writing every event as text and hashing it.
+    let mut engine = Engine::new();
+    let mut text = Vec::with_capacity(1 << 20);
+    let mut digest = Sha256::new();
+    let started = Instant::now();
+    for command in &commands {
+        events.clear();
+        engine.apply(command, &mut events);
+        for event in &events {
+            crossbook_text::write_event(&mut text, event);
+        }
+        if text.len() >= 1 << 20 {
+            digest.update(&text);
+            text.clear();
+        }
+    }
+    digest.update(&text);
+    let encode_seconds = started.elapsed().as_secs_f64();
+    let events_sha256 = digest.finalize().iter().map(|b| format!("{b:02x}")).collect();
+
+    let orders = commands.iter().filter(|c| matches!(c, Command::Place(_))).count();
+    let engine_ns = seconds * 1e9 / count as f64;
+    let (git_commit, git_dirty) = git_state();
+    let report = Report {
+        schema: 1,
+        workload: options.workload.name().to_string(),
+        seed: options.seed,
+        commands: count,
+        orders,
+        trades,
+        commands_per_s: count as f64 / seconds,
+        orders_per_s: orders as f64 / seconds,
+        trades_per_s: trades as f64 / seconds,
+        latency_ns: latency,
+        stages_ns_per_command: Stages {
+            engine: engine_ns,
+            event_encoding: (encode_seconds * 1e9 / count as f64 - engine_ns).max(0.0),
+        },
+        events_sha256,
+        command_line: std::env::args().collect::<Vec<_>>().join(" "),
+        git_commit,
+        git_dirty,
+        build_profile: if cfg!(debug_assertions) { "debug".into() } else { "release".into() },
+        cpu_model: cpu_model(),
+        date: utc_now(),
+    };
+    Ok((report, commands))
+}
+
+pub fn run(options: Options) -> Result<()> {
+    if let Some(path) = &options.compare {
+        return compare(&options, path);
+    }
+    let (report, commands) = measure(&options)?;
+    if options.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_text(&report);
+    }
+    if let Some(dir) = &options.journal {
+        crate::journaled::bench(&commands, dir, report.commands_per_s)?;
+    }
+    Ok(())
+}
+
+fn print_text(r: &Report) {
+    println!("workload {} seed {} commands {}", r.workload, r.seed, r.commands);
+    println!("commands_per_s {:.0}", r.commands_per_s);
+    println!("orders {} orders_per_s {:.0}", r.orders, r.orders_per_s);
+    println!("trades {} trades_per_s {:.0}", r.trades, r.trades_per_s);
+    if let Some(l) = &r.latency_ns {
+        println!(
+            "latency_ns min {} p50 {} p90 {} p99 {} p99.9 {} p99.99 {} max {}",
+            l.min, l.p50, l.p90, l.p99, l.p99_9, l.p99_99, l.max
+        );
+    }
+    println!(
+        "stages_ns_per_command engine {:.1} event_encoding {:.1}",
+        r.stages_ns_per_command.engine, r.stages_ns_per_command.event_encoding
+    );
+    println!("events_sha256 {}", r.events_sha256);
+    println!("provenance commit {}{} profile {} cpu {:?} date {}", r.git_commit, if r.git_dirty { " (dirty)" } else { "" }, r.build_profile, r.cpu_model, r.date);
+}
+
+/// One figure beside its baseline. `higher_is_better` decides which way is
+/// a regression.
+struct Row {
+    name: &'static str,
+    baseline: f64,
+    now: f64,
+    higher_is_better: bool,
+    /// Flagged past the threshold (tail latencies are shown, not flagged:
+    /// on a shared machine they move by more than any useful threshold).
+    gated: bool,
+}
+
+fn compare(options: &Options, path: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let baseline: Report = serde_json::from_str(&text).with_context(|| format!("{} is not a bench report", path.display()))?;
+    let workload = Workload::from_name(&baseline.workload).with_context(|| format!("unknown workload {:?}", baseline.workload))?;
+    let rerun = Options {
+        workload,
+        commands: baseline.commands,
+        seed: baseline.seed,
+        latency: baseline.latency_ns.is_some(),
+        journal: None,
+        json: false,
+        compare: None,
+        threshold_percent: options.threshold_percent,
+        slow_ns: options.slow_ns,
+    };
+    let (now, _) = measure(&rerun)?;
+    let mut rows = vec![
+        Row { name: "commands_per_s", baseline: baseline.commands_per_s, now: now.commands_per_s, higher_is_better: true, gated: true },
+        Row { name: "orders_per_s", baseline: baseline.orders_per_s, now: now.orders_per_s, higher_is_better: true, gated: true },
+        Row { name: "trades_per_s", baseline: baseline.trades_per_s, now: now.trades_per_s, higher_is_better: true, gated: false },
+    ];
+    if let (Some(b), Some(n)) = (&baseline.latency_ns, &now.latency_ns) {
+        for (name, b, n, gated) in [
+            ("latency_ns_p50", b.p50, n.p50, true),
+            ("latency_ns_p90", b.p90, n.p90, false),
+            ("latency_ns_p99", b.p99, n.p99, false),
+            ("latency_ns_p99.9", b.p99_9, n.p99_9, false),
+            ("latency_ns_max", b.max, n.max, false),
+        ] {
+            rows.push(Row { name, baseline: b as f64, now: n as f64, higher_is_better: false, gated });
+        }
+    }
+    println!("comparing {} (commit {}, {}) with this build (commit {})", path.display(), baseline.git_commit, baseline.date, now.git_commit);
+    println!("{:<20} {:>16} {:>16} {:>9}", "figure", "baseline", "now", "change");
+    let mut regressions = Vec::new();
+    for row in &rows {
+        let change = if row.baseline == 0.0 { 0.0 } else { 100.0 * (row.now - row.baseline) / row.baseline };
+        let worse = if row.higher_is_better { -change } else { change };
+        let flag = if row.gated && worse > options.threshold_percent {
+            regressions.push(row.name);
+            "  REGRESSION"
+        } else {
+            ""
+        };
+        println!("{:<20} {:>16.0} {:>16.0} {:>+8.1}%{flag}", row.name, row.baseline, row.now, change);
+    }
+    if now.events_sha256 != baseline.events_sha256 {
+        println!("events_sha256 differs: baseline {} now {}", baseline.events_sha256, now.events_sha256);
+        bail!("this build computes different events from the baseline's");
+    }
+    println!("events_sha256 same");
+    if !regressions.is_empty() {
+        bail!("regression past {}%: {}", options.threshold_percent, regressions.join(", "));
+    }
+    println!("no regression past {}%", options.threshold_percent);
+    Ok(())
+}
+
+fn git_state() -> (String, bool) {
+    let run = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = run(&["rev-parse", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let dirty = run(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    (commit, dirty)
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ` (civil-from-days, after
+/// Howard Hinnant's algorithm).
+fn utc_now() -> String {
+    let seconds = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    let (days, rest) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rest / 3600, rest % 3600 / 60, rest % 60)
+}
