@@ -221,6 +221,11 @@ class Instrument:
         notional = price * qty * self.tick_size
         return notional + ceil_div(notional * self.taker_bps, 10000)
 
+    def taker_proceeds(self, price, qty):
+        """What a taker sell receives for qty lots at price: N - taker_fee."""
+        notional = price * qty * self.tick_size
+        return notional - ceil_div(notional * self.taker_bps, 10000)
+
     def best_price(self, side):
         """Best price on `side` (highest bid, lowest ask), None if empty."""
         levels = self.book[side]
@@ -479,8 +484,10 @@ class Engine:
         levels = inst.book[opposite(side)]
         prices = sorted(levels, reverse=(side == "sell"))  # priority order
         market_buy = f["type"] == "market" and side == "buy"
+        min_proceeds = f["budget"] if f["type"] == "market" and side == "sell" else None
         needed = f["qty"]
         cost = 0
+        received = 0
         for price in prices:
             if f["type"] == "limit":
                 if side == "buy" and price > f["price"]:
@@ -497,12 +504,16 @@ class Engine:
                 step = min(maker.remaining, needed)
                 if market_buy:
                     cost += inst.taker_cost(price, step)
+                if min_proceeds is not None:
+                    received += inst.taker_proceeds(price, step)
                 needed -= step
             if needed == 0:
                 break
         if needed > 0:
             return False
         if market_buy and cost > budget:
+            return False
+        if min_proceeds is not None and received < min_proceeds:
             return False
         return True
 
@@ -607,7 +618,8 @@ class Engine:
         if f["post_only"] and not (type_ == "limit" and tif == "gtc"):
             return "invalid_time_in_force"
         # 5
-        if f["budget"] is not None and (not market_buy or f["budget"] == 0):
+        if f["budget"] is not None and (type_ != "market" or f["budget"] == 0
+                                        or (side == "sell" and tif != "fok")):
             return "invalid_budget"
         # 6
         if qty == 0 or qty < inst.min_qty or qty > inst.max_qty:

@@ -218,6 +218,23 @@ fn affordable(tick_size: u64, taker_bps: i64, price: i64, budget: u64) -> u64 {
     u64::try_from(lots).unwrap_or(u64::MAX)
 }
 
+/// What a taker sell receives for `qty` lots at `price`, fee deducted.
+#[inline]
+fn taker_proceeds(spec: &InstrumentSpec, price: i64, qty: u64) -> u64 {
+    let notional = price as u64 * qty * spec.tick_size;
+    notional - fee(notional, spec.taker_bps) as u64
+}
+
+/// The money bound a FOK order's fill must respect, if any.
+#[derive(Clone, Copy)]
+enum FokBound {
+    None,
+    /// A market buy: spend at most this, fees included.
+    Spend(u64),
+    /// A market sell with a budget: receive at least this, fees deducted.
+    Receive(u64),
+}
+
 /// Cost to a market buyer of `qty` lots at `price`, fee included.
 #[inline]
 fn taker_cost(spec: &InstrumentSpec, price: i64, qty: u64) -> u64 {
@@ -491,7 +508,7 @@ impl Engine {
             return Err(RejectReason::InvalidTimeInForce);
         }
         if let Some(budget) = order.budget {
-            if is_limit || order.side != Side::Buy || budget == 0 {
+            if is_limit || budget == 0 || (order.side == Side::Sell && order.tif != TimeInForce::Fok) {
                 return Err(RejectReason::InvalidBudget);
             }
         }
@@ -540,8 +557,12 @@ impl Engine {
         let market_buy = !is_limit && order.side == Side::Buy;
         if order.tif == TimeInForce::Fok {
             let limit = if is_limit { Some(order.price) } else { None };
-            let budget = if market_buy { Some(lock_amount) } else { None };
-            if !self.fok_can_fill(instrument, account, order.side, limit, order.qty, order.stp, budget) {
+            let bound = match (market_buy, order.budget) {
+                (true, _) => FokBound::Spend(lock_amount),
+                (false, Some(least)) => FokBound::Receive(least),
+                (false, None) => FokBound::None,
+            };
+            if !self.fok_can_fill(instrument, account, order.side, limit, order.qty, order.stp, bound) {
                 return Err(RejectReason::FokCannotFill);
             }
         }
@@ -615,7 +636,7 @@ impl Engine {
         limit: Option<i64>,
         qty: u64,
         stp: SelfTradePrevention,
-        budget: Option<u64>,
+        bound: FokBound,
     ) -> bool {
         let inst = &self.instruments[instrument as usize];
         let levels = match side {
@@ -624,6 +645,7 @@ impl Engine {
         };
         let mut needed = qty;
         let mut cost: u64 = 0;
+        let mut received: u64 = 0;
         for level_ref in levels.iter().rev() {
             if let Some(limit) = limit {
                 if !crosses(side, limit, level_ref.price) {
@@ -642,15 +664,22 @@ impl Engine {
                     }
                 }
                 let step = maker.remaining().min(needed);
-                if let Some(budget) = budget {
-                    cost += taker_cost(&inst.spec, level_ref.price, step);
-                    if cost > budget {
-                        return false;
+                match bound {
+                    FokBound::Spend(budget) => {
+                        cost += taker_cost(&inst.spec, level_ref.price, step);
+                        if cost > budget {
+                            return false;
+                        }
                     }
+                    FokBound::Receive(_) => received += taker_proceeds(&inst.spec, level_ref.price, step),
+                    FokBound::None => {}
                 }
                 needed -= step;
                 if needed == 0 {
-                    return true;
+                    return match bound {
+                        FokBound::Receive(least) => received >= least,
+                        _ => true,
+                    };
                 }
             }
         }

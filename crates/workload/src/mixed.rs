@@ -243,7 +243,15 @@ impl Mixed {
         let (account_index, account) = self.pick_account();
         let side = self.side();
         let qty = self.qty(market);
-        let budget = if side == Side::Buy && self.rng.percent(50) {
+        let tif = if self.rng.percent(80) { TimeInForce::Ioc } else { TimeInForce::Fok };
+        // A buy's budget caps its spending; a FOK sell's is the least it
+        // must receive (on an IOC sell it is refused).
+        let with_budget = match (side, tif) {
+            (Side::Buy, _) => self.rng.percent(50),
+            (Side::Sell, TimeInForce::Fok) => self.rng.percent(60),
+            (Side::Sell, _) => self.rng.percent(3),
+        };
+        let budget = if with_budget {
             let m = &self.markets[market];
             let full = qty * m.mid as u64 * m.tick_size;
             Some(1 + self.rng.below(full + full / 2))
@@ -256,7 +264,7 @@ impl Mixed {
             cid: self.new_cid(account_index),
             side,
             order_type: OrderType::Market,
-            tif: if self.rng.percent(80) { TimeInForce::Ioc } else { TimeInForce::Fok },
+            tif,
             price: 0,
             qty,
             post_only: false,

@@ -24,6 +24,8 @@ struct Coverage {
     mass_cancels: u64,
     accounts: BTreeSet<AccountId>,
     instruments_traded: BTreeSet<InstrumentId>,
+    /// FOK market sells with a least-to-receive budget: filled, refused.
+    budget_sells: (u64, u64),
 }
 
 fn stp_name(stp: SelfTradePrevention) -> &'static str {
@@ -78,6 +80,16 @@ fn note(coverage: &mut Coverage, command: &Command, events: &[Event]) {
                 coverage.accounts.insert(account);
             }
             _ => {}
+        }
+    }
+    if let Command::Place(order) = command {
+        if order.order_type == OrderType::Market && order.side == Side::Sell && order.budget.is_some() && order.tif == TimeInForce::Fok {
+            if events.iter().any(|e| matches!(e.kind, EventKind::Trade { .. })) {
+                coverage.budget_sells.0 += 1;
+            }
+            if events.iter().any(|e| matches!(e.kind, EventKind::Rejected { reason: RejectReason::FokCannotFill })) {
+                coverage.budget_sells.1 += 1;
+            }
         }
     }
     if let Command::Place(order) = command {
@@ -138,6 +150,7 @@ fn invariants_hold_after_every_command_and_the_market_drains() {
         assert!(coverage.stp_fired.contains(mode), "self-trade prevention {mode} never came into play");
     }
     assert!(coverage.self_trades > 0);
+    assert!(coverage.budget_sells.0 > 0 && coverage.budget_sells.1 > 0, "budgeted FOK sells {:?}", coverage.budget_sells);
     assert!(coverage.replaced_kept > 0 && coverage.replaced_lost > 0);
     assert!(coverage.market_fills > 0 && coverage.fok_fills > 0 && coverage.post_only_rested > 0);
     assert!(coverage.deposits > 0 && coverage.withdrawals > 0 && coverage.mass_cancels > 0);
