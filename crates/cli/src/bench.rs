@@ -11,8 +11,42 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+/// A generated workload, or exchange-core's recorded flow.
+#[derive(Clone, Debug)]
+pub enum WorkloadSource {
+    Generated(Workload),
+    ExchangeCore(PathBuf),
+}
+
+pub const EXCHANGE_CORE_SINGLE: &str = "exchange-core-single";
+
+impl WorkloadSource {
+    pub fn parse(name: &str, flow: Option<PathBuf>) -> Result<WorkloadSource> {
+        if name == EXCHANGE_CORE_SINGLE {
+            return Ok(WorkloadSource::ExchangeCore(crate::compat::flow_dir(flow)?));
+        }
+        Ok(WorkloadSource::Generated(crate::workload(name)?))
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            WorkloadSource::Generated(w) => w.name(),
+            WorkloadSource::ExchangeCore(_) => EXCHANGE_CORE_SINGLE,
+        }
+    }
+
+    /// The commands: generated, or the whole flow (set-up included; the
+    /// count is ignored).
+    fn commands(&self, seed: u64, count: usize) -> Result<Vec<Command>> {
+        match self {
+            WorkloadSource::Generated(w) => Ok(generate(*w, seed, count)),
+            WorkloadSource::ExchangeCore(dir) => crate::compat::commands(dir),
+        }
+    }
+}
+
 pub struct Options {
-    pub workload: Workload,
+    pub workload: WorkloadSource,
     pub commands: usize,
     pub seed: u64,
     pub latency: bool,
@@ -83,7 +117,7 @@ fn busy_wait(nanos: u64) {
 }
 
 pub fn measure(options: &Options) -> Result<(Report, Vec<Command>)> {
-    let commands = generate(options.workload, options.seed, options.commands);
+    let commands = options.workload.commands(options.seed, options.commands)?;
     let count = commands.len();
 
     // Pass 1: throughput, nothing measured per command.
@@ -226,7 +260,11 @@ struct Row {
 fn compare(options: &Options, path: &Path) -> Result<()> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let baseline: Report = serde_json::from_str(&text).with_context(|| format!("{} is not a bench report", path.display()))?;
-    let workload = Workload::from_name(&baseline.workload).with_context(|| format!("unknown workload {:?}", baseline.workload))?;
+    let flow = match &options.workload {
+        WorkloadSource::ExchangeCore(dir) => Some(dir.clone()),
+        WorkloadSource::Generated(_) => None,
+    };
+    let workload = WorkloadSource::parse(&baseline.workload, flow)?;
     let rerun = Options {
         workload,
         commands: baseline.commands,

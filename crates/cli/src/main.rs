@@ -11,6 +11,7 @@ use std::time::Duration;
 use crossbook_journal::{Durability, JournalConfig};
 
 mod bench;
+mod compat;
 mod journaled;
 
 #[derive(Parser)]
@@ -69,6 +70,11 @@ enum Cmd {
         #[command(subcommand)]
         action: JournalAction,
     },
+    /// Replay another engine's published flow and compare every result.
+    Compat {
+        #[command(subcommand)]
+        engine: CompatEngine,
+    },
     /// Run a workload in process and report throughput and latency.
     Bench {
         #[arg(long, default_value = "steady-deep")]
@@ -99,6 +105,22 @@ enum Cmd {
         /// Test hook: busy-wait this many nanoseconds per command.
         #[arg(long, default_value_t = 0, hide = true)]
         slow_ns: u64,
+        /// For `--workload exchange-core-single`: the flow folder.
+        #[arg(long)]
+        flow: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum CompatEngine {
+    /// exchange-core's single-pair benchmark flow: every trade, every
+    /// reduce and the final book; ends with `N passed, M failed`.
+    ExchangeCore {
+        /// The flow folder (commands.csv.gz, events.csv.gz, final-book.csv).
+        dir: Option<PathBuf>,
+        /// The same, as an option; defaults to ../shared/workloads/exchange-core-singlepair.
+        #[arg(long)]
+        flow: Option<PathBuf>,
     },
 }
 
@@ -131,16 +153,17 @@ fn real_main() -> Result<()> {
             journaled::run(&commands, &dir, config, snapshot_every, keep_snapshots)
         }
         Cmd::Recover { journal } => journaled::recover(&journal),
+        Cmd::Compat { engine: CompatEngine::ExchangeCore { dir, flow } } => compat::run(&compat::flow_dir(dir.or(flow))?),
         Cmd::Journal { action: JournalAction::Verify { dir } } => journaled::verify(&dir),
         Cmd::Journal { action: JournalAction::Inspect { dir } } => journaled::inspect(&dir),
-        Cmd::Bench { workload: name, commands, seed, no_latency, journal, format, compare, threshold, slow_ns } => {
+        Cmd::Bench { workload: name, commands, seed, no_latency, journal, format, compare, threshold, slow_ns, flow } => {
             let json = match format.as_str() {
                 "text" => false,
                 "json" => true,
                 other => bail!("--format must be text or json, not {other:?}"),
             };
             bench::run(bench::Options {
-                workload: workload(&name)?,
+                workload: bench::WorkloadSource::parse(&name, flow)?,
                 commands,
                 seed,
                 latency: !no_latency,

@@ -1041,6 +1041,21 @@ impl Engine {
         })
     }
 
+    /// The book of an instrument level by level: asks from the best up,
+    /// then bids from the best down, as (side, price, total lots, orders).
+    pub fn depth(&self, instrument: InstrumentId) -> Option<Vec<(Side, i64, u64, u32)>> {
+        let index = self.instrument_index.get(instrument.into())?;
+        let book = &self.instruments[index as usize].book;
+        let mut levels = Vec::new();
+        for (side, book_side) in [(Side::Sell, &book.asks), (Side::Buy, &book.bids)] {
+            for level_ref in book_side.sorted.iter().rev() {
+                let level = book.level(level_ref.level);
+                levels.push((side, level.price, level.total_qty, level.count));
+            }
+        }
+        Some(levels)
+    }
+
     /// Number of open (resting) orders across all books.
     pub fn open_orders(&self) -> usize {
         self.orders.len()

@@ -2,6 +2,7 @@
 
 mod alloc;
 mod bench;
+mod compat;
 mod determinism;
 mod differential;
 mod examples;
