@@ -78,6 +78,12 @@ pub struct Latency {
 pub struct Stages {
     /// Risk checks, matching and settlement: the engine's `apply`.
     pub engine: f64,
+    /// The engine's time split by sampled stage clocks (builds with the
+    /// `stage-clock` feature only; `null` otherwise).
+    pub risk_check: Option<f64>,
+    pub matching: Option<f64>,
+    pub settlement: Option<f64>,
+    pub balance_events: Option<f64>,
     /// Writing every event as text (the event file format).
     pub event_encoding: f64,
 }
@@ -123,6 +129,7 @@ pub fn measure(options: &Options) -> Result<(Report, Vec<Command>)> {
     // Pass 1: throughput, nothing measured per command.
     let mut engine = Engine::new();
     let mut events: Vec<Event> = Vec::with_capacity(1 << 12);
+    let _ = crossbook_engine::stages::take();
     let started = Instant::now();
     let trades = if options.slow_ns == 0 {
         replay(&mut engine, &commands, &mut events)
@@ -135,6 +142,7 @@ pub fn measure(options: &Options) -> Result<(Report, Vec<Command>)> {
         engine.trades()
     };
     let seconds = started.elapsed().as_secs_f64();
+    let sampled = crossbook_engine::stages::take().filter(|t| t.samples > 0);
 
     // Pass 2: per-command latency on a fresh engine. The two clock reads
     // around each command cost about 40 ns; that is why throughput comes
@@ -195,9 +203,21 @@ pub fn measure(options: &Options) -> Result<(Report, Vec<Command>)> {
         orders_per_s: orders as f64 / seconds,
         trades_per_s: trades as f64 / seconds,
         latency_ns: latency,
-        stages_ns_per_command: Stages {
-            engine: engine_ns,
-            event_encoding: (encode_seconds * 1e9 / count as f64 - engine_ns).max(0.0),
+        stages_ns_per_command: {
+            // Sampled proportions applied to the unperturbed engine time.
+            let total: u64 = sampled.map_or(0, |t| t.nanos.iter().sum());
+            let share = |stage: crossbook_engine::stages::Stage| {
+                sampled.filter(|_| total > 0).map(|t| engine_ns * t.nanos[stage as usize] as f64 / total as f64)
+            };
+            use crossbook_engine::stages::Stage;
+            Stages {
+                engine: engine_ns,
+                risk_check: share(Stage::Risk),
+                matching: share(Stage::Matching),
+                settlement: share(Stage::Settlement),
+                balance_events: share(Stage::BalanceEvents),
+                event_encoding: (encode_seconds * 1e9 / count as f64 - engine_ns).max(0.0),
+            }
         },
         events_sha256,
         command_line: std::env::args().collect::<Vec<_>>().join(" "),
@@ -237,10 +257,17 @@ fn print_text(r: &Report) {
             l.min, l.p50, l.p90, l.p99, l.p99_9, l.p99_99, l.max
         );
     }
-    println!(
-        "stages_ns_per_command engine {:.1} event_encoding {:.1}",
-        r.stages_ns_per_command.engine, r.stages_ns_per_command.event_encoding
-    );
+    let st = &r.stages_ns_per_command;
+    match (st.risk_check, st.matching, st.settlement, st.balance_events) {
+        (Some(risk), Some(matching), Some(settlement), Some(balances)) => println!(
+            "stages_ns_per_command engine {:.1} (risk_check {risk:.1} matching {matching:.1} settlement {settlement:.1} balance_events {balances:.1}) event_encoding {:.1}",
+            st.engine, st.event_encoding
+        ),
+        _ => println!(
+            "stages_ns_per_command engine {:.1} event_encoding {:.1} (build with --features stage-clock to split the engine)",
+            st.engine, st.event_encoding
+        ),
+    }
     println!("events_sha256 {}", r.events_sha256);
     println!("provenance commit {}{} profile {} cpu {:?} date {}", r.git_commit, if r.git_dirty { " (dirty)" } else { "" }, r.build_profile, r.cpu_model, r.date);
 }

@@ -206,5 +206,12 @@ pub fn bench(commands: &[crossbook_engine::Command], dir: &Path, _in_memory_per_
     }
     let replay = median(&mut replay);
     println!("recovery_replay commands_per_s {replay:.0} ({:.0}% of in-memory)", 100.0 * replay / memory);
+    let mut extra = Vec::new();
+    for (index, (name, _)) in modes.iter().enumerate() {
+        let mut rates: Vec<f64> = journaled[index].iter().map(|(r, _)| *r).collect();
+        let rate = median(&mut rates);
+        extra.push(format!("journal_{name} {:.1}", (1e9 / rate - 1e9 / memory).max(0.0)));
+    }
+    println!("stages_ns_per_command {} (journaled minus in-memory, medians)", extra.join(" "));
     Ok(())
 }

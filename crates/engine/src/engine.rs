@@ -9,6 +9,7 @@ use crate::arena::{Arena, NIL};
 use crate::book::{Book, Order, crosses};
 use crate::hash::DenseIndex;
 use crate::table::{OrderIndex, Table};
+use crate::stages::{self, Stage};
 use crate::types::*;
 
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
@@ -278,6 +279,7 @@ impl Engine {
     pub fn apply(&mut self, command: &Command, out: &mut Vec<Event>) {
         self.seq += 1;
         let seq = self.seq;
+        stages::begin(seq);
         self.order_index.advance(seq);
         let result = match command {
             Command::AddAsset { id, name } => self.add_asset(*id, *name, out),
@@ -294,8 +296,10 @@ impl Engine {
             assert!(self.touched.is_empty(), "a rejected command touched a balance");
             out.push(Event { seq, kind: EventKind::Rejected { reason } });
         } else {
+            stages::enter(Stage::BalanceEvents);
             self.flush_balances(out);
         }
+        stages::end();
     }
 
     #[inline]
@@ -568,6 +572,7 @@ impl Engine {
         }
 
         // Validated: from here on nothing can be refused.
+        stages::enter(Stage::Matching);
         let id = self.seq;
         self.lock(account, lock_asset, lock_amount);
         self.emit(
@@ -753,6 +758,7 @@ impl Engine {
     #[allow(clippy::too_many_arguments)]
     #[inline]
     fn trade(&mut self, instrument: u32, terms: &Terms, maker: &Maker, taker: &mut Taker, price: i64, qty: u64, out: &mut Vec<Event>) {
+        stages::enter(Stage::Settlement);
         let (base, quote) = (terms.base, terms.quote);
         let notional = price as u64 * qty * terms.tick_size;
         let base_qty = qty * terms.lot_size;
@@ -822,6 +828,7 @@ impl Engine {
                 taker_remaining: taker.remaining(),
             },
         );
+        stages::enter(Stage::Matching);
     }
 
     /// Registers a new resting order (already in the arena) everywhere: its
@@ -898,6 +905,7 @@ impl Engine {
 
     fn cancel(&mut self, account_id: AccountId, order_id: OrderId, out: &mut Vec<Event>) -> Result<(), RejectReason> {
         let (_, slot) = self.owned_order(account_id, order_id)?;
+        stages::enter(Stage::Matching);
         self.cancel_resting(slot, CancelReason::User, out);
         Ok(())
     }
@@ -939,6 +947,7 @@ impl Engine {
             }
         }
 
+        stages::enter(Stage::Matching);
         if new_lock > old_lock {
             self.lock(account, asset, new_lock - old_lock);
         } else {
@@ -994,6 +1003,7 @@ impl Engine {
             Some(id) => Some(self.instrument_index.get(id.into()).ok_or(RejectReason::UnknownInstrument)?),
             None => None,
         };
+        stages::enter(Stage::Matching);
         let mut count = 0u64;
         let mut slot = self.accounts[account as usize].first_order;
         while slot != NIL {

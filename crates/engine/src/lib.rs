@@ -20,6 +20,7 @@ mod engine;
 pub mod hash;
 mod invariants;
 mod snapshot;
+pub mod stages;
 pub mod table;
 pub mod types;
 
