@@ -37,17 +37,22 @@ impl WorkloadSource {
 
     /// The commands: generated, or the whole flow (set-up included; the
     /// count is ignored).
-    fn commands(&self, seed: u64, count: usize) -> Result<Vec<Command>> {
+    fn commands(&self, seed: u64, count: Option<usize>) -> Result<Vec<Command>> {
         match self {
-            WorkloadSource::Generated(w) => Ok(generate(*w, seed, count)),
-            WorkloadSource::ExchangeCore(dir) => crate::compat::commands(dir),
+            WorkloadSource::Generated(w) => Ok(generate(*w, seed, count.unwrap_or(1_000_000))),
+            WorkloadSource::ExchangeCore(dir) => {
+                let mut commands = crate::compat::commands(dir)?;
+                commands.truncate(count.unwrap_or(usize::MAX));
+                Ok(commands)
+            }
         }
     }
 }
 
 pub struct Options {
     pub workload: WorkloadSource,
-    pub commands: usize,
+    /// `None`: the workload's default size.
+    pub commands: Option<usize>,
     pub seed: u64,
     pub latency: bool,
     pub journal: Option<PathBuf>,
@@ -294,7 +299,7 @@ fn compare(options: &Options, path: &Path) -> Result<()> {
     let workload = WorkloadSource::parse(&baseline.workload, flow)?;
     let rerun = Options {
         workload,
-        commands: baseline.commands,
+        commands: Some(baseline.commands),
         seed: baseline.seed,
         latency: baseline.latency_ns.is_some(),
         journal: None,

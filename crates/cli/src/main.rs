@@ -79,8 +79,10 @@ enum Cmd {
     Bench {
         #[arg(long, default_value = "steady-deep")]
         workload: String,
-        #[arg(long, default_value_t = 1_000_000)]
-        commands: usize,
+        /// Commands, set-up included (default 1,000,000; for
+        /// exchange-core-single, the whole flow or its first N commands).
+        #[arg(long)]
+        commands: Option<usize>,
         #[arg(long, default_value_t = 1)]
         seed: u64,
         /// Skip the per-command latency pass (for instruction counting).
