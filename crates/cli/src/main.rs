@@ -222,11 +222,10 @@ fn run_command(path: &PathBuf, check: bool) -> Result<()> {
     for command in &commands {
         events.clear();
         engine.apply(command, &mut events);
-        if check {
-            if let Err(broken) = engine.check_invariants() {
+        if check
+            && let Err(broken) = engine.check_invariants() {
                 bail!("invariant broken after command {}: {broken}", engine.seq());
             }
-        }
         for event in &events {
             crossbook_text::write_event(&mut buffer, event);
         }

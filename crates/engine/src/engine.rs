@@ -511,11 +511,10 @@ impl Engine {
         if (!is_limit && order.tif == TimeInForce::Gtc) || (order.post_only && !(is_limit && order.tif == TimeInForce::Gtc)) {
             return Err(RejectReason::InvalidTimeInForce);
         }
-        if let Some(budget) = order.budget {
-            if is_limit || budget == 0 || (order.side == Side::Sell && order.tif != TimeInForce::Fok) {
+        if let Some(budget) = order.budget
+            && (is_limit || budget == 0 || (order.side == Side::Sell && order.tif != TimeInForce::Fok)) {
                 return Err(RejectReason::InvalidBudget);
             }
-        }
         let inst = &self.instruments[instrument as usize];
         let spec = &inst.spec;
         if order.qty == 0 || order.qty < spec.min_qty || order.qty > spec.max_qty {
@@ -551,13 +550,11 @@ impl Engine {
         if lock_amount > self.available(account, lock_asset) {
             return Err(RejectReason::InsufficientFunds);
         }
-        if order.post_only {
-            if let Some(best) = inst.book.best_opposite(order.side) {
-                if crosses(order.side, order.price, best.price) {
+        if order.post_only
+            && let Some(best) = inst.book.best_opposite(order.side)
+                && crosses(order.side, order.price, best.price) {
                     return Err(RejectReason::PostOnlyWouldTake);
                 }
-            }
-        }
         let market_buy = !is_limit && order.side == Side::Buy;
         if order.tif == TimeInForce::Fok {
             let limit = if is_limit { Some(order.price) } else { None };
@@ -652,11 +649,10 @@ impl Engine {
         let mut cost: u64 = 0;
         let mut received: u64 = 0;
         for level_ref in levels.iter().rev() {
-            if let Some(limit) = limit {
-                if !crosses(side, limit, level_ref.price) {
+            if let Some(limit) = limit
+                && !crosses(side, limit, level_ref.price) {
                     return false;
                 }
-            }
             let mut slot = inst.book.level(level_ref.level).head;
             while slot != NIL {
                 let maker = self.orders.get(slot);
@@ -712,11 +708,10 @@ impl Engine {
             let Some(best) = book.best_opposite(taker.side) else {
                 return false;
             };
-            if let Some(limit) = taker.limit {
-                if !crosses(taker.side, limit, best.price) {
+            if let Some(limit) = taker.limit
+                && !crosses(taker.side, limit, best.price) {
                     return false;
                 }
-            }
             let slot = book.level(best.level).head;
             let resting = self.orders.get(slot);
             let maker = Maker {
@@ -939,13 +934,11 @@ impl Engine {
         if new_lock > old_lock && new_lock - old_lock > self.available(account, asset) {
             return Err(RejectReason::InsufficientFunds);
         }
-        if order.post_only {
-            if let Some(best) = inst.book.best_opposite(order.side) {
-                if crosses(order.side, price, best.price) {
+        if order.post_only
+            && let Some(best) = inst.book.best_opposite(order.side)
+                && crosses(order.side, price, best.price) {
                     return Err(RejectReason::PostOnlyWouldTake);
                 }
-            }
-        }
 
         stages::enter(Stage::Matching);
         if new_lock > old_lock {

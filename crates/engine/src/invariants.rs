@@ -17,11 +17,10 @@ impl Engine {
         for (inst_index, inst) in self.instruments.iter().enumerate() {
             let book = &inst.book;
             let symbol = inst.spec.symbol;
-            if let (Some(bid), Some(ask)) = (book.bids.best(), book.asks.best()) {
-                if bid.price >= ask.price {
+            if let (Some(bid), Some(ask)) = (book.bids.best(), book.asks.best())
+                && bid.price >= ask.price {
                     return Err(format!("{symbol}: book crossed: bid {} >= ask {}", bid.price, ask.price));
                 }
-            }
             for (side, book_side) in [(Side::Buy, &book.bids), (Side::Sell, &book.asks)] {
                 check_sorted(side, book_side).map_err(|e| format!("{symbol}: {e}"))?;
                 for level_ref in &book_side.sorted {

@@ -318,8 +318,8 @@ mod order_index_tests {
                 model.insert(seq, seq as u32);
             }
             // Remove a random live order now and then, old or young.
-            if (state >> 20) % 2 == 0 && !model.is_empty() {
-                let pick = if (state >> 30) % 4 == 0 { *model.keys().next().unwrap() } else { *model.keys().next_back().unwrap() };
+            if (state >> 20).is_multiple_of(2) && !model.is_empty() {
+                let pick = if (state >> 30).is_multiple_of(4) { *model.keys().next().unwrap() } else { *model.keys().next_back().unwrap() };
                 index.remove(pick, seq);
                 model.remove(&pick);
             }

@@ -74,11 +74,10 @@ impl PlaceCancel {
         if let Some(command) = self.setup.pop_front() {
             return command;
         }
-        if self.rng.below(13) < CANCEL_IN_13 {
-            if let Some(cancel) = self.cancel(engine) {
+        if self.rng.below(13) < CANCEL_IN_13
+            && let Some(cancel) = self.cancel(engine) {
                 return cancel;
             }
-        }
         if self.rng.percent(10) {
             self.mid += if self.rng.below(2) == 0 { 1 } else { -1 };
             self.mid = self.mid.clamp(1_000, 9_000_000);

@@ -29,7 +29,7 @@ fn baseline(dir: &std::path::Path) -> std::path::PathBuf {
         assert!(report.get(field).is_some(), "report lacks {field}: {report}");
     }
     assert_eq!(report["commands"], 100000);
-    assert_eq!(report["latency_ns"]["p99.9"].as_u64().is_some(), true);
+    assert!(report["latency_ns"]["p99.9"].as_u64().is_some());
     let path = dir.join("baseline.json");
     std::fs::write(&path, &output.stdout).unwrap();
     path

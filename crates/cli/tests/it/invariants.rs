@@ -45,11 +45,10 @@ fn note(coverage: &mut Coverage, command: &Command, events: &[Event]) {
             }
             EventKind::Cancelled { reason, .. } => {
                 coverage.cancels.insert(reason.name());
-                if reason == CancelReason::Stp {
-                    if let Command::Place(order) = command {
+                if reason == CancelReason::Stp
+                    && let Command::Place(order) = command {
                         coverage.stp_fired.insert(stp_name(order.stp));
                     }
-                }
             }
             EventKind::Trade { maker_account, taker_account, instrument, .. } => {
                 coverage.instruments_traded.insert(instrument);
@@ -82,8 +81,8 @@ fn note(coverage: &mut Coverage, command: &Command, events: &[Event]) {
             _ => {}
         }
     }
-    if let Command::Place(order) = command {
-        if order.order_type == OrderType::Market && order.side == Side::Sell && order.budget.is_some() && order.tif == TimeInForce::Fok {
+    if let Command::Place(order) = command
+        && order.order_type == OrderType::Market && order.side == Side::Sell && order.budget.is_some() && order.tif == TimeInForce::Fok {
             if events.iter().any(|e| matches!(e.kind, EventKind::Trade { .. })) {
                 coverage.budget_sells.0 += 1;
             }
@@ -91,7 +90,6 @@ fn note(coverage: &mut Coverage, command: &Command, events: &[Event]) {
                 coverage.budget_sells.1 += 1;
             }
         }
-    }
     if let Command::Place(order) = command {
         let rested = events.iter().all(|e| !matches!(e.kind, EventKind::Rejected { .. } | EventKind::Trade { .. }));
         if order.post_only && rested {

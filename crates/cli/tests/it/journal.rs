@@ -55,7 +55,7 @@ fn journal_run(dir: &Path, commands: &[Command], config: JournalConfig, snapshot
         journal.append(seq, command).unwrap();
         events.clear();
         engine.apply(command, &mut events);
-        if snapshot_every > 0 && seq % snapshot_every == 0 {
+        if snapshot_every > 0 && seq.is_multiple_of(snapshot_every) {
             journal.flush().unwrap();
             write_snapshot(dir, &engine, 2).unwrap();
         }
