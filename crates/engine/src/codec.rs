@@ -188,6 +188,23 @@ impl<'a> Reader<'a> {
         }
     }
     #[inline]
+    pub fn order_type(&mut self) -> Result<OrderType, DecodeError> {
+        match self.u8()? {
+            0 => Ok(OrderType::Limit),
+            1 => Ok(OrderType::Market),
+            v => Err(DecodeError::BadValue { field: "type", value: u64::from(v) }),
+        }
+    }
+    #[inline]
+    pub fn tif(&mut self) -> Result<TimeInForce, DecodeError> {
+        match self.u8()? {
+            0 => Ok(TimeInForce::Gtc),
+            1 => Ok(TimeInForce::Ioc),
+            2 => Ok(TimeInForce::Fok),
+            v => Err(DecodeError::BadValue { field: "tif", value: u64::from(v) }),
+        }
+    }
+    #[inline]
     pub fn stp(&mut self) -> Result<SelfTradePrevention, DecodeError> {
         match self.u8()? {
             0 => Ok(SelfTradePrevention::None),
@@ -203,6 +220,21 @@ pub fn side_code(side: Side) -> u8 {
     match side {
         Side::Buy => 0,
         Side::Sell => 1,
+    }
+}
+
+pub fn order_type_code(order_type: OrderType) -> u8 {
+    match order_type {
+        OrderType::Limit => 0,
+        OrderType::Market => 1,
+    }
+}
+
+pub fn tif_code(tif: TimeInForce) -> u8 {
+    match tif {
+        TimeInForce::Gtc => 0,
+        TimeInForce::Ioc => 1,
+        TimeInForce::Fok => 2,
     }
 }
 
@@ -250,15 +282,8 @@ pub fn encode_command(command: &Command, out: &mut Vec<u8>) {
             w.u32(p.instrument);
             w.u64(p.cid);
             w.u8(side_code(p.side));
-            w.u8(match p.order_type {
-                OrderType::Limit => 0,
-                OrderType::Market => 1,
-            });
-            w.u8(match p.tif {
-                TimeInForce::Gtc => 0,
-                TimeInForce::Ioc => 1,
-                TimeInForce::Fok => 2,
-            });
+            w.u8(order_type_code(p.order_type));
+            w.u8(tif_code(p.tif));
             w.i64(p.price);
             w.u64(p.qty);
             w.u8(u8::from(p.post_only));
@@ -302,17 +327,8 @@ pub fn decode_command(bytes: &[u8]) -> Result<Command, DecodeError> {
             let instrument = r.u32()?;
             let cid = r.u64()?;
             let side = r.side()?;
-            let order_type = match r.u8()? {
-                0 => OrderType::Limit,
-                1 => OrderType::Market,
-                v => return Err(DecodeError::BadValue { field: "type", value: u64::from(v) }),
-            };
-            let tif = match r.u8()? {
-                0 => TimeInForce::Gtc,
-                1 => TimeInForce::Ioc,
-                2 => TimeInForce::Fok,
-                v => return Err(DecodeError::BadValue { field: "tif", value: u64::from(v) }),
-            };
+            let order_type = r.order_type()?;
+            let tif = r.tif()?;
             let price = r.i64()?;
             let qty = r.u64()?;
             let post_only = r.flag("post_only")?;

@@ -832,12 +832,18 @@ impl Engine {
         let order = *self.orders.get(slot);
         self.instruments[order.instrument as usize].book.push_back(&mut self.orders, slot);
         self.order_index.insert(order.id, slot, self.seq);
-        self.cid_index.insert((order.account, order.cid), slot);
-        let account = &mut self.accounts[order.account as usize];
-        let last = account.last_order;
-        account.last_order = slot;
+        self.list_order(slot, order.account, order.cid);
+    }
+
+    /// Adds the order in `slot` to the client-id index and at the end of
+    /// its account's list.
+    fn list_order(&mut self, slot: u32, account: u32, cid: ClientOrderId) {
+        self.cid_index.insert((account, cid), slot);
+        let owner = &mut self.accounts[account as usize];
+        let last = owner.last_order;
+        owner.last_order = slot;
         if last == NIL {
-            account.first_order = slot;
+            owner.first_order = slot;
         } else {
             self.orders.get_mut(last).account_next = slot;
         }
@@ -1121,18 +1127,7 @@ impl Engine {
         }
         // Restored orders go by their own ids; `seq` is still the rebuild's.
         self.order_index.insert(order.id, slot, 0);
-        self.cid_index.insert((order.account, order.cid), slot);
-        let account = &mut self.accounts[order.account as usize];
-        let last = account.last_order;
-        account.last_order = slot;
-        if last == NIL {
-            account.first_order = slot;
-        } else {
-            self.orders.get_mut(last).account_next = slot;
-        }
-        let order = self.orders.get_mut(slot);
-        order.account_prev = last;
-        order.account_next = NIL;
+        self.list_order(slot, order.account, order.cid);
         Ok(())
     }
 

@@ -166,31 +166,21 @@ impl std::fmt::Display for RecordError {
 /// contiguous bytes.
 #[inline]
 pub fn decode_record_at(buffer: &[u8], at: usize, previous: u32) -> Result<RecordView<'_>, RecordError> {
-    if at < 4 || u32_at(buffer, at - 4) != previous {
-        return decode_record(&buffer[at..], previous);
-    }
+    let contiguous = at >= 4 && u32_at(buffer, at - 4) == previous;
     let bytes = &buffer[at..];
-    if bytes.len() < 4 {
-        return Err(RecordError::Incomplete);
-    }
-    let len = u32_at(bytes, 0);
-    if len == 0 || len as usize > MAX_PAYLOAD {
-        return Err(RecordError::BadLength(len));
-    }
-    let size = RECORD_OVERHEAD + len as usize;
-    if bytes.len() < size {
-        return Err(RecordError::Incomplete);
-    }
+    let size = record_size(bytes)?;
     let crc = u32_at(bytes, size - 4);
-    if crc32c::crc32c(&buffer[at - 4..at + size - 4]) != crc {
+    let computed = if contiguous { crc32c::crc32c(&buffer[at - 4..at + size - 4]) } else { record_crc(previous, &bytes[..size - 4]) };
+    if computed != crc {
         return Err(RecordError::BadChecksum);
     }
     Ok(RecordView { seq: u64_at(bytes, 4), payload: &bytes[12..size - 4], crc, size })
 }
 
-/// Parses the record at the start of `bytes`, checking its checksum against
-/// the chain value `previous`.
-pub fn decode_record(bytes: &[u8], previous: u32) -> Result<RecordView<'_>, RecordError> {
+/// The total size of the record at the start of `bytes`, once its length
+/// field is sane and the whole record is there.
+#[inline]
+fn record_size(bytes: &[u8]) -> Result<usize, RecordError> {
     if bytes.len() < 4 {
         return Err(RecordError::Incomplete);
     }
@@ -202,11 +192,13 @@ pub fn decode_record(bytes: &[u8], previous: u32) -> Result<RecordView<'_>, Reco
     if bytes.len() < size {
         return Err(RecordError::Incomplete);
     }
-    let crc = u32_at(bytes, size - 4);
-    if record_crc(previous, &bytes[..size - 4]) != crc {
-        return Err(RecordError::BadChecksum);
-    }
-    Ok(RecordView { seq: u64_at(bytes, 4), payload: &bytes[12..size - 4], crc, size })
+    Ok(size)
+}
+
+/// Parses the record at the start of `bytes`, checking its checksum against
+/// the chain value `previous`.
+pub fn decode_record(bytes: &[u8], previous: u32) -> Result<RecordView<'_>, RecordError> {
+    decode_record_at(bytes, 0, previous)
 }
 
 pub fn encode_snapshot(seq: u64, state: &[u8]) -> Vec<u8> {

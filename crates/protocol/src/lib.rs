@@ -4,7 +4,7 @@
 //! one fixed body length per message type. Decoding never panics, never
 //! trusts a length beyond the configured maximum, and never allocates.
 
-use crossbook_engine::codec::{DecodeError, Reader, Writer, side_code, stp_code};
+use crossbook_engine::codec::{DecodeError, Reader, Writer, order_type_code, side_code, stp_code, tif_code};
 use crossbook_engine::*;
 
 pub const VERSION: u8 = 1;
@@ -224,23 +224,6 @@ fn frame(buffer: &[u8], max_frame: usize, body_len: fn(u8) -> Option<usize>) -> 
     Ok(Some((kind, &buffer[6..4 + length], 4 + length)))
 }
 
-fn order_type(code: u8) -> Result<OrderType, ProtocolError> {
-    match code {
-        0 => Ok(OrderType::Limit),
-        1 => Ok(OrderType::Market),
-        _ => Err(ProtocolError::BadValue),
-    }
-}
-
-fn tif(code: u8) -> Result<TimeInForce, ProtocolError> {
-    match code {
-        0 => Ok(TimeInForce::Gtc),
-        1 => Ok(TimeInForce::Ioc),
-        2 => Ok(TimeInForce::Fok),
-        _ => Err(ProtocolError::BadValue),
-    }
-}
-
 /// Decodes one client message from the start of `buffer`.
 pub fn decode_client(buffer: &[u8], max_frame: usize) -> Result<Decoded<ClientMessage>, ProtocolError> {
     let Some((kind, body, used)) = frame(buffer, max_frame, client_body)? else {
@@ -258,8 +241,8 @@ pub fn decode_client(buffer: &[u8], max_frame: usize) -> Result<Decoded<ClientMe
             let cid = r.u64()?;
             let instrument = r.u32()?;
             let side = r.side()?;
-            let order_type = order_type(r.u8()?)?;
-            let tif = tif(r.u8()?)?;
+            let order_type = r.order_type()?;
+            let tif = r.tif()?;
             let post_only = r.flag("post_only")?;
             let stp = r.stp()?;
             let price = r.i64()?;
@@ -323,15 +306,8 @@ pub fn encode_client(message: &ClientMessage, out: &mut Vec<u8>) {
             w.u64(o.cid);
             w.u32(o.instrument);
             w.u8(side_code(o.side));
-            w.u8(match o.order_type {
-                OrderType::Limit => 0,
-                OrderType::Market => 1,
-            });
-            w.u8(match o.tif {
-                TimeInForce::Gtc => 0,
-                TimeInForce::Ioc => 1,
-                TimeInForce::Fok => 2,
-            });
+            w.u8(order_type_code(o.order_type));
+            w.u8(tif_code(o.tif));
             w.u8(u8::from(o.post_only));
             w.u8(stp_code(o.stp));
             w.i64(o.price);
