@@ -1065,6 +1065,34 @@ impl Engine {
         Some(levels)
     }
 
+    /// Every open order, book by book (instruments in the order they were
+    /// added, bids then asks, best level first, queue order).
+    pub fn open_order_views(&self) -> Vec<OrderView> {
+        let mut views = Vec::with_capacity(self.orders.len());
+        for inst in &self.instruments {
+            for side in [&inst.book.bids, &inst.book.asks] {
+                for level_ref in side.sorted.iter().rev() {
+                    let mut slot = inst.book.level(level_ref.level).head;
+                    while slot != NIL {
+                        let o = self.orders.get(slot);
+                        views.push(OrderView {
+                            id: o.id,
+                            account: self.accounts[o.account as usize].id,
+                            instrument: inst.spec.id,
+                            cid: o.cid,
+                            side: o.side,
+                            price: o.price,
+                            qty: o.qty,
+                            filled: o.filled,
+                        });
+                        slot = o.next;
+                    }
+                }
+            }
+        }
+        views
+    }
+
     /// Number of open (resting) orders across all books.
     pub fn open_orders(&self) -> usize {
         self.orders.len()

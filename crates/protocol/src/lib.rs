@@ -7,6 +7,8 @@
 use crossbook_engine::codec::{DecodeError, Reader, Writer, order_type_code, side_code, stp_code, tif_code};
 use crossbook_engine::*;
 
+pub mod reports;
+
 pub const VERSION: u8 = 1;
 /// Default bound on a frame (bytes after the length field).
 pub const MAX_FRAME: usize = 256;

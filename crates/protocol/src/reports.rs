@@ -1,0 +1,221 @@
+//! From engine events to execution reports, each addressed to the account
+//! that owns the order: what the binary and FIX gateways send.
+//!
+//! The engine's events say what happened; a trader wants, per order, what
+//! it now stands at (cumulative and remaining quantity). [`ReportBuilder`]
+//! keeps the little state that needs: every open order's account, client
+//! id, instrument, side, price, quantity and filled quantity. After a
+//! restart it is rebuilt from the recovered engine
+//! ([`ReportBuilder::from_engine`]).
+
+use crate::{ExecutionReport, ReportKind};
+use crossbook_engine::*;
+use std::collections::HashMap;
+
+#[derive(Clone, Copy, Debug)]
+struct OrderState {
+    account: AccountId,
+    cid: ClientOrderId,
+    instrument: InstrumentId,
+    side: Side,
+    price: i64,
+    qty: u64,
+    filled: u64,
+}
+
+/// An execution report and the account it is for. Its `seq` is 0 here:
+/// the session numbers it when it queues it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Addressed {
+    pub account: AccountId,
+    pub report: ExecutionReport,
+}
+
+#[derive(Default)]
+pub struct ReportBuilder {
+    orders: HashMap<OrderId, OrderState>,
+}
+
+/// The wire code of a cancel reason (`docs/protocol.md`).
+pub fn cancel_code(reason: CancelReason) -> u8 {
+    match reason {
+        CancelReason::User => 1,
+        CancelReason::Ioc => 2,
+        CancelReason::Stp => 3,
+        CancelReason::Replace => 4,
+        CancelReason::CancelAll => 5,
+    }
+}
+
+impl ReportBuilder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The state of every order open in `engine` (after recovery).
+    pub fn from_engine(engine: &Engine) -> Self {
+        let orders = engine
+            .open_order_views()
+            .into_iter()
+            .map(|v| {
+                (v.id, OrderState { account: v.account, cid: v.cid, instrument: v.instrument, side: v.side, price: v.price, qty: v.qty, filled: v.filled })
+            })
+            .collect();
+        ReportBuilder { orders }
+    }
+
+    /// (account, total quantity, filled) of an order being tracked.
+    pub fn order(&self, order: OrderId) -> Option<(AccountId, u64, u64)> {
+        self.orders.get(&order).map(|s| (s.account, s.qty, s.filled))
+    }
+
+    /// Orders tracked (the engine's open orders, once a command is done).
+    pub fn open_orders(&self) -> usize {
+        self.orders.len()
+    }
+
+    fn report(state: &OrderState, order: OrderId, kind: ReportKind) -> ExecutionReport {
+        ExecutionReport {
+            seq: 0,
+            kind,
+            order,
+            cid: state.cid,
+            instrument: state.instrument,
+            side: state.side,
+            price: state.price,
+            last_qty: 0,
+            last_price: 0,
+            cum_qty: state.filled,
+            leaves_qty: state.qty - state.filled,
+            fee: 0,
+            reason: 0,
+        }
+    }
+
+    /// Appends the reports for one command and the events it caused.
+    pub fn reports(&mut self, command: &Command, events: &[Event], out: &mut Vec<Addressed>) {
+        for event in events {
+            match event.kind {
+                EventKind::Rejected { reason } => {
+                    if let Some(addressed) = self.rejection(command, reason) {
+                        out.push(addressed);
+                    }
+                }
+                EventKind::Accepted { order, account, instrument, cid, side, price, qty, .. } => {
+                    let state = OrderState { account, cid, instrument, side, price, qty, filled: 0 };
+                    self.orders.insert(order, state);
+                    out.push(Addressed { account, report: Self::report(&state, order, ReportKind::Accepted) });
+                }
+                EventKind::Trade { price, qty, maker, taker, maker_fee, taker_fee, .. } => {
+                    for (order, fee) in [(maker, maker_fee), (taker, taker_fee)] {
+                        if let Some(addressed) = self.fill(order, price, qty, fee) {
+                            out.push(addressed);
+                        }
+                    }
+                }
+                EventKind::Cancelled { order, reason, .. } => {
+                    if let Some(state) = self.orders.remove(&order) {
+                        let mut report = Self::report(&state, order, ReportKind::Cancelled);
+                        report.leaves_qty = 0;
+                        report.reason = cancel_code(reason);
+                        out.push(Addressed { account: state.account, report });
+                    }
+                }
+                EventKind::Replaced { order, price, qty, .. } => {
+                    if let Some(state) = self.orders.get_mut(&order) {
+                        state.price = price;
+                        state.qty = qty;
+                        let state = *state;
+                        out.push(Addressed { account: state.account, report: Self::report(&state, order, ReportKind::Replaced) });
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn fill(&mut self, order: OrderId, price: i64, qty: u64, fee: i64) -> Option<Addressed> {
+        let state = self.orders.get_mut(&order)?;
+        state.filled += qty;
+        let state = *state;
+        let done = state.filled == state.qty;
+        let mut report = Self::report(&state, order, if done { ReportKind::Fill } else { ReportKind::PartialFill });
+        report.last_qty = qty;
+        report.last_price = price;
+        report.fee = fee;
+        if done {
+            self.orders.remove(&order);
+        }
+        Some(Addressed { account: state.account, report })
+    }
+
+    /// The report of a refused command, for the account that sent it (an
+    /// order command only; reference data and funds have no order).
+    fn rejection(&self, command: &Command, reason: RejectReason) -> Option<Addressed> {
+        let (account, report) = match *command {
+            Command::Place(p) => (
+                p.account,
+                ExecutionReport {
+                    seq: 0,
+                    kind: ReportKind::Rejected,
+                    order: 0,
+                    cid: p.cid,
+                    instrument: p.instrument,
+                    side: p.side,
+                    price: p.price,
+                    last_qty: 0,
+                    last_price: 0,
+                    cum_qty: 0,
+                    leaves_qty: 0,
+                    fee: 0,
+                    reason: reason.code(),
+                },
+            ),
+            Command::Cancel { account, order } | Command::Replace { account, order, .. } => {
+                // Only the owner learns about its own order; anyone else
+                // gets a bare rejection.
+                let own = self.orders.get(&order).filter(|s| s.account == account);
+                let mut report = match own {
+                    Some(state) => Self::report(state, order, ReportKind::Rejected),
+                    None => ExecutionReport {
+                        seq: 0,
+                        kind: ReportKind::Rejected,
+                        order,
+                        cid: 0,
+                        instrument: 0,
+                        side: Side::Buy,
+                        price: 0,
+                        last_qty: 0,
+                        last_price: 0,
+                        cum_qty: 0,
+                        leaves_qty: 0,
+                        fee: 0,
+                        reason: 0,
+                    },
+                };
+                report.reason = reason.code();
+                (account, report)
+            }
+            Command::CancelAll { account, instrument } => (
+                account,
+                ExecutionReport {
+                    seq: 0,
+                    kind: ReportKind::Rejected,
+                    order: 0,
+                    cid: 0,
+                    instrument: instrument.unwrap_or(0),
+                    side: Side::Buy,
+                    price: 0,
+                    last_qty: 0,
+                    last_price: 0,
+                    cum_qty: 0,
+                    leaves_qty: 0,
+                    fee: 0,
+                    reason: reason.code(),
+                },
+            ),
+            _ => return None,
+        };
+        Some(Addressed { account, report })
+    }
+}
