@@ -70,6 +70,19 @@ enum Cmd {
         #[command(subcommand)]
         action: JournalAction,
     },
+    /// Run the exchange: recover from the data directory, then serve the
+    /// binary protocol until SIGTERM or Ctrl-C.
+    Serve {
+        /// crossbook.toml (every field has a default: a demo venue).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Overrides `listen` (e.g. 127.0.0.1:0 for any free port).
+        #[arg(long)]
+        listen: Option<String>,
+        /// Overrides `data_dir`.
+        #[arg(long)]
+        data: Option<PathBuf>,
+    },
     /// Replay another engine's published flow and compare every result.
     Compat {
         #[command(subcommand)]
@@ -155,6 +168,7 @@ fn real_main() -> Result<()> {
             journaled::run(&commands, &dir, config, snapshot_every, keep_snapshots)
         }
         Cmd::Recover { journal } => journaled::recover(&journal),
+        Cmd::Serve { config, listen, data } => serve(config, listen, data),
         Cmd::Compat { engine: CompatEngine::ExchangeCore { dir, flow } } => compat::run(&compat::flow_dir(dir.or(flow))?),
         Cmd::Journal { action: JournalAction::Verify { dir } } => journaled::verify(&dir),
         Cmd::Journal { action: JournalAction::Inspect { dir } } => journaled::inspect(&dir),
@@ -177,6 +191,29 @@ fn real_main() -> Result<()> {
             })
         }
     }
+}
+
+fn serve(config: Option<PathBuf>, listen: Option<String>, data: Option<PathBuf>) -> Result<()> {
+    let mut config = match config {
+        Some(path) => {
+            let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+            crossbook_server::config::Config::from_toml(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+        }
+        None => crossbook_server::config::Config::default(),
+    };
+    if let Some(listen) = listen {
+        config.listen = listen;
+    }
+    if let Some(data) = data {
+        config.data_dir = data;
+    }
+    let shutdown = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, shutdown.clone()).context("installing the signal handler")?;
+    }
+    let summary = crossbook_server::serve(config, shutdown, |_| {})?;
+    eprintln!("served {} commands; journal synced and snapshot written at seq {}", summary.commands, summary.seq);
+    Ok(())
 }
 
 fn workload(name: &str) -> Result<Workload> {

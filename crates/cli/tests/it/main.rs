@@ -9,6 +9,7 @@ mod examples;
 mod invariants;
 mod journal;
 mod rules;
+mod serve;
 mod snapshot;
 mod workloads;
 mod support;

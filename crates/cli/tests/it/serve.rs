@@ -1,0 +1,256 @@
+//! `crossbook serve` end to end, over TCP on 127.0.0.1: two accounts trade,
+//! a third cannot touch their orders, garbage costs only its own
+//! connection, SIGTERM stops cleanly, and a restart keeps the state.
+
+use crossbook_engine::{OrderType, RejectReason, SelfTradePrevention, Side, TimeInForce};
+use crossbook_protocol::*;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::{Duration, Instant};
+
+const CONFIG: &str = r#"
+listen = "127.0.0.1:0"
+durability = "sync"
+snapshot_every = 0
+
+[[assets]]
+id = 1
+name = "BTC"
+
+[[assets]]
+id = 2
+name = "USD"
+
+[[instruments]]
+id = 1
+symbol = "BTC-USD"
+base = 1
+quote = 2
+tick_size = 1
+lot_size = 1
+min_qty = 1
+max_qty = 1000
+min_price = 1
+max_price = 100000
+maker_bps = 0
+taker_bps = 0
+
+[[accounts]]
+id = 1
+api_key = "alice"
+deposits = [[1, 1000], [2, 1000000]]
+
+[[accounts]]
+id = 2
+api_key = "bob"
+deposits = [[1, 1000], [2, 1000000]]
+
+[[accounts]]
+id = 3
+api_key = "mallory"
+deposits = [[2, 1000]]
+"#;
+
+struct Server {
+    child: Child,
+    address: String,
+    log: Receiver<String>,
+}
+
+fn start(dir: &Path) -> Server {
+    let config = dir.join("crossbook.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_crossbook"))
+        .args(["serve", "--config", config.to_str().unwrap(), "--data", dir.join("data").to_str().unwrap()])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (lines, log) = channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let line = log.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("server never said where it listens");
+        if let Some(address) = line.strip_prefix("listening on ") {
+            return Server { child, address: address.to_string(), log };
+        }
+    }
+}
+
+impl Server {
+    /// Waits for a log line containing `needle`.
+    fn expect_log(&self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.log.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(_) => panic!("no log line with {needle:?}"),
+            }
+        }
+    }
+
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "server did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Client {
+    stream: TcpStream,
+    buffer: Vec<u8>,
+}
+
+impl Client {
+    fn connect(address: &str) -> Client {
+        let stream = TcpStream::connect(address).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        Client { stream, buffer: Vec::new() }
+    }
+
+    fn login(address: &str, account: u64, key: &str) -> (Client, ServerMessage) {
+        let mut client = Client::connect(address);
+        let mut api_key = [0u8; API_KEY_BYTES];
+        api_key[..key.len()].copy_from_slice(key.as_bytes());
+        client.send(&ClientMessage::Login { account, api_key, last_seen: 0 });
+        let reply = client.recv().expect("a reply to login");
+        (client, reply)
+    }
+
+    fn send(&mut self, message: &ClientMessage) {
+        let mut frame = Vec::new();
+        encode_client(message, &mut frame);
+        self.stream.write_all(&frame).unwrap();
+    }
+
+    /// The next message, or `None` once the server has closed.
+    fn recv(&mut self) -> Option<ServerMessage> {
+        loop {
+            if let Ok(Decoded::Message(message, used)) = decode_server(&self.buffer, 1 << 16) {
+                self.buffer.drain(..used);
+                return Some(message);
+            }
+            let mut chunk = [0u8; 4096];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return None,
+                Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+    }
+
+    fn report(&mut self) -> ExecutionReport {
+        match self.recv() {
+            Some(ServerMessage::ExecutionReport(report)) => report,
+            other => panic!("expected an execution report, got {other:?}"),
+        }
+    }
+}
+
+fn limit(cid: u64, side: Side, price: i64, qty: u64, tif: TimeInForce) -> ClientMessage {
+    ClientMessage::NewOrder(NewOrder {
+        cid,
+        instrument: 1,
+        side,
+        order_type: OrderType::Limit,
+        tif,
+        post_only: false,
+        stp: SelfTradePrevention::None,
+        price,
+        qty,
+        budget: None,
+    })
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("crossbook-serve-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn two_accounts_trade_a_third_cannot_interfere_and_state_survives_a_restart() {
+    let dir = temp_dir("trade");
+    let server = start(&dir);
+    let address = server.address.clone();
+
+    let (mut alice, reply) = Client::login(&address, 1, "alice");
+    assert!(matches!(reply, ServerMessage::LoginAccepted { account: 1, .. }), "{reply:?}");
+    server.expect_log("login connection=");
+    let (mut bob, _) = Client::login(&address, 2, "bob");
+    let (mut mallory, _) = Client::login(&address, 3, "mallory");
+
+    // A wrong key is refused, and the connection closed.
+    let (mut intruder, reply) = Client::login(&address, 1, "guess");
+    assert_eq!(reply, ServerMessage::LoginRejected { reason: ProtocolError::BadCredentials });
+    assert_eq!(intruder.recv(), None);
+    server.expect_log("bad credentials");
+
+    alice.send(&limit(7, Side::Sell, 100, 10, TimeInForce::Gtc));
+    let accepted = alice.report();
+    assert_eq!((accepted.kind, accepted.cid, accepted.leaves_qty), (ReportKind::Accepted, 7, 10));
+    let order = accepted.order;
+
+    bob.send(&limit(8, Side::Buy, 101, 4, TimeInForce::Ioc));
+    assert_eq!(bob.report().kind, ReportKind::Accepted);
+    let fill = bob.report();
+    assert_eq!((fill.kind, fill.last_qty, fill.last_price, fill.cum_qty, fill.leaves_qty), (ReportKind::Fill, 4, 100, 4, 0));
+    let maker = alice.report();
+    assert_eq!((maker.kind, maker.order, maker.cum_qty, maker.leaves_qty), (ReportKind::PartialFill, order, 4, 6));
+    assert!(maker.seq > accepted.seq, "session sequence numbers increase");
+
+    // Mallory cannot cancel Alice's order, and learns nothing about it.
+    mallory.send(&ClientMessage::Cancel { order });
+    let refused = mallory.report();
+    assert_eq!((refused.kind, refused.reason, refused.cid), (ReportKind::Rejected, RejectReason::NotOwner.code(), 0));
+
+    // Garbage on another connection costs only that connection.
+    let mut garbage = Client::connect(&address);
+    garbage.stream.write_all(&[0xff, 0xff, 0xff, 0xff, 1, 2, 3]).unwrap();
+    assert_eq!(garbage.recv(), Some(ServerMessage::Error { reason: ProtocolError::FrameTooLong }));
+    assert_eq!(garbage.recv(), None);
+    server.expect_log("frame_too_long");
+    alice.send(&ClientMessage::Heartbeat);
+    assert_eq!(alice.recv(), Some(ServerMessage::Heartbeat));
+
+    // SIGTERM: a clean stop.
+    let status = server.terminate();
+    assert!(status.success(), "{status:?}");
+    drop((alice, bob, mallory));
+
+    // Restarted on the same data: the order is still there, 4 of 10 filled.
+    let server = start(&dir);
+    let (mut alice, _) = Client::login(&server.address, 1, "alice");
+    alice.send(&ClientMessage::Cancel { order });
+    let cancelled = alice.report();
+    assert_eq!((cancelled.kind, cancelled.order, cancelled.cum_qty, cancelled.leaves_qty), (ReportKind::Cancelled, order, 4, 0));
+    let status = server.terminate();
+    assert!(status.success());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,197 @@
+//! `crossbook.toml`: what `crossbook serve` runs with. Every field has a
+//! default, so `crossbook serve` with no file starts a working demo venue.
+
+use crossbook_engine::*;
+use serde::Deserialize;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address to listen on for the binary protocol.
+    pub listen: String,
+    /// Journal and snapshots.
+    pub data_dir: PathBuf,
+    /// `sync` or `async` (docs/journal.md).
+    pub durability: String,
+    /// Snapshot every this many commands (0: only at shutdown).
+    pub snapshot_every: u64,
+    pub limits: Limits,
+    pub assets: Vec<AssetConfig>,
+    pub instruments: Vec<InstrumentConfig>,
+    pub accounts: Vec<AccountConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    pub max_connections: usize,
+    /// Largest frame accepted (bytes after the length field).
+    pub max_frame: usize,
+    /// Commands waiting for the sequencer before readers stop reading.
+    pub queue: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AssetConfig {
+    pub id: u32,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstrumentConfig {
+    pub id: u32,
+    pub symbol: String,
+    pub base: u32,
+    pub quote: u32,
+    pub tick_size: u64,
+    pub lot_size: u64,
+    pub min_qty: u64,
+    pub max_qty: u64,
+    pub min_price: i64,
+    pub max_price: i64,
+    pub maker_bps: i64,
+    pub taker_bps: i64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccountConfig {
+    pub id: u64,
+    /// Up to 32 bytes; compared in constant time.
+    pub api_key: String,
+    /// Starting balances for a fresh venue: (asset id, amount).
+    #[serde(default)]
+    pub deposits: Vec<(u32, u64)>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_connections: 64, max_frame: crossbook_protocol::MAX_FRAME, queue: 4096 }
+    }
+}
+
+impl Default for Config {
+    /// A demo venue: BTC and USD, BTC-USD, two traders.
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:7700".into(),
+            data_dir: PathBuf::from("data"),
+            durability: "sync".into(),
+            snapshot_every: 100_000,
+            limits: Limits::default(),
+            assets: vec![AssetConfig { id: 1, name: "BTC".into() }, AssetConfig { id: 2, name: "USD".into() }],
+            instruments: vec![InstrumentConfig {
+                id: 1,
+                symbol: "BTC-USD".into(),
+                base: 1,
+                quote: 2,
+                tick_size: 1,
+                lot_size: 1,
+                min_qty: 1,
+                max_qty: 1_000_000,
+                min_price: 1,
+                max_price: 10_000_000,
+                maker_bps: -1,
+                taker_bps: 5,
+            }],
+            accounts: vec![
+                AccountConfig { id: 1, api_key: "demo-key-1".into(), deposits: vec![(1, 1 << 40), (2, 1 << 50)] },
+                AccountConfig { id: 2, api_key: "demo-key-2".into(), deposits: vec![(1, 1 << 40), (2, 1 << 50)] },
+            ],
+        }
+    }
+}
+
+impl Config {
+    pub fn from_toml(text: &str) -> Result<Config, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// The commands that set up a fresh venue: assets, instruments,
+    /// accounts and their starting deposits.
+    pub fn setup_commands(&self) -> Result<Vec<Command>, String> {
+        let mut commands = Vec::new();
+        for asset in &self.assets {
+            let name = Symbol::new(&asset.name).ok_or_else(|| format!("bad asset name {:?}", asset.name))?;
+            commands.push(Command::AddAsset { id: asset.id, name });
+        }
+        for i in &self.instruments {
+            let symbol = Symbol::new(&i.symbol).ok_or_else(|| format!("bad symbol {:?}", i.symbol))?;
+            commands.push(Command::AddInstrument(InstrumentSpec {
+                id: i.id,
+                symbol,
+                base: i.base,
+                quote: i.quote,
+                tick_size: i.tick_size,
+                lot_size: i.lot_size,
+                min_qty: i.min_qty,
+                max_qty: i.max_qty,
+                min_price: i.min_price,
+                max_price: i.max_price,
+                maker_bps: i.maker_bps,
+                taker_bps: i.taker_bps,
+            }));
+        }
+        for account in &self.accounts {
+            if account.api_key.is_empty() || account.api_key.len() > crossbook_protocol::API_KEY_BYTES {
+                return Err(format!("account {}: the API key must be 1 to 32 bytes", account.id));
+            }
+            commands.push(Command::OpenAccount { account: account.id });
+            for &(asset, amount) in &account.deposits {
+                commands.push(Command::Deposit { account: account.id, asset, amount });
+            }
+        }
+        Ok(commands)
+    }
+
+    /// The key an account logs in with, padded to the wire's 32 bytes.
+    pub fn api_key(&self, account: AccountId) -> Option<[u8; crossbook_protocol::API_KEY_BYTES]> {
+        let configured = self.accounts.iter().find(|a| a.id == account)?;
+        let mut key = [0u8; crossbook_protocol::API_KEY_BYTES];
+        let bytes = configured.api_key.as_bytes();
+        key[..bytes.len()].copy_from_slice(bytes);
+        Some(key)
+    }
+}
+
+/// Compares two keys without an early exit, so the time taken does not
+/// tell how much of a guess was right.
+pub fn keys_match(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The documented crossbook.toml at the repository root is exactly the
+    /// built-in default.
+    #[test]
+    fn the_documented_file_is_the_default() {
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../crossbook.toml")).unwrap();
+        let parsed = Config::from_toml(&text).unwrap();
+        let default = Config::default();
+        assert_eq!(format!("{parsed:?}"), format!("{default:?}"));
+        assert_eq!(parsed.setup_commands().unwrap(), default.setup_commands().unwrap());
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_keys_are_refused() {
+        assert!(Config::from_toml("colour = \"red\"").is_err());
+        let mut config = Config::default();
+        config.accounts[0].api_key = "x".repeat(33);
+        assert!(config.setup_commands().is_err());
+    }
+
+    #[test]
+    fn keys_compare_whole() {
+        let a = [7u8; 32];
+        let mut b = a;
+        assert!(keys_match(&a, &b));
+        b[31] = 8;
+        assert!(!keys_match(&a, &b));
+    }
+}

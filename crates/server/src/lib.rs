@@ -1,0 +1,428 @@
+//! `crossbook serve`: the exchange as a network service (first piece).
+//!
+//! Threads and queues (docs/ARCHITECTURE.md has the picture):
+//!
+//! - the **acceptor** (the caller's thread) takes connections, up to
+//!   `limits.max_connections`;
+//! - per connection, a **reader** decodes frames, authenticates the
+//!   session, and sends order commands into one bounded queue
+//!   (`limits.queue`): when it is full the reader blocks, so it stops
+//!   reading its socket (backpressure, never an unbounded queue); and a
+//!   **writer** that sends what the sequencer queued for that session;
+//! - one **sequencer** takes everything queued, journals it (one group
+//!   commit per batch), applies it to the engine, waits until the batch is
+//!   durable, and only then hands each execution report to the owning
+//!   session's writer.
+//!
+//! Not built yet (see the issue): replay of missed reports on reconnect,
+//! the load generator, per-session in-flight limits, the FIX gateway.
+
+pub mod config;
+
+use config::{Config, keys_match};
+use crossbook_engine::{AccountId, Command, Engine, Event};
+use crossbook_journal::{Durability, Journal, JournalConfig, recover, write_snapshot};
+use crossbook_protocol::reports::{Addressed, ReportBuilder};
+use crossbook_protocol::*;
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Frames queued for one session's writer before the session is dropped
+/// as too slow.
+const OUTBOUND_FRAMES: usize = 65_536;
+/// Commands the sequencer takes into one batch (one group commit).
+const MAX_BATCH: usize = 4_096;
+/// How often blocked loops look at the shutdown flag.
+const POLL: Duration = Duration::from_millis(50);
+
+#[derive(Debug)]
+pub struct ServeError(pub String);
+
+impl std::fmt::Display for ServeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ServeError {}
+
+fn error(what: impl std::fmt::Display) -> ServeError {
+    ServeError(what.to_string())
+}
+
+struct Inbound {
+    account: AccountId,
+    command: Command,
+}
+
+struct Session {
+    connection: u64,
+    outbound: SyncSender<Vec<u8>>,
+}
+
+#[derive(Default)]
+struct Shared {
+    sessions: Mutex<HashMap<AccountId, Session>>,
+    /// The last session sequence number given to each account's messages
+    /// (since this process started). Locked after `sessions`.
+    seqs: Mutex<HashMap<AccountId, u64>>,
+    connections: AtomicUsize,
+    commands: AtomicU64,
+}
+
+fn log(line: &str) {
+    eprintln!("{line}");
+}
+
+/// What a served session ended with.
+pub struct Summary {
+    pub seq: u64,
+    pub commands: u64,
+}
+
+/// Runs the venue until `shutdown` is set; then stops accepting, drains
+/// what was queued, syncs the journal, writes a snapshot and returns.
+/// `listening` is told the bound address once connections are accepted.
+pub fn serve(config: Config, shutdown: Arc<AtomicBool>, listening: impl FnOnce(SocketAddr)) -> Result<Summary, ServeError> {
+    let durability = match config.durability.as_str() {
+        "sync" => Durability::Sync,
+        "async" => Durability::Async { interval: Duration::from_millis(10) },
+        other => return Err(error(format!("durability must be sync or async, not {other:?}"))),
+    };
+    let recovered = recover(&config.data_dir).map_err(error)?;
+    for warning in &recovered.warnings {
+        log(&format!("warning: {warning}"));
+    }
+    let mut engine = recovered.engine;
+    let mut journal = Journal::open(&config.data_dir, JournalConfig { durability, ..JournalConfig::default() }, &recovered.end).map_err(error)?;
+    if engine.seq() == 0 {
+        let mut events = Vec::new();
+        for command in config.setup_commands().map_err(error)? {
+            journal.append(engine.seq() + 1, &command).map_err(error)?;
+            events.clear();
+            engine.apply(&command, &mut events);
+        }
+        journal.flush().map_err(error)?;
+        log(&format!("new venue: {} set-up commands from the configuration", engine.seq()));
+    } else {
+        log(&format!("recovered {} commands from {}", engine.seq(), config.data_dir.display()));
+    }
+
+    let listener = TcpListener::bind(&config.listen).map_err(|e| error(format!("listening on {}: {e}", config.listen)))?;
+    listener.set_nonblocking(true).map_err(error)?;
+    let address = listener.local_addr().map_err(error)?;
+    log(&format!("listening on {address}"));
+    listening(address);
+
+    let shared = Arc::new(Shared::default());
+    let (queue, inbound) = sync_channel::<Inbound>(config.limits.queue.max(1));
+    let sequencer = {
+        let shared = shared.clone();
+        let shutdown = shutdown.clone();
+        let data_dir = config.data_dir.clone();
+        let snapshot_every = config.snapshot_every;
+        thread::Builder::new()
+            .name("sequencer".into())
+            .spawn(move || sequence(engine, journal, inbound, shared, shutdown, &data_dir, snapshot_every))
+            .map_err(error)?
+    };
+    let config = Arc::new(config);
+    let mut next_connection = 0u64;
+    while !shutdown.load(Ordering::Acquire) {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                next_connection += 1;
+                accept(stream, peer, next_connection, &config, &shared, &queue, &shutdown);
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(5)),
+            Err(e) => log(&format!("accept failed: {e}")),
+        }
+    }
+    log("shutting down: no new connections; draining");
+    drop(queue);
+    drop(listener);
+    let summary = match sequencer.join() {
+        Ok(result) => result?,
+        Err(_) => return Err(error("the sequencer thread panicked")),
+    };
+    log(&format!("stopped at seq {}", summary.seq));
+    Ok(summary)
+}
+
+fn accept(
+    stream: TcpStream,
+    peer: SocketAddr,
+    id: u64,
+    config: &Arc<Config>,
+    shared: &Arc<Shared>,
+    queue: &SyncSender<Inbound>,
+    shutdown: &Arc<AtomicBool>,
+) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_nodelay(true);
+    if shared.connections.load(Ordering::Acquire) >= config.limits.max_connections {
+        log(&format!("refused connection {id} from {peer}: connection limit {}", config.limits.max_connections));
+        let mut frame = Vec::new();
+        encode_server(&ServerMessage::Error { reason: ProtocolError::FrameTooLong }, &mut frame);
+        let mut stream = stream;
+        let _ = stream.write_all(&frame);
+        return;
+    }
+    shared.connections.fetch_add(1, Ordering::AcqRel);
+    let (config, shared, queue, shutdown) = (config.clone(), shared.clone(), queue.clone(), shutdown.clone());
+    let spawned = thread::Builder::new().name(format!("conn-{id}")).spawn(move || {
+        let reason = connection(stream, id, &config, &shared, &queue, &shutdown);
+        shared.connections.fetch_sub(1, Ordering::AcqRel);
+        log(&format!("disconnect connection={id} peer={peer} reason={reason}"));
+    });
+    if spawned.is_err() {
+        log(&format!("could not start a thread for connection {id}"));
+    }
+}
+
+/// Serves one connection; returns why it ended.
+fn connection(
+    stream: TcpStream,
+    id: u64,
+    config: &Config,
+    shared: &Shared,
+    queue: &SyncSender<Inbound>,
+    shutdown: &AtomicBool,
+) -> String {
+    let Ok(write_half) = stream.try_clone() else {
+        return "cannot clone the socket".into();
+    };
+    let (outbound, frames) = sync_channel::<Vec<u8>>(OUTBOUND_FRAMES);
+    let writer = thread::spawn(move || write_frames(write_half, frames));
+    let reason = read_loop(stream, id, config, shared, queue, shutdown, &outbound);
+    // Leave the registry (if this connection is still the account's
+    // session), let the writer finish what is queued, and close.
+    let mut sessions = shared.sessions.lock().unwrap_or_else(|e| e.into_inner());
+    sessions.retain(|_, s| s.connection != id);
+    drop(sessions);
+    drop(outbound);
+    let _ = writer.join();
+    reason
+}
+
+fn write_frames(mut stream: TcpStream, frames: Receiver<Vec<u8>>) {
+    for frame in frames {
+        if stream.write_all(&frame).is_err() {
+            break;
+        }
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+}
+
+fn send(outbound: &SyncSender<Vec<u8>>, message: &ServerMessage) {
+    let mut frame = Vec::with_capacity(96);
+    encode_server(message, &mut frame);
+    let _ = outbound.send(frame);
+}
+
+fn read_loop(
+    mut stream: TcpStream,
+    id: u64,
+    config: &Config,
+    shared: &Shared,
+    queue: &SyncSender<Inbound>,
+    shutdown: &AtomicBool,
+    outbound: &SyncSender<Vec<u8>>,
+) -> String {
+    let _ = stream.set_read_timeout(Some(POLL));
+    let max_frame = config.limits.max_frame;
+    // Never more than one frame plus one read in memory.
+    let mut buffer: Vec<u8> = Vec::with_capacity(max_frame + 4 + 4096);
+    let mut chunk = [0u8; 4096];
+    let mut account: Option<AccountId> = None;
+    loop {
+        if shutdown.load(Ordering::Acquire) {
+            send(outbound, &ServerMessage::Logout { reason: 0 });
+            return "server shutting down".into();
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) => return "closed by the client".into(),
+            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => continue,
+            Err(e) => return format!("read error: {e}"),
+        }
+        let mut used = 0;
+        loop {
+            match decode_client(&buffer[used..], max_frame) {
+                Ok(Decoded::NeedMore) => break,
+                Ok(Decoded::Message(message, size)) => {
+                    used += size;
+                    match handle(message, id, &mut account, config, shared, queue, outbound) {
+                        Ok(()) => {}
+                        Err(reason) => return reason,
+                    }
+                }
+                Err(reason) => {
+                    send(outbound, &ServerMessage::Error { reason });
+                    return format!("protocol error: {reason}");
+                }
+            }
+        }
+        buffer.drain(..used);
+    }
+}
+
+fn handle(
+    message: ClientMessage,
+    id: u64,
+    account: &mut Option<AccountId>,
+    config: &Config,
+    shared: &Shared,
+    queue: &SyncSender<Inbound>,
+    outbound: &SyncSender<Vec<u8>>,
+) -> Result<(), String> {
+    match (message, *account) {
+        (ClientMessage::Login { account: claimed, api_key, .. }, None) => {
+            let known = config.api_key(claimed).is_some_and(|key| keys_match(&key, &api_key));
+            if !known {
+                send(outbound, &ServerMessage::LoginRejected { reason: ProtocolError::BadCredentials });
+                return Err(format!("login refused for account {claimed}: bad credentials"));
+            }
+            let mut sessions = shared.sessions.lock().unwrap_or_else(|e| e.into_inner());
+            if sessions.contains_key(&claimed) {
+                drop(sessions);
+                send(outbound, &ServerMessage::LoginRejected { reason: ProtocolError::AlreadyLoggedIn });
+                return Err(format!("login refused for account {claimed}: already logged in"));
+            }
+            sessions.insert(claimed, Session { connection: id, outbound: outbound.clone() });
+            let next_seq = shared.seqs.lock().unwrap_or_else(|e| e.into_inner()).get(&claimed).copied().unwrap_or(0) + 1;
+            // Sent while `sessions` is held, so no report can overtake it.
+            send(outbound, &ServerMessage::LoginAccepted { seq: 0, account: claimed, next_seq });
+            drop(sessions);
+            *account = Some(claimed);
+            log(&format!("login connection={id} account={claimed}"));
+            Ok(())
+        }
+        (ClientMessage::Login { .. }, Some(_)) => {
+            send(outbound, &ServerMessage::Error { reason: ProtocolError::AlreadyLoggedIn });
+            Err("second login on one connection".into())
+        }
+        (_, None) => {
+            send(outbound, &ServerMessage::Error { reason: ProtocolError::NotLoggedIn });
+            Err("message before login".into())
+        }
+        (ClientMessage::Heartbeat, Some(_)) => {
+            send(outbound, &ServerMessage::Heartbeat);
+            Ok(())
+        }
+        (ClientMessage::Logout, Some(who)) => {
+            send(outbound, &ServerMessage::Logout { reason: 0 });
+            log(&format!("logout connection={id} account={who}"));
+            Err("logout".into())
+        }
+        (message, Some(who)) => {
+            let Some(command) = message.to_command(who) else {
+                return Ok(());
+            };
+            // Blocks while the sequencer's queue is full: backpressure.
+            queue.send(Inbound { account: who, command }).map_err(|_| "server stopping".to_string())
+        }
+    }
+}
+
+/// The sequencer: batch, journal, apply, wait for durability, dispatch.
+fn sequence(
+    mut engine: Engine,
+    mut journal: Journal,
+    inbound: Receiver<Inbound>,
+    shared: Arc<Shared>,
+    shutdown: Arc<AtomicBool>,
+    data_dir: &Path,
+    snapshot_every: u64,
+) -> Result<Summary, ServeError> {
+    let mut builder = ReportBuilder::from_engine(&engine);
+    let mut batch: Vec<Inbound> = Vec::with_capacity(MAX_BATCH);
+    let mut events: Vec<Event> = Vec::new();
+    let mut reports: Vec<Addressed> = Vec::new();
+    let mut commands = 0u64;
+    let mut last_log = Instant::now();
+    let mut logged = 0u64;
+    let mut last_snapshot = engine.seq();
+    loop {
+        batch.clear();
+        match inbound.recv_timeout(POLL) {
+            Ok(first) => batch.push(first),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+        while batch.len() < MAX_BATCH {
+            match inbound.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        if !batch.is_empty() {
+            reports.clear();
+            for item in &batch {
+                journal.append(engine.seq() + 1, &item.command).map_err(error)?;
+                events.clear();
+                engine.apply(&item.command, &mut events);
+                builder.reports(&item.command, &events, &mut reports);
+                let _ = item.account;
+            }
+            // Nothing leaves before the batch is durable.
+            journal.flush().map_err(error)?;
+            commands += batch.len() as u64;
+            shared.commands.store(commands, Ordering::Release);
+            dispatch(&reports, &shared);
+            if snapshot_every > 0 && engine.seq() - last_snapshot >= snapshot_every {
+                write_snapshot(data_dir, &engine, 2).map_err(error)?;
+                last_snapshot = engine.seq();
+            }
+        }
+        if last_log.elapsed() >= Duration::from_secs(5) {
+            let rate = (commands - logged) as f64 / last_log.elapsed().as_secs_f64();
+            log(&format!("throughput commands={commands} per_s={rate:.0} seq={}", engine.seq()));
+            last_log = Instant::now();
+            logged = commands;
+        }
+        if shutdown.load(Ordering::Acquire) && batch.is_empty() && shared.connections.load(Ordering::Acquire) == 0 {
+            break;
+        }
+    }
+    // Drain anything still queued, then make it all durable.
+    while let Ok(item) = inbound.try_recv() {
+        journal.append(engine.seq() + 1, &item.command).map_err(error)?;
+        events.clear();
+        engine.apply(&item.command, &mut events);
+        commands += 1;
+    }
+    journal.close().map_err(error)?;
+    write_snapshot(data_dir, &engine, 2).map_err(error)?;
+    Ok(Summary { seq: engine.seq(), commands })
+}
+
+fn dispatch(reports: &[Addressed], shared: &Shared) {
+    let mut sessions = shared.sessions.lock().unwrap_or_else(|e| e.into_inner());
+    let mut seqs = shared.seqs.lock().unwrap_or_else(|e| e.into_inner());
+    for addressed in reports {
+        let seq = seqs.entry(addressed.account).or_insert(0);
+        *seq += 1;
+        let Some(session) = sessions.get(&addressed.account) else {
+            continue;
+        };
+        let mut report = addressed.report;
+        report.seq = *seq;
+        let mut frame = Vec::with_capacity(96);
+        encode_server(&ServerMessage::ExecutionReport(report), &mut frame);
+        if let Err(TrySendError::Full(_)) = session.outbound.try_send(frame) {
+            // A client that does not read its reports loses its session
+            // rather than the server's memory.
+            let account = addressed.account;
+            log(&format!("dropping session of account {account}: it does not read its reports"));
+            sessions.remove(&account);
+        }
+    }
+}
