@@ -13,6 +13,7 @@ use crossbook_journal::{Durability, JournalConfig};
 mod bench;
 mod compat;
 mod journaled;
+mod load;
 
 #[derive(Parser)]
 #[command(name = "crossbook", version, about = "An exchange core: order books, matching, accounts, settlement.")]
@@ -82,6 +83,26 @@ enum Cmd {
         /// Overrides `data_dir`.
         #[arg(long)]
         data: Option<PathBuf>,
+    },
+    /// Drive a running `crossbook serve` with N sessions and report
+    /// throughput and latency.
+    Load {
+        #[arg(long, default_value = "127.0.0.1:7700")]
+        address: String,
+        #[arg(long, default_value_t = 4)]
+        connections: u64,
+        /// Seconds of sending.
+        #[arg(long, default_value_t = 10.0)]
+        duration: f64,
+        /// Orders per second over all sessions (open loop); without it,
+        /// closed loop with --window orders outstanding per session.
+        #[arg(long)]
+        rate: Option<f64>,
+        #[arg(long, default_value_t = 64)]
+        window: u64,
+        /// One JSON object on standard output.
+        #[arg(long)]
+        json: bool,
     },
     /// Replay another engine's published flow and compare every result.
     Compat {
@@ -169,6 +190,14 @@ fn real_main() -> Result<()> {
         }
         Cmd::Recover { journal } => journaled::recover(&journal),
         Cmd::Serve { config, listen, data } => serve(config, listen, data),
+        Cmd::Load { address, connections, duration, rate, window, json } => load::run(load::Options {
+            address,
+            connections,
+            duration: Duration::from_secs_f64(duration.max(0.0)),
+            rate,
+            window: window.max(1),
+            json,
+        }),
         Cmd::Compat { engine: CompatEngine::ExchangeCore { dir, flow } } => compat::run(&compat::flow_dir(dir.or(flow))?),
         Cmd::Journal { action: JournalAction::Verify { dir } } => journaled::verify(&dir),
         Cmd::Journal { action: JournalAction::Inspect { dir } } => journaled::inspect(&dir),

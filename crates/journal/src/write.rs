@@ -291,6 +291,24 @@ impl Journal {
         }
     }
 
+    /// Waits until `target` is acknowledged or `timeout` passes; returns
+    /// the acknowledged sequence number.
+    pub fn wait_acked(&self, target: u64, timeout: Duration) -> Result<u64, JournalError> {
+        let deadline = Instant::now() + timeout;
+        let mut pending = self.shared.lock();
+        loop {
+            if let Some(why) = &pending.error {
+                return Err(JournalError::Poisoned(why.clone()));
+            }
+            let acked = self.shared.acked.load(Ordering::Acquire);
+            let now = Instant::now();
+            if acked >= target || now >= deadline {
+                return Ok(acked);
+            }
+            pending = self.shared.progress.wait_timeout(pending, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
     pub fn stats(&self) -> CommitStats {
         self.shared.lock().stats
     }

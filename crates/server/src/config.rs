@@ -67,6 +67,14 @@ pub struct AccountConfig {
     pub deposits: Vec<(u32, u64)>,
 }
 
+/// Demo accounts in the default configuration (ids 1 to 16).
+pub const DEMO_ACCOUNTS: u64 = 16;
+
+/// The API key of demo account `id`.
+pub fn demo_key(id: u64) -> String {
+    format!("demo-key-{id}")
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits { max_connections: 64, max_frame: crossbook_protocol::MAX_FRAME, queue: 4096 }
@@ -74,7 +82,7 @@ impl Default for Limits {
 }
 
 impl Default for Config {
-    /// A demo venue: BTC and USD, BTC-USD, two traders.
+    /// A demo venue: BTC and USD, BTC-USD, 16 traders.
     fn default() -> Self {
         Config {
             listen: "127.0.0.1:7700".into(),
@@ -97,10 +105,10 @@ impl Default for Config {
                 maker_bps: -1,
                 taker_bps: 5,
             }],
-            accounts: vec![
-                AccountConfig { id: 1, api_key: "demo-key-1".into(), deposits: vec![(1, 1 << 40), (2, 1 << 50)] },
-                AccountConfig { id: 2, api_key: "demo-key-2".into(), deposits: vec![(1, 1 << 40), (2, 1 << 50)] },
-            ],
+            // 16 demo traders, enough for `crossbook load --connections 16`.
+            accounts: (1..=DEMO_ACCOUNTS)
+                .map(|id| AccountConfig { id, api_key: demo_key(id), deposits: vec![(1, 1 << 40), (2, 1 << 50)] })
+                .collect(),
         }
     }
 }

@@ -34,9 +34,9 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// Frames queued for one session's writer before the session is dropped
-/// as too slow.
-const OUTBOUND_FRAMES: usize = 65_536;
+/// Buffers (a batch of frames each) queued for one session's writer before
+/// the session is dropped as too slow.
+const OUTBOUND_FRAMES: usize = 4_096;
 /// Commands the sequencer takes into one batch (one group commit).
 const MAX_BATCH: usize = 4_096;
 /// How often blocked loops look at the shutdown flag.
@@ -58,7 +58,6 @@ fn error(what: impl std::fmt::Display) -> ServeError {
 }
 
 struct Inbound {
-    account: AccountId,
     command: Command,
 }
 
@@ -213,8 +212,18 @@ fn connection(
 }
 
 fn write_frames(mut stream: TcpStream, frames: Receiver<Vec<u8>>) {
-    for frame in frames {
-        if stream.write_all(&frame).is_err() {
+    let mut buffer: Vec<u8> = Vec::with_capacity(1 << 16);
+    while let Ok(first) = frames.recv() {
+        // Everything queued goes out in one write.
+        buffer.clear();
+        buffer.extend_from_slice(&first);
+        while buffer.len() < 1 << 20 {
+            match frames.try_recv() {
+                Ok(more) => buffer.extend_from_slice(&more),
+                Err(_) => break,
+            }
+        }
+        if stream.write_all(&buffer).is_err() {
             break;
         }
     }
@@ -327,12 +336,13 @@ fn handle(
                 return Ok(());
             };
             // Blocks while the sequencer's queue is full: backpressure.
-            queue.send(Inbound { account: who, command }).map_err(|_| "server stopping".to_string())
+            queue.send(Inbound { command }).map_err(|_| "server stopping".to_string())
         }
     }
 }
 
-/// The sequencer: batch, journal, apply, wait for durability, dispatch.
+/// The sequencer: batch, journal, apply; dispatch each batch's reports once
+/// the journal has made it durable.
 fn sequence(
     mut engine: Engine,
     mut journal: Journal,
@@ -345,41 +355,59 @@ fn sequence(
     let mut builder = ReportBuilder::from_engine(&engine);
     let mut batch: Vec<Inbound> = Vec::with_capacity(MAX_BATCH);
     let mut events: Vec<Event> = Vec::new();
-    let mut reports: Vec<Addressed> = Vec::new();
+    // Batches applied but not yet durable: (last seq, their reports). The
+    // sequencer goes on applying while the journal syncs; reports leave
+    // only once the journal acknowledges their batch.
+    let mut waiting: std::collections::VecDeque<(u64, Vec<Addressed>)> = std::collections::VecDeque::new();
     let mut commands = 0u64;
     let mut last_log = Instant::now();
     let mut logged = 0u64;
     let mut last_snapshot = engine.seq();
+    let mut disconnected = false;
     loop {
         batch.clear();
-        match inbound.recv_timeout(POLL) {
-            Ok(first) => batch.push(first),
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => break,
+        if waiting.is_empty() {
+            match inbound.recv_timeout(POLL) {
+                Ok(first) => batch.push(first),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => disconnected = true,
+            }
         }
         while batch.len() < MAX_BATCH {
             match inbound.try_recv() {
                 Ok(next) => batch.push(next),
-                Err(_) => break,
+                Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    disconnected = true;
+                    break;
+                }
             }
         }
         if !batch.is_empty() {
-            reports.clear();
+            let mut reports = Vec::new();
             for item in &batch {
                 journal.append(engine.seq() + 1, &item.command).map_err(error)?;
                 events.clear();
                 engine.apply(&item.command, &mut events);
                 builder.reports(&item.command, &events, &mut reports);
-                let _ = item.account;
             }
-            // Nothing leaves before the batch is durable.
-            journal.flush().map_err(error)?;
+            journal.publish().map_err(error)?;
             commands += batch.len() as u64;
             shared.commands.store(commands, Ordering::Release);
-            dispatch(&reports, &shared);
+            waiting.push_back((engine.seq(), reports));
             if snapshot_every > 0 && engine.seq() - last_snapshot >= snapshot_every {
+                journal.flush().map_err(error)?;
                 write_snapshot(data_dir, &engine, 2).map_err(error)?;
                 last_snapshot = engine.seq();
+            }
+        }
+        if let Some(&(target, _)) = waiting.front() {
+            // Nothing arrived: wait (briefly) for the sync instead of spinning.
+            let acked = if batch.is_empty() { journal.wait_acked(target, POLL).map_err(error)? } else { journal.acked() };
+            while waiting.front().is_some_and(|(last, _)| *last <= acked) {
+                if let Some((_, reports)) = waiting.pop_front() {
+                    dispatch(&reports, &shared);
+                }
             }
         }
         if last_log.elapsed() >= Duration::from_secs(5) {
@@ -388,7 +416,8 @@ fn sequence(
             last_log = Instant::now();
             logged = commands;
         }
-        if shutdown.load(Ordering::Acquire) && batch.is_empty() && shared.connections.load(Ordering::Acquire) == 0 {
+        let quiet = batch.is_empty() && waiting.is_empty();
+        if quiet && (disconnected || (shutdown.load(Ordering::Acquire) && shared.connections.load(Ordering::Acquire) == 0)) {
             break;
         }
     }
@@ -407,20 +436,26 @@ fn sequence(
 fn dispatch(reports: &[Addressed], shared: &Shared) {
     let mut sessions = shared.sessions.lock().unwrap_or_else(|e| e.into_inner());
     let mut seqs = shared.seqs.lock().unwrap_or_else(|e| e.into_inner());
+    // One buffer of frames per session per batch: one queue operation and
+    // one write for all of a session's reports.
+    let mut outgoing: HashMap<AccountId, Vec<u8>> = HashMap::new();
     for addressed in reports {
         let seq = seqs.entry(addressed.account).or_insert(0);
         *seq += 1;
-        let Some(session) = sessions.get(&addressed.account) else {
+        if !sessions.contains_key(&addressed.account) {
             continue;
-        };
+        }
         let mut report = addressed.report;
         report.seq = *seq;
-        let mut frame = Vec::with_capacity(96);
-        encode_server(&ServerMessage::ExecutionReport(report), &mut frame);
-        if let Err(TrySendError::Full(_)) = session.outbound.try_send(frame) {
+        encode_server(&ServerMessage::ExecutionReport(report), outgoing.entry(addressed.account).or_default());
+    }
+    for (account, frames) in outgoing {
+        let Some(session) = sessions.get(&account) else {
+            continue;
+        };
+        if let Err(TrySendError::Full(_)) = session.outbound.try_send(frames) {
             // A client that does not read its reports loses its session
             // rather than the server's memory.
-            let account = addressed.account;
             log(&format!("dropping session of account {account}: it does not read its reports"));
             sessions.remove(&account);
         }
