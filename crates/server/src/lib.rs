@@ -66,12 +66,24 @@ struct Session {
     outbound: SyncSender<Vec<u8>>,
 }
 
+/// Reports kept per account for replay to a session that reconnects.
+const HISTORY_REPORTS: usize = 100_000;
+
+/// An account's session sequence and its recent report frames.
+#[derive(Default)]
+struct History {
+    /// The last sequence number given.
+    last: u64,
+    /// (seq, frame) of the last `HISTORY_REPORTS` reports.
+    frames: std::collections::VecDeque<(u64, Vec<u8>)>,
+}
+
 #[derive(Default)]
 struct Shared {
     sessions: Mutex<HashMap<AccountId, Session>>,
     /// The last session sequence number given to each account's messages
     /// (since this process started). Locked after `sessions`.
-    seqs: Mutex<HashMap<AccountId, u64>>,
+    seqs: Mutex<HashMap<AccountId, History>>,
     connections: AtomicUsize,
     commands: AtomicU64,
 }
@@ -293,7 +305,7 @@ fn handle(
     outbound: &SyncSender<Vec<u8>>,
 ) -> Result<(), String> {
     match (message, *account) {
-        (ClientMessage::Login { account: claimed, api_key, .. }, None) => {
+        (ClientMessage::Login { account: claimed, api_key, last_seen }, None) => {
             let known = config.api_key(claimed).is_some_and(|key| keys_match(&key, &api_key));
             if !known {
                 send(outbound, &ServerMessage::LoginRejected { reason: ProtocolError::BadCredentials });
@@ -306,10 +318,33 @@ fn handle(
                 return Err(format!("login refused for account {claimed}: already logged in"));
             }
             sessions.insert(claimed, Session { connection: id, outbound: outbound.clone() });
-            let next_seq = shared.seqs.lock().unwrap_or_else(|e| e.into_inner()).get(&claimed).copied().unwrap_or(0) + 1;
-            // Sent while `sessions` is held, so no report can overtake it.
+            // While `sessions` is held no report can be dispatched: the
+            // replay and the acceptance cannot be overtaken.
+            let seqs = shared.seqs.lock().unwrap_or_else(|e| e.into_inner());
+            let history = seqs.get(&claimed);
+            let next_seq = history.map_or(0, |h| h.last) + 1;
             send(outbound, &ServerMessage::LoginAccepted { seq: 0, account: claimed, next_seq });
+            let mut replayed = 0;
+            if let Some(history) = history {
+                let mut frames = Vec::new();
+                for (seq, frame) in &history.frames {
+                    if *seq > last_seen {
+                        frames.extend_from_slice(frame);
+                        replayed += 1;
+                    }
+                }
+                if !frames.is_empty() {
+                    let _ = outbound.send(frames);
+                }
+                if let Some(&(oldest, _)) = history.frames.front() {
+                    if last_seen + 1 < oldest {
+                        log(&format!("account {claimed} asked for reports from {} but only {oldest}.. are kept", last_seen + 1));
+                    }
+                }
+            }
+            drop(seqs);
             drop(sessions);
+            log(&format!("login connection={id} account={claimed} replayed={replayed}"));
             *account = Some(claimed);
             log(&format!("login connection={id} account={claimed}"));
             Ok(())
@@ -440,14 +475,19 @@ fn dispatch(reports: &[Addressed], shared: &Shared) {
     // one write for all of a session's reports.
     let mut outgoing: HashMap<AccountId, Vec<u8>> = HashMap::new();
     for addressed in reports {
-        let seq = seqs.entry(addressed.account).or_insert(0);
-        *seq += 1;
-        if !sessions.contains_key(&addressed.account) {
-            continue;
-        }
+        let history = seqs.entry(addressed.account).or_default();
+        history.last += 1;
         let mut report = addressed.report;
-        report.seq = *seq;
-        encode_server(&ServerMessage::ExecutionReport(report), outgoing.entry(addressed.account).or_default());
+        report.seq = history.last;
+        let mut frame = Vec::with_capacity(96);
+        encode_server(&ServerMessage::ExecutionReport(report), &mut frame);
+        if sessions.contains_key(&addressed.account) {
+            outgoing.entry(addressed.account).or_default().extend_from_slice(&frame);
+        }
+        if history.frames.len() == HISTORY_REPORTS {
+            history.frames.pop_front();
+        }
+        history.frames.push_back((report.seq, frame));
     }
     for (account, frames) in outgoing {
         let Some(session) = sessions.get(&account) else {

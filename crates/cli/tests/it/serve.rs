@@ -159,6 +159,9 @@ impl Client {
             match self.stream.read(&mut chunk) {
                 Ok(0) => return None,
                 Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
+                // A server that closes with our bytes unread resets the
+                // connection: closed all the same.
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
                 Err(e) => panic!("read: {e}"),
             }
         }
@@ -239,18 +242,82 @@ fn two_accounts_trade_a_third_cannot_interfere_and_state_survives_a_restart() {
     alice.send(&ClientMessage::Heartbeat);
     assert_eq!(alice.recv(), Some(ServerMessage::Heartbeat));
 
+    // Alice drops her connection; a fill happens while she is away; she
+    // comes back saying the last report she saw and gets the missed one.
+    let last_seen = maker.seq;
+    drop(alice);
+    bob.send(&limit(9, Side::Buy, 100, 1, TimeInForce::Ioc));
+    assert_eq!(bob.report().kind, ReportKind::Accepted);
+    assert_eq!(bob.report().kind, ReportKind::Fill);
+    let mut alice = Client::connect(&address);
+    let mut api_key = [0u8; API_KEY_BYTES];
+    api_key[..5].copy_from_slice(b"alice");
+    alice.send(&ClientMessage::Login { account: 1, api_key, last_seen });
+    assert!(matches!(alice.recv(), Some(ServerMessage::LoginAccepted { next_seq, .. }) if next_seq == last_seen + 2));
+    let missed = alice.report();
+    assert_eq!((missed.seq, missed.kind, missed.cum_qty, missed.leaves_qty), (last_seen + 1, ReportKind::PartialFill, 5, 5));
+
     // SIGTERM: a clean stop.
     let status = server.terminate();
     assert!(status.success(), "{status:?}");
     drop((alice, bob, mallory));
 
-    // Restarted on the same data: the order is still there, 4 of 10 filled.
+    // Restarted on the same data: the order is still there, 5 of 10 filled.
     let server = start(&dir);
     let (mut alice, _) = Client::login(&server.address, 1, "alice");
     alice.send(&ClientMessage::Cancel { order });
     let cancelled = alice.report();
-    assert_eq!((cancelled.kind, cancelled.order, cancelled.cum_qty, cancelled.leaves_qty), (ReportKind::Cancelled, order, 4, 0));
+    assert_eq!((cancelled.kind, cancelled.order, cancelled.cum_qty, cancelled.leaves_qty), (ReportKind::Cancelled, order, 5, 0));
     let status = server.terminate();
     assert!(status.success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Random bytes, truncated frames, oversized lengths and mutated frames on
+/// many connections while one session trades: that session is never
+/// disturbed, and every broken connection is logged with its reason.
+#[test]
+fn garbage_costs_only_its_own_connection() {
+    let dir = temp_dir("garbage");
+    let server = start(&dir);
+    let (mut alice, _) = Client::login(&server.address, 1, "alice");
+    let mut valid = Vec::new();
+    encode_client(&ClientMessage::Login { account: 2, api_key: [0; API_KEY_BYTES], last_seen: 0 }, &mut valid);
+    encode_client(&limit(1, Side::Buy, 90, 1, TimeInForce::Gtc), &mut valid);
+    let mut rng = crossbook_workload::Rng::new(99);
+    let rounds = 40;
+    for round in 0..rounds {
+        let mut bytes: Vec<u8> = match round % 4 {
+            0 => (0..1 + rng.below(200)).map(|_| rng.below(256) as u8).collect(),
+            1 => valid[..1 + rng.below(valid.len() as u64 - 1) as usize].to_vec(),
+            2 => vec![0, 0, 0, 0x80, 1, 2],
+            _ => {
+                let mut copy = valid.clone();
+                for _ in 0..3 {
+                    let at = rng.below(copy.len() as u64) as usize;
+                    copy[at] = rng.below(256) as u8;
+                }
+                copy
+            }
+        };
+        if round % 4 == 1 {
+            // A truncated frame, then the client goes away.
+            bytes.truncate(bytes.len().min(10));
+        }
+        let mut garbage = Client::connect(&server.address);
+        let _ = garbage.stream.write_all(&bytes);
+        let _ = garbage.stream.shutdown(std::net::Shutdown::Write);
+        // Whatever the server answers, it closes this connection.
+        let closed = Instant::now();
+        while garbage.recv().is_some() {
+            assert!(closed.elapsed() < Duration::from_secs(10), "round {round}: the connection stayed open");
+        }
+        server.expect_log("disconnect connection=");
+        // Alice is unaffected.
+        alice.send(&limit(1000 + round, Side::Sell, 200, 1, TimeInForce::Gtc));
+        let report = alice.report();
+        assert_eq!((report.kind, report.cid), (ReportKind::Accepted, 1000 + round), "round {round}");
+    }
+    assert!(server.terminate().success());
     let _ = std::fs::remove_dir_all(&dir);
 }
