@@ -34,6 +34,8 @@ pub struct Options {
     pub rate: Option<f64>,
     pub window: u64,
     pub json: bool,
+    /// Write `order cid` of every acknowledged order here (for crash tests).
+    pub acked_out: Option<std::path::PathBuf>,
 }
 
 /// Per-session state shared by its sender and receiver.
@@ -51,6 +53,8 @@ struct Session {
     rejected: AtomicU64,
     fills: AtomicU64,
     errors: AtomicU64,
+    /// (order, cid) of acknowledged orders, when asked for.
+    accepted: Option<Mutex<Vec<(u64, u64)>>>,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -206,6 +210,9 @@ fn record(session: &Session, message: ServerMessage, now: Instant) {
                 session.ack.lock().unwrap_or_else(|e| e.into_inner()).saturating_record(nanos(sent));
                 if report.kind == ReportKind::Accepted {
                     session.acked.fetch_add(1, Ordering::Relaxed);
+                    if let Some(accepted) = &session.accepted {
+                        accepted.lock().unwrap_or_else(|e| e.into_inner()).push((report.order, report.cid));
+                    }
                 } else {
                     session.rejected.fetch_add(1, Ordering::Relaxed);
                     session.unfilled.lock().unwrap_or_else(|e| e.into_inner()).remove(&report.cid);
@@ -263,6 +270,7 @@ pub fn run(options: Options) -> Result<()> {
             rejected: AtomicU64::new(0),
             fills: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            accepted: options.acked_out.as_ref().map(|_| Mutex::new(Vec::new())),
         });
         let reader = stream.try_clone()?;
         let (s, st) = (session.clone(), stop.clone());
@@ -294,6 +302,17 @@ pub fn run(options: Options) -> Result<()> {
         fills += s.fills.load(Ordering::Relaxed);
         errors += s.errors.load(Ordering::Relaxed);
         unanswered += s.pending.lock().unwrap_or_else(|e| e.into_inner()).len() as u64;
+    }
+    if let Some(path) = &options.acked_out {
+        let mut lines = String::new();
+        for s in &sessions {
+            if let Some(accepted) = &s.accepted {
+                for (order, cid) in accepted.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                    lines.push_str(&format!("{order} {cid}\n"));
+                }
+            }
+        }
+        std::fs::write(path, lines).with_context(|| format!("writing {}", path.display()))?;
     }
     let seconds = sending.as_secs_f64();
     let report = serde_json::json!({

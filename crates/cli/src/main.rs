@@ -103,6 +103,9 @@ enum Cmd {
         /// One JSON object on standard output.
         #[arg(long)]
         json: bool,
+        /// Write `order cid` for every acknowledged order to this file.
+        #[arg(long)]
+        acked_out: Option<PathBuf>,
     },
     /// Replay another engine's published flow and compare every result.
     Compat {
@@ -190,13 +193,14 @@ fn real_main() -> Result<()> {
         }
         Cmd::Recover { journal } => journaled::recover(&journal),
         Cmd::Serve { config, listen, data } => serve(config, listen, data),
-        Cmd::Load { address, connections, duration, rate, window, json } => load::run(load::Options {
+        Cmd::Load { address, connections, duration, rate, window, json, acked_out } => load::run(load::Options {
             address,
             connections,
             duration: Duration::from_secs_f64(duration.max(0.0)),
             rate,
             window: window.max(1),
             json,
+            acked_out,
         }),
         Cmd::Compat { engine: CompatEngine::ExchangeCore { dir, flow } } => compat::run(&compat::flow_dir(dir.or(flow))?),
         Cmd::Journal { action: JournalAction::Verify { dir } } => journaled::verify(&dir),

@@ -63,8 +63,18 @@ struct Server {
 fn start(dir: &Path) -> Server {
     let config = dir.join("crossbook.toml");
     std::fs::write(&config, CONFIG).unwrap();
+    spawn(&["--config", config.to_str().unwrap(), "--data", dir.join("data").to_str().unwrap()])
+}
+
+/// The built-in default configuration (16 demo accounts), on any free port.
+fn start_default(dir: &Path) -> Server {
+    spawn(&["--listen", "127.0.0.1:0", "--data", dir.join("data").to_str().unwrap()])
+}
+
+fn spawn(args: &[&str]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_crossbook"))
-        .args(["serve", "--config", config.to_str().unwrap(), "--data", dir.join("data").to_str().unwrap()])
+        .arg("serve")
+        .args(args)
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
@@ -319,5 +329,55 @@ fn garbage_costs_only_its_own_connection() {
         assert_eq!((report.kind, report.cid), (ReportKind::Accepted, 1000 + round), "round {round}");
     }
     assert!(server.terminate().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `crossbook load` drives the server; the server is killed with SIGKILL
+/// in the middle; every order the load generator saw acknowledged is in the
+/// journal the restarted server recovers.
+#[test]
+fn kill_9_under_load_loses_no_acknowledged_order() {
+    let dir = temp_dir("crash");
+    let mut server = start_default(&dir);
+    let acked_file = dir.join("acked.txt");
+    let load = Command::new(env!("CARGO_BIN_EXE_crossbook"))
+        .args(["load", "--address", &server.address, "--connections", "4", "--duration", "3", "--json"])
+        .args(["--acked-out", acked_file.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    server.child.kill().unwrap();
+    let _ = server.child.wait();
+    let output = load.wait_with_output().unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("the load generator's JSON report");
+    let acked: Vec<(u64, u64)> = std::fs::read_to_string(&acked_file)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (order, cid) = l.split_once(' ').unwrap();
+            (order.parse().unwrap(), cid.parse().unwrap())
+        })
+        .collect();
+    assert!(acked.len() > 1_000, "only {} orders acknowledged before the kill: {report}", acked.len());
+    assert_eq!(acked.len() as u64, report["acknowledged"].as_u64().unwrap());
+    drop(server);
+
+    // Restart on the same data (recovery), then stop cleanly.
+    let server = start_default(&dir);
+    assert!(server.terminate().success());
+    let inspect = Command::new(env!("CARGO_BIN_EXE_crossbook"))
+        .args(["journal", "inspect", dir.join("data").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(inspect.status.success());
+    let journal = String::from_utf8(inspect.stdout).unwrap();
+    let lines: Vec<&str> = journal.lines().collect();
+    for (order, cid) in &acked {
+        // Order ids are the sequence numbers of their place commands.
+        let line = lines.get(*order as usize - 1).unwrap_or_else(|| panic!("order {order} is beyond the recovered journal ({} records)", lines.len()));
+        assert!(line.starts_with("place ") && line.contains(&format!(" cid={cid} ")), "order {order}: journal has {line:?}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
