@@ -133,6 +133,12 @@ pub fn serve(config: Config, shutdown: Arc<AtomicBool>, listening: impl FnOnce(S
     listening(address);
 
     let shared = Arc::new(Shared::default());
+    let histories = rebuild_histories(&config.data_dir, engine.seq()).map_err(error)?;
+    let replayable: usize = histories.values().map(|h| h.frames.len()).sum();
+    if replayable > 0 {
+        log(&format!("rebuilt {replayable} execution reports of {} accounts from the journal", histories.len()));
+    }
+    *shared.seqs.lock().unwrap_or_else(|e| e.into_inner()) = histories;
     let (queue, inbound) = sync_channel::<Inbound>(config.limits.queue.max(1));
     let sequencer = {
         let shared = shared.clone();
@@ -468,6 +474,47 @@ fn sequence(
     Ok(Summary { seq: engine.seq(), commands })
 }
 
+/// Every account's session history as it stood when the process stopped:
+/// reports are a function of the journal, so replaying it through a
+/// [`ReportBuilder`] numbers them exactly as they were numbered live, and a
+/// session that reconnects after a restart still gets what it missed.
+fn rebuild_histories(dir: &Path, through: u64) -> Result<HashMap<AccountId, History>, String> {
+    let mut engine = Engine::new();
+    let mut builder = ReportBuilder::new();
+    let mut histories: HashMap<AccountId, History> = HashMap::new();
+    let mut events = Vec::new();
+    let mut reports = Vec::new();
+    crossbook_journal::scan(dir, |seq, payload| {
+        if seq > through {
+            return Ok(());
+        }
+        let command = crossbook_engine::codec::decode_command(payload).map_err(|e| e.to_string())?;
+        events.clear();
+        reports.clear();
+        engine.apply(&command, &mut events);
+        builder.reports(&command, &events, &mut reports);
+        for addressed in &reports {
+            record_history(histories.entry(addressed.account).or_default(), addressed.report);
+        }
+        Ok(())
+    })
+    .map_err(|e| e.to_string())?;
+    Ok(histories)
+}
+
+/// Numbers a report for its account and keeps its frame; returns the frame.
+fn record_history(history: &mut History, mut report: ExecutionReport) -> Vec<u8> {
+    history.last += 1;
+    report.seq = history.last;
+    let mut frame = Vec::with_capacity(96);
+    encode_server(&ServerMessage::ExecutionReport(report), &mut frame);
+    if history.frames.len() == HISTORY_REPORTS {
+        history.frames.pop_front();
+    }
+    history.frames.push_back((report.seq, frame.clone()));
+    frame
+}
+
 fn dispatch(reports: &[Addressed], shared: &Shared) {
     let mut sessions = shared.sessions.lock().unwrap_or_else(|e| e.into_inner());
     let mut seqs = shared.seqs.lock().unwrap_or_else(|e| e.into_inner());
@@ -475,19 +522,10 @@ fn dispatch(reports: &[Addressed], shared: &Shared) {
     // one write for all of a session's reports.
     let mut outgoing: HashMap<AccountId, Vec<u8>> = HashMap::new();
     for addressed in reports {
-        let history = seqs.entry(addressed.account).or_default();
-        history.last += 1;
-        let mut report = addressed.report;
-        report.seq = history.last;
-        let mut frame = Vec::with_capacity(96);
-        encode_server(&ServerMessage::ExecutionReport(report), &mut frame);
+        let frame = record_history(seqs.entry(addressed.account).or_default(), addressed.report);
         if sessions.contains_key(&addressed.account) {
             outgoing.entry(addressed.account).or_default().extend_from_slice(&frame);
         }
-        if history.frames.len() == HISTORY_REPORTS {
-            history.frames.pop_front();
-        }
-        history.frames.push_back((report.seq, frame));
     }
     for (account, frames) in outgoing {
         let Some(session) = sessions.get(&account) else {

@@ -272,12 +272,18 @@ fn two_accounts_trade_a_third_cannot_interfere_and_state_survives_a_restart() {
     assert!(status.success(), "{status:?}");
     drop((alice, bob, mallory));
 
-    // Restarted on the same data: the order is still there, 5 of 10 filled.
+    // Restarted on the same data: the order is still there, 5 of 10 filled,
+    // and the session's numbering goes on where it was.
     let server = start(&dir);
-    let (mut alice, _) = Client::login(&server.address, 1, "alice");
+    let mut alice = Client::connect(&server.address);
+    alice.send(&ClientMessage::Login { account: 1, api_key, last_seen: missed.seq - 1 });
+    assert!(matches!(alice.recv(), Some(ServerMessage::LoginAccepted { next_seq, .. }) if next_seq == missed.seq + 1));
+    // Asking from one report back: that report is sent again, identical.
+    assert_eq!(alice.report(), missed);
     alice.send(&ClientMessage::Cancel { order });
     let cancelled = alice.report();
     assert_eq!((cancelled.kind, cancelled.order, cancelled.cum_qty, cancelled.leaves_qty), (ReportKind::Cancelled, order, 5, 0));
+    assert_eq!(cancelled.seq, missed.seq + 1);
     let status = server.terminate();
     assert!(status.success());
     let _ = std::fs::remove_dir_all(&dir);
@@ -364,8 +370,26 @@ fn kill_9_under_load_loses_no_acknowledged_order() {
     assert_eq!(acked.len() as u64, report["acknowledged"].as_u64().unwrap());
     drop(server);
 
-    // Restart on the same data (recovery), then stop cleanly.
+    // Restart on the same data (recovery). Account 1 (the load generator's
+    // first session) reconnects from the start and is sent what it missed:
+    // the acknowledgements of its last orders are among them.
     let server = start_default(&dir);
+    let (mut first, _) = Client::login(&server.address, 1, "demo-key-1");
+    let mut wanted: std::collections::BTreeSet<u64> = acked.iter().filter(|(_, cid)| cid >> 60 == 0).map(|(_, cid)| *cid).rev().take(500).collect();
+    assert!(!wanted.is_empty());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last_seq = 0;
+    while !wanted.is_empty() {
+        assert!(Instant::now() < deadline, "{} acknowledgements never replayed", wanted.len());
+        let report = first.report();
+        // (The oldest reports may have aged out of the kept history.)
+        assert!(last_seq == 0 || report.seq == last_seq + 1, "replayed reports come in sequence");
+        last_seq = report.seq;
+        if report.kind == ReportKind::Accepted {
+            wanted.remove(&report.cid);
+        }
+    }
+    drop(first);
     assert!(server.terminate().success());
     let inspect = Command::new(env!("CARGO_BIN_EXE_crossbook"))
         .args(["journal", "inspect", dir.join("data").to_str().unwrap()])
