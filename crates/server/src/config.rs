@@ -30,6 +30,9 @@ pub struct Limits {
     pub max_frame: usize,
     /// Commands waiting for the sequencer before readers stop reading.
     pub queue: usize,
+    /// Commands one session may have in flight (sent, not yet answered)
+    /// before its connection stops being read.
+    pub in_flight: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -77,7 +80,7 @@ pub fn demo_key(id: u64) -> String {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_connections: 64, max_frame: crossbook_protocol::MAX_FRAME, queue: 4096 }
+        Limits { max_connections: 64, max_frame: crossbook_protocol::MAX_FRAME, queue: 4096, in_flight: 1024 }
     }
 }
 

@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -59,6 +59,9 @@ fn error(what: impl std::fmt::Display) -> ServeError {
 
 struct Inbound {
     command: Command,
+    /// The sending connection's count of commands in flight: the
+    /// sequencer lowers it once the command's reports are out.
+    in_flight: Arc<AtomicU32>,
 }
 
 struct Session {
@@ -86,6 +89,8 @@ struct Shared {
     seqs: Mutex<HashMap<AccountId, History>>,
     connections: AtomicUsize,
     commands: AtomicU64,
+    /// Set when the sequencer has stopped (normally or on an I/O error).
+    sequencer_stopped: AtomicBool,
 }
 
 fn log(line: &str) {
@@ -147,7 +152,16 @@ pub fn serve(config: Config, shutdown: Arc<AtomicBool>, listening: impl FnOnce(S
         let snapshot_every = config.snapshot_every;
         thread::Builder::new()
             .name("sequencer".into())
-            .spawn(move || sequence(engine, journal, inbound, shared, shutdown, &data_dir, snapshot_every))
+            .spawn(move || {
+                let result = sequence(engine, journal, inbound, shared.clone(), shutdown.clone(), &data_dir, snapshot_every);
+                shared.sequencer_stopped.store(true, Ordering::Release);
+                if let Err(e) = &result {
+                    // Nothing more can be made durable: stop the venue.
+                    log(&format!("sequencer stopped: {e}"));
+                    shutdown.store(true, Ordering::Release);
+                }
+                result
+            })
             .map_err(error)?
     };
     let config = Arc::new(config);
@@ -269,6 +283,7 @@ fn read_loop(
     let mut buffer: Vec<u8> = Vec::with_capacity(max_frame + 4 + 4096);
     let mut chunk = [0u8; 4096];
     let mut account: Option<AccountId> = None;
+    let in_flight = Arc::new(AtomicU32::new(0));
     loop {
         if shutdown.load(Ordering::Acquire) {
             send(outbound, &ServerMessage::Logout { reason: 0 });
@@ -286,7 +301,7 @@ fn read_loop(
                 Ok(Decoded::NeedMore) => break,
                 Ok(Decoded::Message(message, size)) => {
                     used += size;
-                    match handle(message, id, &mut account, config, shared, queue, outbound) {
+                    match handle(message, id, &mut account, config, shared, queue, outbound, &in_flight) {
                         Ok(()) => {}
                         Err(reason) => return reason,
                     }
@@ -301,6 +316,7 @@ fn read_loop(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn handle(
     message: ClientMessage,
     id: u64,
@@ -309,6 +325,7 @@ fn handle(
     shared: &Shared,
     queue: &SyncSender<Inbound>,
     outbound: &SyncSender<Vec<u8>>,
+    in_flight: &Arc<AtomicU32>,
 ) -> Result<(), String> {
     match (message, *account) {
         (ClientMessage::Login { account: claimed, api_key, last_seen }, None) => {
@@ -376,8 +393,17 @@ fn handle(
             let Some(command) = message.to_command(who) else {
                 return Ok(());
             };
+            // Per session: wait (not reading the socket meanwhile) while
+            // too many of its commands are unanswered.
+            while in_flight.load(Ordering::Acquire) >= config.limits.in_flight.max(1) {
+                if shared.sequencer_stopped.load(Ordering::Acquire) {
+                    return Err("server stopping".into());
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            in_flight.fetch_add(1, Ordering::AcqRel);
             // Blocks while the sequencer's queue is full: backpressure.
-            queue.send(Inbound { command }).map_err(|_| "server stopping".to_string())
+            queue.send(Inbound { command, in_flight: in_flight.clone() }).map_err(|_| "server stopping".to_string())
         }
     }
 }
@@ -399,7 +425,7 @@ fn sequence(
     // Batches applied but not yet durable: (last seq, their reports). The
     // sequencer goes on applying while the journal syncs; reports leave
     // only once the journal acknowledges their batch.
-    let mut waiting: std::collections::VecDeque<(u64, Vec<Addressed>)> = std::collections::VecDeque::new();
+    let mut waiting: std::collections::VecDeque<(u64, Vec<Addressed>, Vec<Arc<AtomicU32>>)> = std::collections::VecDeque::new();
     let mut commands = 0u64;
     let mut last_log = Instant::now();
     let mut logged = 0u64;
@@ -435,19 +461,23 @@ fn sequence(
             journal.publish().map_err(error)?;
             commands += batch.len() as u64;
             shared.commands.store(commands, Ordering::Release);
-            waiting.push_back((engine.seq(), reports));
+            let answered: Vec<Arc<AtomicU32>> = batch.iter().map(|item| item.in_flight.clone()).collect();
+            waiting.push_back((engine.seq(), reports, answered));
             if snapshot_every > 0 && engine.seq() - last_snapshot >= snapshot_every {
                 journal.flush().map_err(error)?;
                 write_snapshot(data_dir, &engine, 2).map_err(error)?;
                 last_snapshot = engine.seq();
             }
         }
-        if let Some(&(target, _)) = waiting.front() {
+        if let Some(&(target, _, _)) = waiting.front() {
             // Nothing arrived: wait (briefly) for the sync instead of spinning.
             let acked = if batch.is_empty() { journal.wait_acked(target, POLL).map_err(error)? } else { journal.acked() };
-            while waiting.front().is_some_and(|(last, _)| *last <= acked) {
-                if let Some((_, reports)) = waiting.pop_front() {
+            while waiting.front().is_some_and(|(last, _, _)| *last <= acked) {
+                if let Some((_, reports, answered)) = waiting.pop_front() {
                     dispatch(&reports, &shared);
+                    for counter in answered {
+                        counter.fetch_sub(1, Ordering::AcqRel);
+                    }
                 }
             }
         }
