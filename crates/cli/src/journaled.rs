@@ -111,9 +111,13 @@ pub fn inspect(dir: &Path) -> Result<()> {
     let mut line = String::new();
     let mut failed: Option<std::io::Error> = None;
     let end = crossbook_journal::scan(dir, |seq, payload| {
-        let command = crossbook_engine::codec::decode_command(payload).map_err(|e| format!("undecodable command: {e}"))?;
+        let (command, annex) = crossbook_journal::format::split_payload(payload)?;
         line.clear();
         crossbook_text::write_command(&mut line, &command);
+        if let Some(annex) = annex {
+            // A gateway's annex (docs/journal.md), as a comment.
+            line.push_str(&format!("\n# annex {}", annex.iter().map(|b| format!("{b:02x}")).collect::<String>()));
+        }
         if let Err(e) = writeln!(out, "{line}") {
             failed.get_or_insert(e);
         }

@@ -83,6 +83,9 @@ enum Cmd {
         /// Overrides `data_dir`.
         #[arg(long)]
         data: Option<PathBuf>,
+        /// Overrides `fix.listen` (the FIX acceptor; "" turns it off).
+        #[arg(long)]
+        fix_listen: Option<String>,
     },
     /// Drive a running `crossbook serve` with N sessions and report
     /// throughput and latency.
@@ -192,7 +195,7 @@ fn real_main() -> Result<()> {
             journaled::run(&commands, &dir, config, snapshot_every, keep_snapshots)
         }
         Cmd::Recover { journal } => journaled::recover(&journal),
-        Cmd::Serve { config, listen, data } => serve(config, listen, data),
+        Cmd::Serve { config, listen, data, fix_listen } => serve(config, listen, data, fix_listen),
         Cmd::Load { address, connections, duration, rate, window, json, acked_out } => load::run(load::Options {
             address,
             connections,
@@ -226,7 +229,7 @@ fn real_main() -> Result<()> {
     }
 }
 
-fn serve(config: Option<PathBuf>, listen: Option<String>, data: Option<PathBuf>) -> Result<()> {
+fn serve(config: Option<PathBuf>, listen: Option<String>, data: Option<PathBuf>, fix_listen: Option<String>) -> Result<()> {
     let mut config = match config {
         Some(path) => {
             let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -239,6 +242,9 @@ fn serve(config: Option<PathBuf>, listen: Option<String>, data: Option<PathBuf>)
     }
     if let Some(data) = data {
         config.data_dir = data;
+    }
+    if let Some(fix_listen) = fix_listen {
+        config.fix.listen = fix_listen;
     }
     let shutdown = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {

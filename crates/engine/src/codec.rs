@@ -314,6 +314,16 @@ pub fn encode_command(command: &Command, out: &mut Vec<u8>) {
 
 /// Decodes exactly one command from `bytes` (all of them).
 pub fn decode_command(bytes: &[u8]) -> Result<Command, DecodeError> {
+    let (command, used) = decode_command_prefix(bytes)?;
+    if used != bytes.len() {
+        return Err(DecodeError::TrailingBytes(bytes.len() - used));
+    }
+    Ok(command)
+}
+
+/// Decodes the command at the start of `bytes`; returns it and how many
+/// bytes it took (a journal record may carry more after it).
+pub fn decode_command_prefix(bytes: &[u8]) -> Result<(Command, usize), DecodeError> {
     let mut r = Reader::new(bytes);
     let tag = r.u8().map_err(|_| DecodeError::Empty)?;
     let command = match tag {
@@ -359,8 +369,5 @@ pub fn decode_command(bytes: &[u8]) -> Result<Command, DecodeError> {
         }
         other => return Err(DecodeError::UnknownTag(other)),
     };
-    if r.remaining() != 0 {
-        return Err(DecodeError::TrailingBytes(r.remaining()));
-    }
-    Ok(command)
+    Ok((command, r.position()))
 }

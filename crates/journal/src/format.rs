@@ -5,13 +5,17 @@ use crossbook_engine::codec::MAX_COMMAND_BYTES;
 use std::path::{Path, PathBuf};
 
 pub const SEGMENT_MAGIC: &[u8; 8] = b"XBJOURNL";
-pub const SEGMENT_VERSION: u32 = 1;
+/// Version 2 records may carry an annex after the command; version 1
+/// segments (no annexes) are still read.
+pub const SEGMENT_VERSION: u32 = 2;
 /// magic 8 | version u32 | command format u32 | first_seq u64 | chain_seed u32 | header_crc u32
 pub const SEGMENT_HEADER_BYTES: usize = 32;
 
 /// len u32 | seq u64 | payload | crc u32
 pub const RECORD_OVERHEAD: usize = 16;
-pub const MAX_PAYLOAD: usize = MAX_COMMAND_BYTES;
+/// An annex: bytes a gateway keeps with a command (length u8 + bytes).
+pub const MAX_ANNEX: usize = 128;
+pub const MAX_PAYLOAD: usize = MAX_COMMAND_BYTES + 1 + MAX_ANNEX;
 
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"XBSNAPSH";
 pub const SNAPSHOT_VERSION: u32 = 1;
@@ -80,10 +84,22 @@ pub fn parse_segment_header(bytes: &[u8]) -> Result<SegmentHeader, String> {
     }
     let version = u32_at(bytes, 8);
     let format = u32_at(bytes, 12);
-    if version != SEGMENT_VERSION || format != crossbook_engine::codec::COMMAND_FORMAT_VERSION {
+    if !(1..=SEGMENT_VERSION).contains(&version) || format != crossbook_engine::codec::COMMAND_FORMAT_VERSION {
         return Err(format!("unsupported segment version {version} / command format {format}"));
     }
     Ok(SegmentHeader { first_seq: u64_at(bytes, 16), chain_seed: u32_at(bytes, 24) })
+}
+
+/// A record's payload: the command and, if there is one, its annex
+/// (`annex_len u8 | annex` after the command's bytes).
+pub fn split_payload(payload: &[u8]) -> Result<(crossbook_engine::Command, Option<&[u8]>), String> {
+    let (command, used) = crossbook_engine::codec::decode_command_prefix(payload).map_err(|e| format!("undecodable command: {e}"))?;
+    let rest = &payload[used..];
+    match rest.split_first() {
+        None => Ok((command, None)),
+        Some((&len, annex)) if len as usize == annex.len() && !annex.is_empty() => Ok((command, Some(annex))),
+        Some(_) => Err(format!("bad annex after the command ({} bytes)", rest.len())),
+    }
 }
 
 pub fn u32_at(bytes: &[u8], at: usize) -> u32 {

@@ -16,7 +16,6 @@ pub use read::{Corruption, JournalEnd, TornTail, scan};
 pub use write::{CommitStats, Durability, Journal, JournalConfig, JournalError, sync_dir};
 
 use crossbook_engine::Engine;
-use crossbook_engine::codec::decode_command;
 use format::*;
 use sha2::{Digest, Sha256};
 use std::fs::OpenOptions;
@@ -161,7 +160,7 @@ fn replay(dir: &Path, engine: &mut Engine, from: u64) -> Result<(JournalEnd, u64
                 if seq <= from {
                     return Ok(());
                 }
-                batch.push(decode_command(payload).map_err(|e| format!("undecodable command: {e}"))?);
+                batch.push(crate::format::split_payload(payload)?.0);
                 if batch.len() == REPLAY_BATCH {
                     let full = std::mem::replace(&mut batch, Vec::with_capacity(REPLAY_BATCH));
                     sender.send(full).map_err(|_| "recovery stopped".to_string())?;
@@ -230,7 +229,7 @@ impl std::fmt::Display for Problem {
 /// Returns what was found and the problems, each with its exact place.
 pub fn verify(dir: &Path) -> (Option<JournalEnd>, Vec<Problem>) {
     let mut problems = Vec::new();
-    let end = match scan(dir, |_, payload| decode_command(payload).map(|_| ()).map_err(|e| format!("undecodable command: {e}"))) {
+    let end = match scan(dir, |_, payload| crate::format::split_payload(payload).map(|_| ())) {
         Ok(end) => {
             if let Some(torn) = &end.torn {
                 problems.push(Problem::TornTail(torn.clone()));

@@ -15,6 +15,7 @@ use crate::format::*;
 use crate::read::JournalEnd;
 use crossbook_engine::Command;
 use crossbook_engine::codec::encode_command;
+use crate::format::MAX_ANNEX;
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -94,6 +95,8 @@ impl CommitStats {
 struct Pending {
     /// Commands handed over and not yet written, from `first_seq` on.
     commands: Vec<Command>,
+    /// The annexes of some of them, by sequence number, in order.
+    annexes: Vec<(u64, Vec<u8>)>,
     first_seq: u64,
     last_seq: u64,
     closed: bool,
@@ -129,6 +132,7 @@ pub struct Journal {
     /// the first. The writer thread encodes and checksums them: the
     /// engine's thread only copies each command once.
     staging: Vec<Command>,
+    staging_annexes: Vec<(u64, Vec<u8>)>,
     staging_first: u64,
     /// Publish whenever the writer is idle (sync mode).
     eager: bool,
@@ -181,6 +185,7 @@ impl Journal {
         let shared = Arc::new(Shared {
             pending: Mutex::new(Pending {
                 commands: Vec::with_capacity(STAGING_COMMANDS),
+                annexes: Vec::new(),
                 first_seq: 0,
                 last_seq: 0,
                 closed: false,
@@ -204,6 +209,7 @@ impl Journal {
             writer: Some(handle),
             appended: end.last_seq,
             staging: Vec::with_capacity(STAGING_COMMANDS),
+            staging_annexes: Vec::new(),
             staging_first: 0,
             eager,
         })
@@ -221,7 +227,18 @@ impl Journal {
     /// Records are handed to the writer thread at once when it is idle, and
     /// otherwise in batches (see [`Journal::publish`]).
     pub fn append(&mut self, seq: u64, command: &Command) -> Result<(), JournalError> {
+        self.append_with(seq, command, None)
+    }
+
+    /// [`Journal::append`] with an annex: up to [`MAX_ANNEX`] bytes that a
+    /// gateway keeps with the command (its client's own id for the order,
+    /// say), written in the same record and returned by recovery.
+    pub fn append_with(&mut self, seq: u64, command: &Command, annex: Option<&[u8]>) -> Result<(), JournalError> {
         self.check()?;
+        if let Some(annex) = annex {
+            assert!(!annex.is_empty() && annex.len() <= MAX_ANNEX, "annex of {} bytes", annex.len());
+            self.staging_annexes.push((seq, annex.to_vec()));
+        }
         assert_eq!(seq, self.appended + 1, "journal records must be appended in sequence");
         if self.staging.is_empty() {
             self.staging_first = seq;
@@ -250,6 +267,7 @@ impl Journal {
         if let Some(why) = &pending.error {
             return Err(JournalError::Poisoned(why.clone()));
         }
+        pending.annexes.append(&mut self.staging_annexes);
         if pending.commands.is_empty() {
             pending.first_seq = self.staging_first;
             // Hand the buffer over whole rather than copying it.
@@ -350,6 +368,7 @@ struct Writer {
 impl Writer {
     fn run(mut self) {
         let mut batch: Vec<Command> = Vec::with_capacity(STAGING_COMMANDS);
+        let mut annexes: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut encoded: Vec<u8> = Vec::with_capacity(1 << 16);
         let mut last_sync = Instant::now();
         loop {
@@ -370,13 +389,14 @@ impl Writer {
                 }
                 self.shared.writer_idle.store(false, Ordering::Release);
                 std::mem::swap(&mut batch, &mut pending.commands);
+                std::mem::swap(&mut annexes, &mut pending.annexes);
                 (pending.first_seq, pending.last_seq, batch.len() as u64, pending.closed)
             };
             self.shared.progress.notify_all();
             let result = if batch.is_empty() {
                 self.sync_if_dirty()
             } else {
-                self.encode(&batch, first_seq, &mut encoded);
+                self.encode(&batch, &annexes, first_seq, &mut encoded);
                 self.commit(&encoded, first_seq, last_seq)
             };
             let now_synced = !self.dirty;
@@ -407,6 +427,7 @@ impl Writer {
             }
             self.shared.progress.notify_all();
             batch.clear();
+            annexes.clear();
             if closing && batch.is_empty() {
                 let _ = self.sync_if_dirty();
                 if self.shared.lock().commands.is_empty() {
@@ -417,15 +438,20 @@ impl Writer {
     }
 
     /// Encodes a batch of commands as chained records.
-    fn encode(&self, batch: &[Command], first_seq: u64, out: &mut Vec<u8>) {
+    fn encode(&self, batch: &[Command], annexes: &[(u64, Vec<u8>)], first_seq: u64, out: &mut Vec<u8>) {
         out.clear();
         let mut chain = self.last_crc;
+        let mut annexes = annexes.iter().peekable();
         for (offset, command) in batch.iter().enumerate() {
             let seq = first_seq + offset as u64;
             let start = out.len();
             out.extend_from_slice(&[0u8; 4]);
             out.extend_from_slice(&seq.to_le_bytes());
             encode_command(command, out);
+            if let Some((_, annex)) = annexes.next_if(|(at, _)| *at == seq) {
+                out.push(annex.len() as u8);
+                out.extend_from_slice(annex);
+            }
             let len = (out.len() - start - 12) as u32;
             out[start..start + 4].copy_from_slice(&len.to_le_bytes());
             chain = seal_record(out, start, chain);

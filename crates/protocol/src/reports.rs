@@ -34,6 +34,8 @@ pub struct Addressed {
 #[derive(Default)]
 pub struct ReportBuilder {
     orders: HashMap<OrderId, OrderState>,
+    /// Open orders per account.
+    per_account: HashMap<AccountId, usize>,
 }
 
 /// The wire code of a cancel reason (`docs/protocol.md`).
@@ -54,14 +56,11 @@ impl ReportBuilder {
 
     /// The state of every order open in `engine` (after recovery).
     pub fn from_engine(engine: &Engine) -> Self {
-        let orders = engine
-            .open_order_views()
-            .into_iter()
-            .map(|v| {
-                (v.id, OrderState { account: v.account, cid: v.cid, instrument: v.instrument, side: v.side, price: v.price, qty: v.qty, filled: v.filled })
-            })
-            .collect();
-        ReportBuilder { orders }
+        let mut builder = ReportBuilder::default();
+        for v in engine.open_order_views() {
+            builder.insert(v.id, OrderState { account: v.account, cid: v.cid, instrument: v.instrument, side: v.side, price: v.price, qty: v.qty, filled: v.filled });
+        }
+        builder
     }
 
     /// (account, total quantity, filled) of an order being tracked.
@@ -72,6 +71,28 @@ impl ReportBuilder {
     /// Orders tracked (the engine's open orders, once a command is done).
     pub fn open_orders(&self) -> usize {
         self.orders.len()
+    }
+
+    /// Open orders of one account.
+    pub fn open_orders_of(&self, account: AccountId) -> usize {
+        self.per_account.get(&account).copied().unwrap_or(0)
+    }
+
+    fn insert(&mut self, order: OrderId, state: OrderState) {
+        if self.orders.insert(order, state).is_none() {
+            *self.per_account.entry(state.account).or_default() += 1;
+        }
+    }
+
+    fn remove(&mut self, order: OrderId) -> Option<OrderState> {
+        let state = self.orders.remove(&order)?;
+        if let Some(count) = self.per_account.get_mut(&state.account) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_account.remove(&state.account);
+            }
+        }
+        Some(state)
     }
 
     fn report(state: &OrderState, order: OrderId, kind: ReportKind) -> ExecutionReport {
@@ -103,7 +124,7 @@ impl ReportBuilder {
                 }
                 EventKind::Accepted { order, account, instrument, cid, side, price, qty, .. } => {
                     let state = OrderState { account, cid, instrument, side, price, qty, filled: 0 };
-                    self.orders.insert(order, state);
+                    self.insert(order, state);
                     out.push(Addressed { account, report: Self::report(&state, order, ReportKind::Accepted) });
                 }
                 EventKind::Trade { price, qty, maker, taker, maker_fee, taker_fee, .. } => {
@@ -114,7 +135,7 @@ impl ReportBuilder {
                     }
                 }
                 EventKind::Cancelled { order, reason, .. } => {
-                    if let Some(state) = self.orders.remove(&order) {
+                    if let Some(state) = self.remove(order) {
                         let mut report = Self::report(&state, order, ReportKind::Cancelled);
                         report.leaves_qty = 0;
                         report.reason = cancel_code(reason);
@@ -144,7 +165,7 @@ impl ReportBuilder {
         report.last_price = price;
         report.fee = fee;
         if done {
-            self.orders.remove(&order);
+            self.remove(order);
         }
         Some(Addressed { account: state.account, report })
     }

@@ -17,6 +17,7 @@ pub struct Config {
     /// Snapshot every this many commands (0: only at shutdown).
     pub snapshot_every: u64,
     pub limits: Limits,
+    pub fix: FixConfig,
     pub assets: Vec<AssetConfig>,
     pub instruments: Vec<InstrumentConfig>,
     pub accounts: Vec<AccountConfig>,
@@ -33,6 +34,56 @@ pub struct Limits {
     /// Commands one session may have in flight (sent, not yet answered)
     /// before its connection stops being read.
     pub in_flight: u32,
+    /// Open orders one account may have; more are refused before they
+    /// reach the engine.
+    pub open_orders: usize,
+}
+
+/// The FIX 4.4 gateway (docs/fix.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FixConfig {
+    /// Address of the FIX acceptor; empty: no FIX gateway.
+    pub listen: String,
+    /// Our SenderCompID.
+    pub comp_id: String,
+    /// `venue` (orders go to the engine) or `echo` (application messages
+    /// are sent back, for the FIX acceptance scripts).
+    pub application: String,
+    /// A QuickFIX-style XML data dictionary; empty: the built-in one.
+    pub dictionary: String,
+    /// Every Logon starts both sequence numbers at 1.
+    pub reset_on_logon: bool,
+    /// Largest accepted difference between SendingTime and our clock.
+    pub max_latency_s: u64,
+    /// Largest message accepted (bytes); a longer one costs the session.
+    pub max_message: usize,
+    /// Counterparties known by CompID, each bound to an account (others
+    /// log on with Username 553 = account id and Password 554 = API key).
+    pub sessions: Vec<FixSessionConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FixSessionConfig {
+    /// The counterparty's SenderCompID.
+    pub comp_id: String,
+    pub account: u64,
+}
+
+impl Default for FixConfig {
+    fn default() -> Self {
+        FixConfig {
+            listen: "127.0.0.1:7701".into(),
+            comp_id: "CROSSBOOK".into(),
+            application: "venue".into(),
+            dictionary: String::new(),
+            reset_on_logon: false,
+            max_latency_s: 120,
+            max_message: 65_536,
+            sessions: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -57,6 +108,18 @@ pub struct InstrumentConfig {
     pub max_price: i64,
     pub maker_bps: i64,
     pub taker_bps: i64,
+    /// FIX: the decimal price of one tick (prices on FIX are decimals,
+    /// converted exactly: a price that is not a whole number of ticks is
+    /// refused).
+    #[serde(default = "one")]
+    pub fix_price_unit: String,
+    /// FIX: the decimal quantity of one lot.
+    #[serde(default = "one")]
+    pub fix_qty_unit: String,
+}
+
+fn one() -> String {
+    "1".into()
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -80,7 +143,7 @@ pub fn demo_key(id: u64) -> String {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_connections: 64, max_frame: crossbook_protocol::MAX_FRAME, queue: 4096, in_flight: 1024 }
+        Limits { max_connections: 64, max_frame: crossbook_protocol::MAX_FRAME, queue: 4096, in_flight: 1024, open_orders: 100_000 }
     }
 }
 
@@ -93,6 +156,7 @@ impl Default for Config {
             durability: "sync".into(),
             snapshot_every: 100_000,
             limits: Limits::default(),
+            fix: FixConfig::default(),
             assets: vec![AssetConfig { id: 1, name: "BTC".into() }, AssetConfig { id: 2, name: "USD".into() }],
             instruments: vec![InstrumentConfig {
                 id: 1,
@@ -107,6 +171,8 @@ impl Default for Config {
                 max_price: 10_000_000,
                 maker_bps: -1,
                 taker_bps: 5,
+                fix_price_unit: one(),
+                fix_qty_unit: one(),
             }],
             // 16 demo traders, enough for `crossbook load --connections 16`.
             accounts: (1..=DEMO_ACCOUNTS)

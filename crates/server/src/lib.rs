@@ -18,6 +18,7 @@
 //! the load generator, per-session in-flight limits, the FIX gateway.
 
 pub mod config;
+pub mod fix;
 
 use config::{Config, keys_match};
 use crossbook_engine::{AccountId, Command, Engine, Event};
@@ -57,17 +58,23 @@ fn error(what: impl std::fmt::Display) -> ServeError {
     ServeError(what.to_string())
 }
 
-struct Inbound {
-    command: Command,
+pub(crate) struct Inbound {
+    pub(crate) command: Command,
+    /// What a gateway journals with the command (the FIX ClOrdID).
+    pub(crate) annex: Option<Vec<u8>>,
     /// The sending connection's count of commands in flight: the
     /// sequencer lowers it once the command's reports are out.
-    in_flight: Arc<AtomicU32>,
+    pub(crate) in_flight: Arc<AtomicU32>,
 }
 
 struct Session {
     connection: u64,
     outbound: SyncSender<Vec<u8>>,
 }
+
+/// The reason code of a refusal by the open-order limit (not an engine
+/// reason: docs/protocol.md).
+pub const OPEN_ORDER_LIMIT: u8 = 100;
 
 /// Reports kept per account for replay to a session that reconnects.
 const HISTORY_REPORTS: usize = 100_000;
@@ -134,11 +141,14 @@ pub fn serve(config: Config, shutdown: Arc<AtomicBool>, listening: impl FnOnce(S
     let listener = TcpListener::bind(&config.listen).map_err(|e| error(format!("listening on {}: {e}", config.listen)))?;
     listener.set_nonblocking(true).map_err(error)?;
     let address = listener.local_addr().map_err(error)?;
-    log(&format!("listening on {address}"));
-    listening(address);
 
     let shared = Arc::new(Shared::default());
-    let histories = rebuild_histories(&config.data_dir, engine.seq()).map_err(error)?;
+    let gateway = if config.fix.listen.is_empty() {
+        None
+    } else {
+        Some(fix::Gateway::open(&config, durability == Durability::Sync).map_err(error)?)
+    };
+    let histories = rebuild_histories(&config.data_dir, engine.seq(), gateway.as_deref()).map_err(error)?;
     let replayable: usize = histories.values().map(|h| h.frames.len()).sum();
     if replayable > 0 {
         log(&format!("rebuilt {replayable} execution reports of {} accounts from the journal", histories.len()));
@@ -150,10 +160,13 @@ pub fn serve(config: Config, shutdown: Arc<AtomicBool>, listening: impl FnOnce(S
         let shutdown = shutdown.clone();
         let data_dir = config.data_dir.clone();
         let snapshot_every = config.snapshot_every;
+        let gateway = gateway.clone();
+        let open_orders = config.limits.open_orders;
         thread::Builder::new()
             .name("sequencer".into())
             .spawn(move || {
-                let result = sequence(engine, journal, inbound, shared.clone(), shutdown.clone(), &data_dir, snapshot_every);
+                let settings = Settings { data_dir: &data_dir, snapshot_every, open_orders, gateway: gateway.as_deref() };
+                let result = sequence(engine, journal, inbound, shared.clone(), shutdown.clone(), settings);
                 shared.sequencer_stopped.store(true, Ordering::Release);
                 if let Err(e) = &result {
                     // Nothing more can be made durable: stop the venue.
@@ -164,6 +177,11 @@ pub fn serve(config: Config, shutdown: Arc<AtomicBool>, listening: impl FnOnce(S
             })
             .map_err(error)?
     };
+    if let Some(gateway) = &gateway {
+        gateway.start(queue.clone(), shutdown.clone()).map_err(error)?;
+    }
+    log(&format!("listening on {address}"));
+    listening(address);
     let config = Arc::new(config);
     let mut next_connection = 0u64;
     while !shutdown.load(Ordering::Acquire) {
@@ -177,6 +195,9 @@ pub fn serve(config: Config, shutdown: Arc<AtomicBool>, listening: impl FnOnce(S
         }
     }
     log("shutting down: no new connections; draining");
+    if let Some(gateway) = &gateway {
+        gateway.stop();
+    }
     drop(queue);
     drop(listener);
     let summary = match sequencer.join() {
@@ -359,11 +380,10 @@ fn handle(
                 if !frames.is_empty() {
                     let _ = outbound.send(frames);
                 }
-                if let Some(&(oldest, _)) = history.frames.front() {
-                    if last_seen + 1 < oldest {
+                if let Some(&(oldest, _)) = history.frames.front()
+                    && last_seen + 1 < oldest {
                         log(&format!("account {claimed} asked for reports from {} but only {oldest}.. are kept", last_seen + 1));
                     }
-                }
             }
             drop(seqs);
             drop(sessions);
@@ -403,9 +423,51 @@ fn handle(
             }
             in_flight.fetch_add(1, Ordering::AcqRel);
             // Blocks while the sequencer's queue is full: backpressure.
-            queue.send(Inbound { command, in_flight: in_flight.clone() }).map_err(|_| "server stopping".to_string())
+            queue.send(Inbound { command, annex: None, in_flight: in_flight.clone() }).map_err(|_| "server stopping".to_string())
         }
     }
+}
+
+/// What the sequencer runs with besides its queue.
+struct Settings<'a> {
+    data_dir: &'a Path,
+    snapshot_every: u64,
+    /// Open orders an account may have (`limits.open_orders`).
+    open_orders: usize,
+    gateway: Option<&'a fix::Gateway>,
+}
+
+/// A batch applied and waiting for the journal: its last sequence number,
+/// its reports (and refusals that never reached the engine), what the FIX
+/// gateway gets, and the in-flight counters to lower once it is out.
+struct Waiting {
+    last_seq: u64,
+    reports: Vec<Addressed>,
+    refused: Vec<Addressed>,
+    fix_events: Vec<fix::venue::FixEvent>,
+    answered: Vec<Arc<AtomicU32>>,
+}
+
+/// The refusal of an order that would pass the account's open-order
+/// limit. It never reaches the engine or the journal, so it is not part of
+/// the numbered report stream: it goes out with sequence number 0.
+fn open_order_refusal(p: &crossbook_engine::PlaceOrder) -> Addressed {
+    let report = ExecutionReport {
+        seq: 0,
+        kind: ReportKind::Rejected,
+        order: 0,
+        cid: p.cid,
+        instrument: p.instrument,
+        side: p.side,
+        price: p.price,
+        last_qty: 0,
+        last_price: 0,
+        cum_qty: 0,
+        leaves_qty: 0,
+        fee: 0,
+        reason: OPEN_ORDER_LIMIT,
+    };
+    Addressed { account: p.account, report }
 }
 
 /// The sequencer: batch, journal, apply; dispatch each batch's reports once
@@ -416,21 +478,23 @@ fn sequence(
     inbound: Receiver<Inbound>,
     shared: Arc<Shared>,
     shutdown: Arc<AtomicBool>,
-    data_dir: &Path,
-    snapshot_every: u64,
+    settings: Settings<'_>,
 ) -> Result<Summary, ServeError> {
     let mut builder = ReportBuilder::from_engine(&engine);
     let mut batch: Vec<Inbound> = Vec::with_capacity(MAX_BATCH);
     let mut events: Vec<Event> = Vec::new();
-    // Batches applied but not yet durable: (last seq, their reports). The
-    // sequencer goes on applying while the journal syncs; reports leave
-    // only once the journal acknowledges their batch.
-    let mut waiting: std::collections::VecDeque<(u64, Vec<Addressed>, Vec<Arc<AtomicU32>>)> = std::collections::VecDeque::new();
+    // Batches applied but not yet durable. The sequencer goes on applying
+    // while the journal syncs; reports leave only once the journal
+    // acknowledges their batch.
+    let mut waiting: std::collections::VecDeque<Waiting> = std::collections::VecDeque::new();
     let mut commands = 0u64;
     let mut last_log = Instant::now();
     let mut logged = 0u64;
     let mut last_snapshot = engine.seq();
     let mut disconnected = false;
+    if let Some(gateway) = settings.gateway {
+        gateway.set_engine_seq(engine.seq());
+    }
     loop {
         batch.clear();
         if waiting.is_empty() {
@@ -451,31 +515,55 @@ fn sequence(
             }
         }
         if !batch.is_empty() {
-            let mut reports = Vec::new();
+            let mut done = Waiting { last_seq: 0, reports: Vec::new(), refused: Vec::new(), fix_events: Vec::new(), answered: Vec::with_capacity(batch.len()) };
             for item in &batch {
-                journal.append(engine.seq() + 1, &item.command).map_err(error)?;
+                done.answered.push(item.in_flight.clone());
+                if let Command::Place(p) = &item.command
+                    && item.annex.is_none()
+                    && builder.open_orders_of(p.account) >= settings.open_orders
+                {
+                    done.refused.push(open_order_refusal(p));
+                    continue;
+                }
+                let seq = engine.seq() + 1;
+                journal.append_with(seq, &item.command, item.annex.as_deref()).map_err(error)?;
                 events.clear();
                 engine.apply(&item.command, &mut events);
-                builder.reports(&item.command, &events, &mut reports);
+                let first_report = done.reports.len();
+                builder.reports(&item.command, &events, &mut done.reports);
+                if let Some(gateway) = settings.gateway
+                    && gateway.wants(item.annex.is_some(), &done.reports[first_report..])
+                {
+                    let annex = item.annex.as_deref().and_then(fix::venue::Annex::decode);
+                    done.fix_events.push(fix::venue::FixEvent { seq, command: item.command, annex, reports: done.reports[first_report..].to_vec() });
+                }
             }
             journal.publish().map_err(error)?;
             commands += batch.len() as u64;
             shared.commands.store(commands, Ordering::Release);
-            let answered: Vec<Arc<AtomicU32>> = batch.iter().map(|item| item.in_flight.clone()).collect();
-            waiting.push_back((engine.seq(), reports, answered));
-            if snapshot_every > 0 && engine.seq() - last_snapshot >= snapshot_every {
+            if let Some(gateway) = settings.gateway {
+                gateway.set_engine_seq(engine.seq());
+            }
+            done.last_seq = engine.seq();
+            waiting.push_back(done);
+            if settings.snapshot_every > 0 && engine.seq() - last_snapshot >= settings.snapshot_every {
                 journal.flush().map_err(error)?;
-                write_snapshot(data_dir, &engine, 2).map_err(error)?;
+                write_snapshot(settings.data_dir, &engine, 2).map_err(error)?;
                 last_snapshot = engine.seq();
             }
         }
-        if let Some(&(target, _, _)) = waiting.front() {
+        if let Some(target) = waiting.front().map(|w| w.last_seq) {
             // Nothing arrived: wait (briefly) for the sync instead of spinning.
             let acked = if batch.is_empty() { journal.wait_acked(target, POLL).map_err(error)? } else { journal.acked() };
-            while waiting.front().is_some_and(|(last, _, _)| *last <= acked) {
-                if let Some((_, reports, answered)) = waiting.pop_front() {
-                    dispatch(&reports, &shared);
-                    for counter in answered {
+            while waiting.front().is_some_and(|w| w.last_seq <= acked) {
+                if let Some(done) = waiting.pop_front() {
+                    dispatch(&done.reports, &done.refused, &shared);
+                    if let Some(gateway) = settings.gateway
+                        && !done.fix_events.is_empty()
+                    {
+                        gateway.deliver(done.fix_events);
+                    }
+                    for counter in done.answered {
                         counter.fetch_sub(1, Ordering::AcqRel);
                     }
                 }
@@ -494,13 +582,13 @@ fn sequence(
     }
     // Drain anything still queued, then make it all durable.
     while let Ok(item) = inbound.try_recv() {
-        journal.append(engine.seq() + 1, &item.command).map_err(error)?;
+        journal.append_with(engine.seq() + 1, &item.command, item.annex.as_deref()).map_err(error)?;
         events.clear();
         engine.apply(&item.command, &mut events);
         commands += 1;
     }
     journal.close().map_err(error)?;
-    write_snapshot(data_dir, &engine, 2).map_err(error)?;
+    write_snapshot(settings.data_dir, &engine, 2).map_err(error)?;
     Ok(Summary { seq: engine.seq(), commands })
 }
 
@@ -508,23 +596,32 @@ fn sequence(
 /// reports are a function of the journal, so replaying it through a
 /// [`ReportBuilder`] numbers them exactly as they were numbered live, and a
 /// session that reconnects after a restart still gets what it missed.
-fn rebuild_histories(dir: &Path, through: u64) -> Result<HashMap<AccountId, History>, String> {
+fn rebuild_histories(dir: &Path, through: u64, gateway: Option<&fix::Gateway>) -> Result<HashMap<AccountId, History>, String> {
     let mut engine = Engine::new();
     let mut builder = ReportBuilder::new();
     let mut histories: HashMap<AccountId, History> = HashMap::new();
     let mut events = Vec::new();
     let mut reports = Vec::new();
+    // The FIX gateway follows the same replay: its book of ClOrdIDs, and
+    // the reports its sessions' stores do not have yet.
+    let fix_through = gateway.map(fix::Gateway::through).unwrap_or_default();
     crossbook_journal::scan(dir, |seq, payload| {
         if seq > through {
             return Ok(());
         }
-        let command = crossbook_engine::codec::decode_command(payload).map_err(|e| e.to_string())?;
+        let (command, annex) = crossbook_journal::format::split_payload(payload)?;
         events.clear();
         reports.clear();
         engine.apply(&command, &mut events);
         builder.reports(&command, &events, &mut reports);
         for addressed in &reports {
             record_history(histories.entry(addressed.account).or_default(), addressed.report);
+        }
+        if let Some(gateway) = gateway
+            && (annex.is_some() || !reports.is_empty())
+        {
+            let annex = annex.and_then(fix::venue::Annex::decode);
+            gateway.replay(fix::venue::FixEvent { seq, command, annex, reports: reports.clone() }, &fix_through);
         }
         Ok(())
     })
@@ -545,12 +642,17 @@ fn record_history(history: &mut History, mut report: ExecutionReport) -> Vec<u8>
     frame
 }
 
-fn dispatch(reports: &[Addressed], shared: &Shared) {
+fn dispatch(reports: &[Addressed], refused: &[Addressed], shared: &Shared) {
     let mut sessions = shared.sessions.lock().unwrap_or_else(|e| e.into_inner());
     let mut seqs = shared.seqs.lock().unwrap_or_else(|e| e.into_inner());
     // One buffer of frames per session per batch: one queue operation and
     // one write for all of a session's reports.
     let mut outgoing: HashMap<AccountId, Vec<u8>> = HashMap::new();
+    for addressed in refused {
+        if sessions.contains_key(&addressed.account) {
+            encode_server(&ServerMessage::ExecutionReport(addressed.report), outgoing.entry(addressed.account).or_default());
+        }
+    }
     for addressed in reports {
         let frame = record_history(seqs.entry(addressed.account).or_default(), addressed.report);
         if sessions.contains_key(&addressed.account) {

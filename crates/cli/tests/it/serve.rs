@@ -57,6 +57,8 @@ deposits = [[2, 1000]]
 struct Server {
     child: Child,
     address: String,
+    /// The FIX acceptor's address.
+    fix_address: String,
     log: Receiver<String>,
 }
 
@@ -74,6 +76,7 @@ fn start_default(dir: &Path) -> Server {
 fn spawn(args: &[&str]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_crossbook"))
         .arg("serve")
+        .args(["--fix-listen", "127.0.0.1:0"])
         .args(args)
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
@@ -89,10 +92,14 @@ fn spawn(args: &[&str]) -> Server {
         }
     });
     let deadline = Instant::now() + Duration::from_secs(20);
+    let mut fix_address = String::new();
     loop {
         let line = log.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("server never said where it listens");
+        if let Some(rest) = line.strip_prefix("FIX 4.4 acceptor on ") {
+            fix_address = rest.split_whitespace().next().unwrap_or_default().to_string();
+        }
         if let Some(address) = line.strip_prefix("listening on ") {
-            return Server { child, address: address.to_string(), log };
+            return Server { child, address: address.to_string(), fix_address, log };
         }
     }
 }

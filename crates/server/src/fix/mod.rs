@@ -1,0 +1,689 @@
+//! The FIX 4.4 gateway of `crossbook serve` (docs/fix.md).
+//!
+//! Threads: an **acceptor**; per connection a **reader** (frames bytes,
+//! hands each message to its session's state machine under the gateway
+//! lock, then sends the engine commands that came of it to the sequencer)
+//! and a **writer** (a bounded queue of bytes to the socket); one
+//! **reporter** that turns the sequencer's execution reports into FIX
+//! messages for the sessions they belong to; one **timer** for heartbeats
+//! and time-outs. Everything a session sends is recorded in its store
+//! (`store.rs`) before it is written to the socket, and synced first in
+//! `sync` durability.
+//!
+//! Lock order: the gateway lock is never held while waiting on the
+//! sequencer's queue (commands are collected and sent after it is
+//! released), so the sequencer, which hands reports to the reporter,
+//! can never wait on a reader.
+
+pub mod store;
+pub mod venue;
+
+use crate::config::{Config, FixConfig};
+use crossbook_engine::AccountId;
+use crossbook_fix::dictionary::Dictionary;
+use crossbook_fix::session::{Action, Application, EchoApplication, Session, SessionConfig, StoreOp};
+use crossbook_fix::wire::{Frame, Message, frame};
+use std::collections::{HashMap, HashSet};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::thread;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use store::Store;
+use venue::{FixBook, FixEvent, FixInstrument, Request, VenueApp};
+
+/// Messages queued for one connection's writer before it is dropped as a
+/// client that does not read.
+const OUTBOUND_MESSAGES: usize = 8_192;
+/// How often the timer looks at every session.
+const TICK: Duration = Duration::from_millis(200);
+const POLL: Duration = Duration::from_millis(50);
+/// Events queued for the reporter.
+const REPORT_QUEUE: usize = 65_536;
+
+fn log(line: &str) {
+    eprintln!("{line}");
+}
+
+/// Milliseconds since the epoch: the gateway's clock (the session layer
+/// itself is handed the time).
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+enum Out {
+    Bytes(Vec<u8>),
+    Close,
+}
+
+struct Connection {
+    id: u64,
+    out: SyncSender<Out>,
+}
+
+enum App {
+    Echo(EchoApplication),
+    Venue,
+}
+
+struct FixSession {
+    session: Session,
+    store: Store,
+    account: Option<AccountId>,
+    connection: Option<Connection>,
+    app: App,
+    /// Set after a store write or sync failed: the session is closed and
+    /// refuses to log on until restart.
+    poisoned: Option<String>,
+    /// The engine sequence number the store has reports up to.
+    through: u64,
+}
+
+struct State {
+    /// By the counterparty's CompID.
+    sessions: HashMap<String, FixSession>,
+    /// The session each account's reports go to.
+    routes: HashMap<AccountId, String>,
+    book: FixBook,
+}
+
+pub struct Gateway {
+    config: FixConfig,
+    echo: bool,
+    dictionary: Arc<Dictionary>,
+    instruments: Vec<FixInstrument>,
+    /// account -> API key, for Logon by Username/Password.
+    keys: HashMap<AccountId, String>,
+    max_open_orders: usize,
+    in_flight_limit: u32,
+    dir: PathBuf,
+    sync: bool,
+    state: Mutex<State>,
+    /// Accounts whose reports the sequencer must pass on.
+    fix_accounts: RwLock<HashSet<AccountId>>,
+    reports: Mutex<Option<SyncSender<Vec<FixEvent>>>>,
+    next_connection: AtomicU64,
+    /// The engine's last sequence number, as the sequencer last said.
+    engine_seq: AtomicU64,
+}
+
+fn session_config(fix: &FixConfig, comp_id: &str) -> SessionConfig {
+    let mut config = SessionConfig::new(&fix.comp_id, comp_id);
+    config.reset_on_logon = fix.reset_on_logon;
+    config.max_latency_ms = fix.max_latency_s as i64 * 1000;
+    config
+}
+
+impl Gateway {
+    /// Reads the dictionary and every session store under `<data>/fix`.
+    pub fn open(config: &Config, sync: bool) -> Result<Arc<Gateway>, String> {
+        let fix = config.fix.clone();
+        let echo = match fix.application.as_str() {
+            "echo" => true,
+            "venue" => false,
+            other => return Err(format!("fix.application must be venue or echo, not {other:?}")),
+        };
+        let dictionary = if fix.dictionary.is_empty() {
+            Dictionary::builtin()
+        } else {
+            let text = std::fs::read_to_string(&fix.dictionary).map_err(|e| format!("reading the FIX dictionary {}: {e}", fix.dictionary))?;
+            Dictionary::from_xml(&text).map_err(|e| format!("{}: {e}", fix.dictionary))?
+        };
+        let dir = config.data_dir.join("fix");
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let dictionary = Arc::new(dictionary);
+        let mut state = State { sessions: HashMap::new(), routes: HashMap::new(), book: FixBook::new() };
+        let entries = std::fs::read_dir(&dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+        let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "fixstore")).collect();
+        paths.sort();
+        for path in paths {
+            let (store, restored) = Store::open(&path)?;
+            let Some(comp_id) = read_comp_id(&path) else {
+                return Err(format!("{}: no CompID file beside the store", path.display()));
+            };
+            let session = Session::restore(session_config(&fix, &comp_id), dictionary.clone(), restored.next_in, restored.next_out, restored.stored);
+            if let Some(account) = restored.account {
+                state.routes.insert(account, comp_id.clone());
+            }
+            let app = if echo { App::Echo(EchoApplication::default()) } else { App::Venue };
+            state.sessions.insert(comp_id, FixSession { session, store, account: restored.account, connection: None, app, poisoned: None, through: restored.through_seq });
+        }
+        let fix_accounts = RwLock::new(state.routes.keys().copied().collect());
+        Ok(Arc::new(Gateway {
+            instruments: venue::instruments(config)?,
+            keys: config.accounts.iter().map(|a| (a.id, a.api_key.clone())).collect(),
+            max_open_orders: config.limits.open_orders,
+            in_flight_limit: config.limits.in_flight.max(1),
+            config: fix,
+            echo,
+            dictionary,
+            dir,
+            sync,
+            state: Mutex::new(state),
+            fix_accounts,
+            reports: Mutex::new(None),
+            next_connection: AtomicU64::new(0),
+            engine_seq: AtomicU64::new(0),
+        }))
+    }
+
+    /// The sequencer's progress (a session bound from now on gets the
+    /// reports of later commands).
+    pub fn set_engine_seq(&self, seq: u64) {
+        self.engine_seq.store(seq, Ordering::Release);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The engine sequence number each FIX-bound account's store has
+    /// reports up to (recovery regenerates what comes after).
+    pub fn through(&self) -> HashMap<AccountId, u64> {
+        let state = self.lock();
+        let mut through = HashMap::new();
+        for (account, comp_id) in &state.routes {
+            if let Some(session) = state.sessions.get(comp_id) {
+                through.insert(*account, session.store_through());
+            }
+        }
+        through
+    }
+
+    /// Whether the sequencer should pass this command's reports on.
+    pub fn wants(&self, annex: bool, reports: &[crossbook_protocol::reports::Addressed]) -> bool {
+        if annex {
+            return true;
+        }
+        let accounts = self.fix_accounts.read().unwrap_or_else(|e| e.into_inner());
+        !accounts.is_empty() && reports.iter().any(|r| accounts.contains(&r.account))
+    }
+
+    /// Follows one journaled command on start-up (recovery): keeps the
+    /// book and, for accounts whose store ends before `seq`, stores the
+    /// reports they have not had.
+    pub fn replay(&self, event: FixEvent, through: &HashMap<AccountId, u64>) {
+        self.follow(vec![event], Some(through));
+    }
+
+    /// Hands a batch of events (their commands now durable) to the
+    /// reporter thread.
+    pub fn deliver(&self, events: Vec<FixEvent>) {
+        let sender = self.reports.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(sender) = sender {
+            let _ = sender.send(events);
+        }
+    }
+
+    /// Turns events into FIX messages and sends them. `replaying` holds the
+    /// stores' ends during recovery (nothing is sent then).
+    fn follow(&self, events: Vec<FixEvent>, replaying: Option<&HashMap<AccountId, u64>>) {
+        let now = crossbook_fix::time::format_timestamp(now_ms());
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let mut touched: Vec<String> = Vec::new();
+        let mut pending: HashMap<String, Vec<Action>> = HashMap::new();
+        for event in &events {
+            let messages = state.book.follow(event, &self.instruments, &now);
+            for message in messages {
+                if replaying.is_some_and(|through| through.get(&message.account).is_none_or(|&t| t >= event.seq)) {
+                    continue;
+                }
+                let Some(comp_id) = state.routes.get(&message.account).cloned() else {
+                    continue;
+                };
+                let Some(session) = state.sessions.get_mut(&comp_id) else {
+                    continue;
+                };
+                let mut actions = Vec::new();
+                session.session.send_app(message.msg_type, Vec::new(), message.body, now_ms(), &mut actions);
+                if let Err(e) = session.record(&actions, event.seq) {
+                    session.poison(e);
+                    continue;
+                }
+                if !touched.contains(&comp_id) {
+                    touched.push(comp_id.clone());
+                }
+                pending.entry(comp_id).or_default().extend(actions);
+            }
+        }
+        for comp_id in touched {
+            let Some(session) = state.sessions.get_mut(&comp_id) else { continue };
+            if let Err(e) = session.sync(self.sync) {
+                session.poison(e);
+                continue;
+            }
+            if replaying.is_none() {
+                let actions = pending.remove(&comp_id).unwrap_or_default();
+                session.transmit(actions);
+            }
+        }
+    }
+
+    /// Starts the acceptor, reporter and timer threads.
+    pub(crate) fn start(self: &Arc<Self>, queue: SyncSender<crate::Inbound>, shutdown: Arc<AtomicBool>) -> Result<SocketAddr, String> {
+        let listener = TcpListener::bind(&self.config.listen).map_err(|e| format!("FIX: listening on {}: {e}", self.config.listen))?;
+        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let address = listener.local_addr().map_err(|e| e.to_string())?;
+        let (sender, receiver) = sync_channel::<Vec<FixEvent>>(REPORT_QUEUE);
+        *self.reports.lock().unwrap_or_else(|e| e.into_inner()) = Some(sender);
+        {
+            let gateway = self.clone();
+            thread::Builder::new().name("fix-reporter".into()).spawn(move || gateway.report_loop(receiver)).map_err(|e| e.to_string())?;
+        }
+        {
+            let gateway = self.clone();
+            let shutdown = shutdown.clone();
+            thread::Builder::new().name("fix-timer".into()).spawn(move || gateway.timer_loop(&shutdown)).map_err(|e| e.to_string())?;
+        }
+        let gateway = self.clone();
+        thread::Builder::new()
+            .name("fix-acceptor".into())
+            .spawn(move || {
+                while !shutdown.load(Ordering::Acquire) {
+                    match listener.accept() {
+                        Ok((stream, peer)) => gateway.accept(stream, peer, queue.clone(), shutdown.clone()),
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(5)),
+                        Err(e) => log(&format!("FIX accept failed: {e}")),
+                    }
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        log(&format!("FIX 4.4 acceptor on {address} ({} application, CompID {})", if self.echo { "echo" } else { "venue" }, self.config.comp_id));
+        Ok(address)
+    }
+
+    /// Stops handing out reports and closes every connection after what it
+    /// has queued.
+    pub fn stop(&self) {
+        self.reports.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let mut state = self.lock();
+        for session in state.sessions.values_mut() {
+            let _ = session.sync(true);
+            if let Some(connection) = session.connection.take() {
+                let _ = connection.out.try_send(Out::Close);
+            }
+        }
+    }
+
+    fn report_loop(&self, receiver: Receiver<Vec<FixEvent>>) {
+        while let Ok(mut events) = receiver.recv() {
+            while let Ok(more) = receiver.try_recv() {
+                events.extend(more);
+                if events.len() > 4096 {
+                    break;
+                }
+            }
+            self.follow(events, None);
+        }
+    }
+
+    fn timer_loop(&self, shutdown: &AtomicBool) {
+        while !shutdown.load(Ordering::Acquire) {
+            thread::sleep(TICK);
+            let now = now_ms();
+            let mut guard = self.lock();
+            let state = &mut *guard;
+            let comp_ids: Vec<String> = state.sessions.iter().filter(|(_, s)| s.connection.is_some()).map(|(c, _)| c.clone()).collect();
+            for comp_id in comp_ids {
+                let Some(session) = state.sessions.get_mut(&comp_id) else { continue };
+                let mut actions = Vec::new();
+                let mut requests = Vec::new();
+                with_app(self, session, &mut state.book, &mut requests, |session, app| session.session.on_timer(now, app, &mut actions));
+                session.finish(actions, self.sync);
+            }
+        }
+    }
+
+    fn accept(self: &Arc<Self>, stream: TcpStream, peer: SocketAddr, queue: SyncSender<crate::Inbound>, shutdown: Arc<AtomicBool>) {
+        let id = self.next_connection.fetch_add(1, Ordering::AcqRel) + 1;
+        let _ = stream.set_nodelay(true);
+        let _ = stream.set_nonblocking(false);
+        let Ok(write_half) = stream.try_clone() else {
+            log(&format!("FIX connection {id} from {peer}: cannot clone the socket"));
+            return;
+        };
+        let (out, frames) = sync_channel::<Out>(OUTBOUND_MESSAGES);
+        let writer = thread::Builder::new().name(format!("fix-writer-{id}")).spawn(move || write_loop(write_half, frames));
+        if writer.is_err() {
+            log(&format!("FIX connection {id}: could not start a writer thread"));
+            return;
+        }
+        let gateway = self.clone();
+        let spawned = thread::Builder::new().name(format!("fix-conn-{id}")).spawn(move || {
+            let reason = gateway.read_loop(stream, id, out, &queue, &shutdown);
+            log(&format!("FIX disconnect connection={id} peer={peer} reason={reason}"));
+        });
+        if spawned.is_err() {
+            log(&format!("FIX connection {id}: could not start a reader thread"));
+        }
+    }
+
+    fn read_loop(&self, mut stream: TcpStream, id: u64, out: SyncSender<Out>, queue: &SyncSender<crate::Inbound>, shutdown: &AtomicBool) -> String {
+        let _ = stream.set_read_timeout(Some(POLL));
+        let max = self.config.max_message.max(256);
+        let mut buffer: Vec<u8> = Vec::with_capacity(8192);
+        let mut chunk = vec![0u8; 16 * 1024];
+        // The counterparty's CompID once the first message named it.
+        let mut bound: Option<String> = None;
+        let in_flight = Arc::new(AtomicU32::new(0));
+        let reason = 'connection: loop {
+            if shutdown.load(Ordering::Acquire) {
+                break 'connection "server shutting down".to_string();
+            }
+            match stream.read(&mut chunk) {
+                Ok(0) => break 'connection "closed by the counterparty".into(),
+                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => continue,
+                Err(e) => break 'connection format!("read error: {e}"),
+            }
+            loop {
+                match frame(&buffer, max) {
+                    Frame::NeedMore => break,
+                    Frame::Garbage(n) => {
+                        log(&format!("FIX connection {id}: skipped {n} bytes that do not start a message"));
+                        buffer.drain(..n);
+                    }
+                    Frame::TooLong => {
+                        if let Some(comp_id) = &bound {
+                            self.logout_and_close(comp_id, id, &format!("message longer than {max} bytes"));
+                        } else {
+                            let _ = out.try_send(Out::Close);
+                        }
+                        break 'connection format!("message longer than {max} bytes");
+                    }
+                    Frame::Message(n) => {
+                        let raw: Vec<u8> = buffer.drain(..n).collect();
+                        if bound.is_none() {
+                            match self.attach(&raw, id, &out) {
+                                Ok(comp_id) => bound = Some(comp_id),
+                                Err(why) => {
+                                    let _ = out.try_send(Out::Close);
+                                    break 'connection why;
+                                }
+                            }
+                        }
+                        let Some(comp_id) = bound.clone() else { continue };
+                        let (requests, closed) = self.on_message(&comp_id, id, &raw);
+                        for request in requests {
+                            while in_flight.load(Ordering::Acquire) >= self.in_flight_limit {
+                                if shutdown.load(Ordering::Acquire) {
+                                    break 'connection "server shutting down".into();
+                                }
+                                thread::sleep(Duration::from_micros(100));
+                            }
+                            in_flight.fetch_add(1, Ordering::AcqRel);
+                            let inbound = crate::Inbound { command: request.command, annex: Some(request.annex.encode()), in_flight: in_flight.clone() };
+                            if queue.send(inbound).is_err() {
+                                break 'connection "server stopping".into();
+                            }
+                        }
+                        if let Some(why) = closed {
+                            break 'connection why;
+                        }
+                    }
+                }
+            }
+        };
+        if let Some(comp_id) = bound {
+            self.detach(&comp_id, id);
+        }
+        let _ = out.try_send(Out::Close);
+        reason
+    }
+
+    /// The first message on a connection: which session it is for. Nothing
+    /// is sent to a counterparty we do not know (FIX: silent disconnect).
+    fn attach(&self, raw: &[u8], id: u64, out: &SyncSender<Out>) -> Result<String, String> {
+        let message = Message::parse(raw).map_err(|e| format!("garbled first message ({e})"))?;
+        let comp_id = message.text(49).ok_or("first message without SenderCompID")?.to_owned();
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let configured = self.config.sessions.iter().find(|s| s.comp_id == comp_id).map(|s| s.account);
+        let account = match configured {
+            Some(account) => Some(account),
+            None if self.echo => None,
+            None => {
+                let claimed = message.text(553).and_then(|u| u.parse::<AccountId>().ok()).filter(|a| self.keys.contains_key(a));
+                let Some(claimed) = claimed else {
+                    return Err(format!("unknown CompID {comp_id:?} and no known Username"));
+                };
+                Some(claimed)
+            }
+        };
+        if account.is_none() && !state.sessions.contains_key(&comp_id) && configured.is_none() {
+            return Err(format!("unknown CompID {comp_id:?}"));
+        }
+        if !state.sessions.contains_key(&comp_id) {
+            let path = store::path_for(&self.dir, &comp_id);
+            std::fs::write(path.with_extension("compid"), comp_id.as_bytes()).map_err(|e| format!("writing {}: {e}", path.display()))?;
+            let (store, restored) = Store::open(&path)?;
+            let session = Session::restore(session_config(&self.config, &comp_id), self.dictionary.clone(), restored.next_in, restored.next_out, restored.stored);
+            let app = if self.echo { App::Echo(EchoApplication::default()) } else { App::Venue };
+            state.sessions.insert(comp_id.clone(), FixSession { session, store, account: restored.account, connection: None, app, poisoned: None, through: restored.through_seq });
+        }
+        let Some(session) = state.sessions.get_mut(&comp_id) else {
+            return Err("session vanished".into());
+        };
+        if let Some(why) = &session.poisoned {
+            return Err(format!("session {comp_id} is out of service until restart: {why}"));
+        }
+        if session.connection.is_some() || session.session.is_connected() {
+            return Err(format!("session {comp_id} is already logged on"));
+        }
+        if let Some(account) = account {
+            session.account = Some(account);
+        }
+        session.connection = Some(Connection { id, out: out.clone() });
+        session.session.connect(now_ms());
+        Ok(comp_id)
+    }
+
+    /// One message on an attached connection. Returns the engine requests
+    /// it made and, if the connection is to close, why.
+    fn on_message(&self, comp_id: &str, id: u64, raw: &[u8]) -> (Vec<Request>, Option<String>) {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let Some(session) = state.sessions.get_mut(comp_id) else {
+            return (Vec::new(), Some("session vanished".into()));
+        };
+        if session.connection.as_ref().is_none_or(|c| c.id != id) {
+            return (Vec::new(), Some("the session was closed".into()));
+        }
+        let was_logged_on = session.session.is_logged_on();
+        let mut actions = Vec::new();
+        let mut requests = Vec::new();
+        let now = now_ms();
+        let credentials = self.credentials(comp_id, session.account);
+        let account = session.account;
+        with_app_credentials(self, session, &mut state.book, &mut requests, credentials, |session, app| session.session.on_message(raw, now, app, &mut actions));
+        let closed = actions.iter().find_map(|a| if let Action::Disconnect(why) = a { Some(why.clone()) } else { None });
+        if !was_logged_on && session.session.is_logged_on() {
+            log(&format!("FIX login connection={id} comp_id={comp_id} account={}", account.map_or("-".into(), |a| a.to_string())));
+            if let Some(account) = account
+                && !self.echo
+                && state.routes.get(&account).is_none_or(|c| c != comp_id)
+            {
+                // From here on this account's reports come to this session.
+                let seq = self.engine_seq.load(Ordering::Acquire);
+                if let Err(e) = session.store.bind(account, seq) {
+                    session.poison(e);
+                }
+                state.routes.insert(account, comp_id.to_owned());
+                self.fix_accounts.write().unwrap_or_else(|e| e.into_inner()).insert(account);
+            }
+        }
+        session.finish(actions, self.sync);
+        (requests, closed)
+    }
+
+    fn credentials(&self, comp_id: &str, account: Option<AccountId>) -> Option<(String, String)> {
+        if self.config.sessions.iter().any(|s| s.comp_id == comp_id) {
+            return None;
+        }
+        let account = account?;
+        Some((account.to_string(), self.keys.get(&account)?.clone()))
+    }
+
+    fn logout_and_close(&self, comp_id: &str, id: u64, why: &str) {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        if let Some(session) = state.sessions.get_mut(comp_id)
+            && session.connection.as_ref().is_some_and(|c| c.id == id)
+        {
+            let mut actions = Vec::new();
+            let mut requests = Vec::new();
+            with_app(self, session, &mut state.book, &mut requests, |session, app| session.session.logout_and_drop(why, now_ms(), app, &mut actions));
+            session.finish(actions, self.sync);
+        }
+    }
+
+    fn detach(&self, comp_id: &str, id: u64) {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let Some(session) = state.sessions.get_mut(comp_id) else { return };
+        if session.connection.as_ref().is_some_and(|c| c.id == id) {
+            session.connection = None;
+            let mut requests = Vec::new();
+            with_app(self, session, &mut state.book, &mut requests, |session, app| session.session.disconnected(app));
+        }
+    }
+}
+
+fn read_comp_id(store: &std::path::Path) -> Option<String> {
+    std::fs::read_to_string(store.with_extension("compid")).ok()
+}
+
+/// Runs `f` with the session's application.
+fn with_app(gateway: &Gateway, session: &mut FixSession, book: &mut FixBook, requests: &mut Vec<Request>, f: impl FnOnce(&mut FixSession, &mut dyn Application)) {
+    let credentials = gateway.credentials(session.session.config().target_comp_id.as_str(), session.account);
+    with_app_credentials(gateway, session, book, requests, credentials, f);
+}
+
+fn with_app_credentials(
+    gateway: &Gateway,
+    session: &mut FixSession,
+    book: &mut FixBook,
+    requests: &mut Vec<Request>,
+    credentials: Option<(String, String)>,
+    f: impl FnOnce(&mut FixSession, &mut dyn Application),
+) {
+    let mut app = std::mem::replace(&mut session.app, App::Venue);
+    match &mut app {
+        App::Echo(echo) => f(session, echo),
+        App::Venue => {
+            let mut venue = VenueApp {
+                account: session.account.unwrap_or(0),
+                book,
+                instruments: &gateway.instruments,
+                requests,
+                now: crossbook_fix::time::format_timestamp(now_ms()),
+                max_open_orders: gateway.max_open_orders,
+                credentials,
+            };
+            f(session, &mut venue);
+        }
+    }
+    session.app = app;
+}
+
+impl FixSession {
+    fn store_through(&self) -> u64 {
+        self.through
+    }
+
+    /// Records the store operations among `actions`.
+    fn record(&mut self, actions: &[Action], engine_seq: u64) -> Result<(), String> {
+        for action in actions {
+            if let Action::Store(op) = action {
+                self.store.record(op, engine_seq)?;
+                if let StoreOp::Sent { .. } = op {
+                    self.through = self.through.max(engine_seq);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn sync(&mut self, sync: bool) -> Result<(), String> {
+        if sync { self.store.sync() } else { Ok(()) }
+    }
+
+    fn poison(&mut self, why: String) {
+        log(&format!("FIX session {}: store failed, closing it until restart: {why}", self.session.config().target_comp_id));
+        self.poisoned = Some(why);
+        if let Some(connection) = self.connection.take() {
+            let _ = connection.out.try_send(Out::Close);
+        }
+    }
+
+    /// Sends what the session asked for, after recording it.
+    fn transmit(&mut self, actions: Vec<Action>) {
+        let Some(connection) = &self.connection else { return };
+        let mut close = false;
+        for action in actions {
+            match action {
+                Action::Send(bytes) => {
+                    if let Err(TrySendError::Full(_)) = connection.out.try_send(Out::Bytes(bytes)) {
+                        log(&format!("FIX session {}: dropping a counterparty that does not read", self.session.config().target_comp_id));
+                        close = true;
+                        break;
+                    }
+                }
+                Action::Disconnect(_) => close = true,
+                Action::Log(line) => log(&format!("FIX session {}: {line}", self.session.config().target_comp_id)),
+                Action::Store(_) => {}
+            }
+        }
+        if close {
+            let _ = connection.out.try_send(Out::Close);
+            self.connection = None;
+        }
+    }
+
+    /// Records, syncs (in sync durability) and sends.
+    fn finish(&mut self, actions: Vec<Action>, sync: bool) {
+        if let Err(e) = self.record(&actions, 0).and_then(|()| self.sync(sync)) {
+            return self.poison(e);
+        }
+        self.transmit(actions);
+    }
+}
+
+fn write_loop(mut stream: TcpStream, frames: Receiver<Out>) {
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
+    let mut buffer: Vec<u8> = Vec::with_capacity(1 << 16);
+    'outer: loop {
+        let first = match frames.recv_timeout(Duration::from_secs(1)) {
+            Ok(first) => first,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        buffer.clear();
+        let mut close = false;
+        let mut next = Some(first);
+        while let Some(item) = next.take() {
+            match item {
+                Out::Bytes(bytes) => buffer.extend_from_slice(&bytes),
+                Out::Close => {
+                    close = true;
+                    break;
+                }
+            }
+            if buffer.len() < 1 << 20 {
+                next = frames.try_recv().ok();
+            }
+        }
+        if !buffer.is_empty() && stream.write_all(&buffer).is_err() {
+            break 'outer;
+        }
+        if close {
+            break;
+        }
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+}
+

@@ -1,0 +1,226 @@
+//! A FIX session's store: one append-only file per counterparty CompID
+//! under `<data>/fix/`, holding what the session needs after a restart
+//! (both sequence numbers, the application messages it may have to send
+//! again, the account it is bound to and how far into the journal its
+//! execution reports go).
+//!
+//! Record: `len u32 | kind u8 | body | crc32c u32` (little-endian; the
+//! checksum covers `len`, `kind` and `body`). A torn last record is cut
+//! off; a bad record followed by good ones is corruption and stops the
+//! server, as with the journal (docs/fix.md).
+
+use crossbook_fix::session::StoreOp;
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+const RESET: u8 = 1;
+const SENT: u8 = 2;
+const RECEIVED: u8 = 3;
+const BOUND: u8 = 4;
+/// Largest record body (a stored message plus a little).
+const MAX_BODY: usize = 1 << 20;
+
+/// What a store file says, read back.
+#[derive(Debug, Default)]
+pub struct Restored {
+    pub next_in: u64,
+    pub next_out: u64,
+    pub stored: BTreeMap<u64, Vec<u8>>,
+    /// The account the session is bound to.
+    pub account: Option<u64>,
+    /// The last engine sequence number whose reports are in the store.
+    pub through_seq: u64,
+}
+
+pub struct Store {
+    file: File,
+    path: PathBuf,
+    /// Written since the last sync.
+    dirty: bool,
+}
+
+fn record(kind: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + 9);
+    out.extend_from_slice(&((body.len() + 1) as u32).to_le_bytes());
+    out.push(kind);
+    out.extend_from_slice(body);
+    let crc = crc32c::crc32c(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
+    bytes.get(at..at + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+}
+
+/// The store file of counterparty `comp_id` (a CompID is a FIX string; the
+/// file name keeps only safe characters and adds a checksum of the rest).
+pub fn path_for(dir: &Path, comp_id: &str) -> PathBuf {
+    let safe: String = comp_id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
+    dir.join(format!("{safe}-{:08x}.fixstore", crc32c::crc32c(comp_id.as_bytes())))
+}
+
+impl Store {
+    /// Opens (or creates) a store and reads it back.
+    pub fn open(path: &Path) -> Result<(Store, Restored), String> {
+        let mut file = OpenOptions::new().read(true).append(true).create(true).open(path).map_err(|e| format!("opening {}: {e}", path.display()))?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let mut restored = Restored { next_in: 1, next_out: 1, ..Restored::default() };
+        let mut at = 0usize;
+        while at < bytes.len() {
+            match parse(&bytes[at..]) {
+                Some((kind, body, size)) => {
+                    apply(&mut restored, kind, body).map_err(|e| format!("{}: record at byte {at}: {e}", path.display()))?;
+                    at += size;
+                }
+                None => {
+                    if later_record_is_valid(&bytes[at..]) {
+                        return Err(format!("{}: damaged record at byte {at} followed by valid ones: refusing to guess", path.display()));
+                    }
+                    // A torn write at the end: it was never acknowledged.
+                    file.set_len(at as u64).map_err(|e| format!("truncating {}: {e}", path.display()))?;
+                    file.seek(SeekFrom::End(0)).map_err(|e| format!("seeking {}: {e}", path.display()))?;
+                    break;
+                }
+            }
+        }
+        Ok((Store { file, path: path.to_path_buf(), dirty: false }, restored))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> Result<(), String> {
+        self.dirty = true;
+        self.file.write_all(bytes).map_err(|e| format!("writing {}: {e}", self.path.display()))
+    }
+
+    /// Records a session store operation; `engine_seq` is the command whose
+    /// report a sent message is (0 for the session's own messages).
+    pub fn record(&mut self, op: &StoreOp, engine_seq: u64) -> Result<(), String> {
+        let bytes = match op {
+            StoreOp::Reset => record(RESET, &[]),
+            StoreOp::Sent { seq, app } => {
+                let mut body = Vec::with_capacity(16 + app.as_ref().map_or(0, Vec::len));
+                body.extend_from_slice(&seq.to_le_bytes());
+                body.extend_from_slice(&engine_seq.to_le_bytes());
+                if let Some(app) = app {
+                    body.extend_from_slice(app);
+                }
+                record(SENT, &body)
+            }
+            StoreOp::Received { next_in } => record(RECEIVED, &next_in.to_le_bytes()),
+        };
+        self.write(&bytes)
+    }
+
+    /// Binds the session to `account` from engine sequence number `seq` on.
+    pub fn bind(&mut self, account: u64, seq: u64) -> Result<(), String> {
+        let mut body = account.to_le_bytes().to_vec();
+        body.extend_from_slice(&seq.to_le_bytes());
+        self.write(&record(BOUND, &body))
+    }
+
+    /// Makes everything recorded so far durable.
+    pub fn sync(&mut self) -> Result<(), String> {
+        if self.dirty {
+            self.file.sync_data().map_err(|e| format!("syncing {}: {e}", self.path.display()))?;
+            self.dirty = false;
+        }
+        Ok(())
+    }
+}
+
+/// (kind, body, record size) of a whole, checksummed record at the start.
+fn parse(bytes: &[u8]) -> Option<(u8, &[u8], usize)> {
+    let len = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?) as usize;
+    if len == 0 || len > MAX_BODY + 1 {
+        return None;
+    }
+    let size = 4 + len + 4;
+    let record = bytes.get(..size)?;
+    let crc = u32::from_le_bytes(record[size - 4..].try_into().ok()?);
+    if crc32c::crc32c(&record[..size - 4]) != crc {
+        return None;
+    }
+    Some((record[4], &record[5..size - 4], size))
+}
+
+/// Whether a valid record starts anywhere after the first byte.
+fn later_record_is_valid(bytes: &[u8]) -> bool {
+    (1..bytes.len()).any(|at| parse(&bytes[at..]).is_some_and(|(kind, _, _)| (RESET..=BOUND).contains(&kind)))
+}
+
+fn apply(restored: &mut Restored, kind: u8, body: &[u8]) -> Result<(), String> {
+    match kind {
+        RESET => {
+            restored.next_in = 1;
+            restored.next_out = 1;
+            restored.stored.clear();
+        }
+        SENT => {
+            let seq = u64_at(body, 0).ok_or("short Sent record")?;
+            let engine_seq = u64_at(body, 8).ok_or("short Sent record")?;
+            restored.next_out = seq + 1;
+            restored.through_seq = restored.through_seq.max(engine_seq);
+            if body.len() > 16 {
+                if restored.stored.len() >= crossbook_fix::session::MAX_STORED {
+                    restored.stored.pop_first();
+                }
+                restored.stored.insert(seq, body[16..].to_vec());
+            }
+        }
+        RECEIVED => restored.next_in = u64_at(body, 0).ok_or("short Received record")?,
+        BOUND => {
+            restored.account = Some(u64_at(body, 0).ok_or("short Bound record")?);
+            restored.through_seq = restored.through_seq.max(u64_at(body, 8).ok_or("short Bound record")?);
+        }
+        other => return Err(format!("unknown record kind {other}")),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("crossbook-fixstore-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        dir.join("s.fixstore")
+    }
+
+    #[test]
+    fn reads_back_what_it_wrote_and_cuts_a_torn_tail() {
+        let path = temp("roundtrip");
+        {
+            let (mut store, restored) = Store::open(&path).expect("open");
+            assert_eq!((restored.next_in, restored.next_out), (1, 1));
+            store.bind(7, 40).expect("bind");
+            store.record(&StoreOp::Sent { seq: 1, app: None }, 0).expect("write");
+            store.record(&StoreOp::Sent { seq: 2, app: Some(b"8=FIX.4.4".to_vec()) }, 41).expect("write");
+            store.record(&StoreOp::Received { next_in: 5 }, 0).expect("write");
+            store.sync().expect("sync");
+        }
+        let full = std::fs::read(&path).expect("read");
+        for cut in 0..20 {
+            std::fs::write(&path, &full[..full.len() - cut]).expect("write");
+            let (_, restored) = Store::open(&path).expect("a torn tail is not an error");
+            if cut == 0 {
+                assert_eq!((restored.next_in, restored.next_out, restored.account, restored.through_seq), (5, 3, Some(7), 41));
+                assert_eq!(restored.stored.get(&2).map(Vec::as_slice), Some(&b"8=FIX.4.4"[..]));
+            } else {
+                assert_eq!(restored.next_in, 1, "cut {cut}: the last record is gone");
+            }
+        }
+        let mut damaged = full.clone();
+        damaged[30] ^= 0xff;
+        std::fs::write(&path, &damaged).expect("write");
+        assert!(Store::open(&path).is_err(), "damage before valid records is refused");
+    }
+}

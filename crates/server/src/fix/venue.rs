@@ -1,0 +1,700 @@
+//! The venue behind the FIX gateway: FIX order messages in, engine commands
+//! out, and engine execution reports back as FIX messages.
+//!
+//! FIX names orders by the client's ClOrdID (a string, renamed by every
+//! replace); the engine by its order id and a numeric client id. The
+//! [`FixBook`] keeps the link. It is a function of the journal: every
+//! command a FIX session sends is journaled with an annex holding its
+//! ClOrdID (and OrigClOrdID), so the book, and every report, can be
+//! rebuilt after a restart or a crash.
+
+use crate::config::Config;
+use crossbook_engine::{AccountId, Command, InstrumentId, OrderId, OrderType, PlaceOrder, SelfTradePrevention, Side, TimeInForce};
+use crossbook_fix::decimal::{Decimal, average_text};
+use crossbook_fix::session::{Application, Outbox};
+use crossbook_fix::validate::Shape;
+use crossbook_fix::wire::Message;
+use crossbook_protocol::reports::{Addressed, cancel_code};
+use crossbook_protocol::{ExecutionReport, ReportKind};
+use std::collections::HashMap;
+
+/// Engine client ids of orders placed over FIX: this bit set, then a
+/// counter (binary-protocol clients are asked to keep below it).
+pub const FIX_CID_BASE: u64 = 1 << 63;
+/// Longest ClOrdID accepted (it is journaled with the order).
+pub const MAX_CL_ORD_ID: usize = 60;
+
+/// Tags read and written here.
+mod tag {
+    pub const ACCOUNT: u32 = 1;
+    pub const AVG_PX: u32 = 6;
+    pub const CL_ORD_ID: u32 = 11;
+    pub const COMMISSION: u32 = 12;
+    pub const COMM_TYPE: u32 = 13;
+    pub const CUM_QTY: u32 = 14;
+    pub const EXEC_ID: u32 = 17;
+    pub const EXEC_INST: u32 = 18;
+    pub const LAST_PX: u32 = 31;
+    pub const LAST_QTY: u32 = 32;
+    pub const ORDER_ID: u32 = 37;
+    pub const ORDER_QTY: u32 = 38;
+    pub const ORD_STATUS: u32 = 39;
+    pub const ORD_TYPE: u32 = 40;
+    pub const ORIG_CL_ORD_ID: u32 = 41;
+    pub const PRICE: u32 = 44;
+    pub const SIDE: u32 = 54;
+    pub const SYMBOL: u32 = 55;
+    pub const TEXT: u32 = 58;
+    pub const TIME_IN_FORCE: u32 = 59;
+    pub const TRANSACT_TIME: u32 = 60;
+    pub const CXL_REJ_REASON: u32 = 102;
+    pub const ORD_REJ_REASON: u32 = 103;
+    pub const EXEC_TYPE: u32 = 150;
+    pub const LEAVES_QTY: u32 = 151;
+    pub const CASH_ORDER_QTY: u32 = 152;
+    pub const CXL_REJ_RESPONSE_TO: u32 = 434;
+    pub const MASS_CANCEL_REQUEST_TYPE: u32 = 530;
+    pub const MASS_CANCEL_RESPONSE: u32 = 531;
+    pub const MASS_CANCEL_REJECT_REASON: u32 = 532;
+    pub const TOTAL_AFFECTED_ORDERS: u32 = 533;
+    pub const SELF_TRADE_PREVENTION: u32 = 7928;
+}
+
+/// An instrument as FIX sees it.
+#[derive(Clone, Debug)]
+pub struct FixInstrument {
+    pub id: InstrumentId,
+    pub symbol: String,
+    pub price_unit: Decimal,
+    pub qty_unit: Decimal,
+}
+
+pub fn instruments(config: &Config) -> Result<Vec<FixInstrument>, String> {
+    config
+        .instruments
+        .iter()
+        .map(|i| {
+            let unit = |text: &str, what: &str| {
+                Decimal::parse(text.as_bytes()).filter(|d| d.mantissa > 0).ok_or_else(|| format!("instrument {}: {what} {text:?} is not a positive decimal", i.symbol))
+            };
+            Ok(FixInstrument { id: i.id, symbol: i.symbol.clone(), price_unit: unit(&i.fix_price_unit, "fix_price_unit")?, qty_unit: unit(&i.fix_qty_unit, "fix_qty_unit")? })
+        })
+        .collect()
+}
+
+/// What a FIX request journals with its command: the message type, the
+/// ClOrdID and the OrigClOrdID.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Annex {
+    pub kind: u8,
+    pub cl_ord_id: String,
+    pub orig_cl_ord_id: String,
+}
+
+impl Annex {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![self.kind, self.cl_ord_id.len() as u8];
+        out.extend_from_slice(self.cl_ord_id.as_bytes());
+        out.push(self.orig_cl_ord_id.len() as u8);
+        out.extend_from_slice(self.orig_cl_ord_id.as_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Annex> {
+        let (&kind, rest) = bytes.split_first()?;
+        let (&len, rest) = rest.split_first()?;
+        let (id, rest) = rest.split_at_checked(len as usize)?;
+        let (&len, rest) = rest.split_first()?;
+        let (orig, rest) = rest.split_at_checked(len as usize)?;
+        if !rest.is_empty() || !b"DFGq".contains(&kind) {
+            return None;
+        }
+        Some(Annex { kind, cl_ord_id: String::from_utf8(id.to_vec()).ok()?, orig_cl_ord_id: String::from_utf8(orig.to_vec()).ok()? })
+    }
+}
+
+#[derive(Clone, Debug)]
+struct FixOrder {
+    account: AccountId,
+    cl_ord_id: String,
+    instrument: InstrumentId,
+    side: Side,
+    order_type: OrderType,
+    tif: TimeInForce,
+    qty: u64,
+    price: i64,
+    /// Sum of price x lots over the fills, for AvgPx.
+    notional: i128,
+}
+
+/// The link between FIX's names for orders and the engine's, and what a
+/// report needs that the engine's reports do not carry.
+#[derive(Default)]
+pub struct FixBook {
+    orders: HashMap<OrderId, FixOrder>,
+    by_cl_ord_id: HashMap<(AccountId, String), OrderId>,
+    /// ClOrdIDs sent to the engine whose order is not known yet.
+    pending: HashMap<(AccountId, String), u64>,
+    /// The next engine client id for a FIX order.
+    next_cid: u64,
+}
+
+/// One command and what it caused, as the FIX side needs it.
+pub struct FixEvent {
+    pub seq: u64,
+    pub command: Command,
+    pub annex: Option<Annex>,
+    pub reports: Vec<Addressed>,
+}
+
+/// A FIX message for an account's session.
+pub struct Outgoing {
+    pub account: AccountId,
+    pub msg_type: &'static str,
+    pub body: Vec<(u32, Vec<u8>)>,
+}
+
+fn field(tag: u32, value: impl ToString) -> (u32, Vec<u8>) {
+    (tag, value.to_string().into_bytes())
+}
+
+fn side_code(side: Side) -> &'static str {
+    match side {
+        Side::Buy => "1",
+        Side::Sell => "2",
+    }
+}
+
+fn command_account(command: &Command) -> Option<AccountId> {
+    match *command {
+        Command::Place(PlaceOrder { account, .. }) | Command::Cancel { account, .. } | Command::Replace { account, .. } | Command::CancelAll { account, .. } => Some(account),
+        _ => None,
+    }
+}
+
+impl FixBook {
+    pub fn new() -> FixBook {
+        FixBook { next_cid: FIX_CID_BASE + 1, ..FixBook::default() }
+    }
+
+    fn order_by_cl_ord_id(&self, account: AccountId, cl_ord_id: &str) -> Option<OrderId> {
+        self.by_cl_ord_id.get(&(account, cl_ord_id.to_owned())).copied()
+    }
+
+    /// Follows one journaled command (live or replayed) and returns the FIX
+    /// messages its reports become. `now` is TransactTime.
+    pub fn follow(&mut self, event: &FixEvent, instruments: &[FixInstrument], now: &str) -> Vec<Outgoing> {
+        let mut out = Vec::new();
+        if let (Command::Place(place), Some(annex)) = (&event.command, &event.annex) {
+            self.pending.remove(&(place.account, annex.cl_ord_id.clone()));
+            if place.cid > FIX_CID_BASE {
+                self.next_cid = self.next_cid.max(place.cid + 1);
+            }
+        }
+        let mut mass_cancelled = 0u64;
+        let mut rejected = false;
+        for (index, addressed) in event.reports.iter().enumerate() {
+            let exec_id = format!("{}-{}", event.seq, index + 1);
+            let report = addressed.report;
+            if report.kind == ReportKind::Rejected {
+                rejected = true;
+            }
+            if report.kind == ReportKind::Cancelled && report.reason == cancel_code(crossbook_engine::CancelReason::CancelAll) {
+                mass_cancelled += 1;
+            }
+            if let Some(message) = self.report(event, addressed.account, &report, exec_id, instruments, now) {
+                out.push(message);
+            }
+        }
+        if let (Command::CancelAll { account, instrument }, Some(annex)) = (&event.command, &event.annex)
+            && annex.kind == b'q'
+            && !rejected
+        {
+            let request_type = if instrument.is_some() { "1" } else { "7" };
+            out.push(Outgoing {
+                account: *account,
+                msg_type: "r",
+                body: vec![
+                    field(tag::CL_ORD_ID, &annex.cl_ord_id),
+                    field(tag::ORDER_ID, format!("mass-{}", event.seq)),
+                    field(tag::MASS_CANCEL_REQUEST_TYPE, request_type),
+                    field(tag::MASS_CANCEL_RESPONSE, request_type),
+                    field(tag::TOTAL_AFFECTED_ORDERS, mass_cancelled),
+                ],
+            });
+        }
+        out
+    }
+
+    /// The FIX message for one engine report, updating the book.
+    fn report(&mut self, event: &FixEvent, account: AccountId, report: &ExecutionReport, exec_id: String, instruments: &[FixInstrument], now: &str) -> Option<Outgoing> {
+        let own_request = command_account(&event.command) == Some(account);
+        let annex = event.annex.as_ref().filter(|_| own_request);
+        let instrument = instruments.iter().find(|i| i.id == report.instrument);
+        if report.kind == ReportKind::Accepted {
+            let (order_type, tif) = match event.command {
+                Command::Place(p) => (p.order_type, p.tif),
+                _ => (OrderType::Limit, TimeInForce::Gtc),
+            };
+            let cl_ord_id = annex.map_or_else(|| report.cid.to_string(), |a| a.cl_ord_id.clone());
+            self.by_cl_ord_id.insert((account, cl_ord_id.clone()), report.order);
+            self.orders.insert(
+                report.order,
+                FixOrder { account, cl_ord_id, instrument: report.instrument, side: report.side, order_type, tif, qty: report.cum_qty + report.leaves_qty, price: report.price, notional: 0 },
+            );
+        }
+        if report.kind == ReportKind::Rejected {
+            return Some(self.rejection(event, account, report, annex, instrument, now));
+        }
+        let known = self.orders.contains_key(&report.order);
+        if !known {
+            // An order from before this account's FIX session existed.
+            self.orders.insert(
+                report.order,
+                FixOrder {
+                    account,
+                    cl_ord_id: report.cid.to_string(),
+                    instrument: report.instrument,
+                    side: report.side,
+                    order_type: OrderType::Limit,
+                    tif: TimeInForce::Gtc,
+                    qty: report.cum_qty + report.leaves_qty,
+                    price: report.price,
+                    notional: i128::from(report.price) * i128::from(report.cum_qty - report.last_qty),
+                },
+            );
+        }
+        let mut orig_cl_ord_id = None;
+        let renamed = annex.filter(|a| a.kind == b'G' || a.kind == b'F');
+        let order = self.orders.get_mut(&report.order)?;
+        match report.kind {
+            ReportKind::PartialFill | ReportKind::Fill => order.notional += i128::from(report.last_price) * i128::from(report.last_qty),
+            ReportKind::Replaced => {
+                order.price = report.price;
+                order.qty = report.cum_qty + report.leaves_qty;
+            }
+            _ => {}
+        }
+        let (exec_type, status) = match report.kind {
+            ReportKind::Accepted => ("0", "0"),
+            ReportKind::PartialFill => ("F", "1"),
+            ReportKind::Fill => ("F", "2"),
+            ReportKind::Cancelled => ("4", "4"),
+            ReportKind::Replaced => ("5", if report.cum_qty > 0 { "1" } else { "0" }),
+            ReportKind::Rejected => ("8", "8"),
+        };
+        let cancelled_by_request = report.kind == ReportKind::Cancelled
+            && (report.reason == cancel_code(crossbook_engine::CancelReason::User) || report.reason == cancel_code(crossbook_engine::CancelReason::Replace));
+        if let Some(annex) = renamed
+            && (report.kind == ReportKind::Replaced || cancelled_by_request)
+        {
+            orig_cl_ord_id = Some(std::mem::replace(&mut order.cl_ord_id, annex.cl_ord_id.clone()));
+            let key = (account, orig_cl_ord_id.clone().unwrap_or_default());
+            self.by_cl_ord_id.remove(&key);
+            self.by_cl_ord_id.insert((account, annex.cl_ord_id.clone()), report.order);
+        }
+        let order = self.orders.get(&report.order)?.clone();
+        let mut body = vec![field(tag::ACCOUNT, account)];
+        let price_unit = instrument.map_or(Decimal::from_int(1), |i| i.price_unit);
+        let qty_unit = instrument.map_or(Decimal::from_int(1), |i| i.qty_unit);
+        let price = |ticks: i64| price_unit.times(i128::from(ticks)).map_or_else(|| "0".into(), Decimal::to_text);
+        let qty = |lots: u64| qty_unit.times(i128::from(lots)).map_or_else(|| "0".into(), Decimal::to_text);
+        body.push(field(tag::AVG_PX, average_text(order.notional, i128::from(report.cum_qty), price_unit, 4)));
+        body.push(field(tag::CL_ORD_ID, &order.cl_ord_id));
+        if report.fee != 0 && report.last_qty > 0 {
+            body.push(field(tag::COMMISSION, report.fee));
+            body.push(field(tag::COMM_TYPE, "3"));
+        }
+        body.push(field(tag::CUM_QTY, qty(report.cum_qty)));
+        body.push(field(tag::EXEC_ID, exec_id));
+        if report.last_qty > 0 {
+            body.push(field(tag::LAST_PX, price(report.last_price)));
+            body.push(field(tag::LAST_QTY, qty(report.last_qty)));
+        }
+        body.push(field(tag::ORDER_ID, report.order));
+        body.push(field(tag::ORDER_QTY, qty(order.qty)));
+        body.push(field(tag::ORD_STATUS, status));
+        body.push(field(tag::ORD_TYPE, if order.order_type == OrderType::Market { "1" } else { "2" }));
+        if let Some(orig) = orig_cl_ord_id {
+            body.push(field(tag::ORIG_CL_ORD_ID, orig));
+        }
+        if order.order_type == OrderType::Limit {
+            body.push(field(tag::PRICE, price(order.price)));
+        }
+        body.push(field(tag::SIDE, side_code(order.side)));
+        body.push(field(tag::SYMBOL, instrument.map_or("?", |i| i.symbol.as_str())));
+        if report.kind == ReportKind::Cancelled {
+            body.push(field(tag::TEXT, cancel_text(report.reason)));
+        }
+        body.push(field(tag::TIME_IN_FORCE, tif_code(order.tif)));
+        body.push(field(tag::TRANSACT_TIME, now));
+        body.push(field(tag::EXEC_TYPE, exec_type));
+        body.push(field(tag::LEAVES_QTY, qty(report.leaves_qty)));
+        if matches!(report.kind, ReportKind::Cancelled | ReportKind::Fill) {
+            self.orders.remove(&report.order);
+            self.by_cl_ord_id.remove(&(account, order.cl_ord_id.clone()));
+        }
+        Some(Outgoing { account, msg_type: "8", body })
+    }
+
+    /// An engine rejection: ExecutionReport for a new order,
+    /// OrderCancelReject for a cancel or a replace, a mass-cancel report
+    /// for a mass cancel.
+    fn rejection(&self, event: &FixEvent, account: AccountId, report: &ExecutionReport, annex: Option<&Annex>, instrument: Option<&FixInstrument>, now: &str) -> Outgoing {
+        let reason = crossbook_engine::RejectReason::from_code(report.reason);
+        let text = reason.map_or("rejected", |r| r.name());
+        let cl_ord_id = annex.map_or_else(|| report.cid.to_string(), |a| a.cl_ord_id.clone());
+        match event.command {
+            Command::Cancel { .. } | Command::Replace { .. } => {
+                let order = self.orders.get(&report.order).filter(|o| o.account == account);
+                let orig = annex.map(|a| a.orig_cl_ord_id.clone()).or_else(|| order.map(|o| o.cl_ord_id.clone())).unwrap_or_default();
+                let status = match order {
+                    Some(_) if report.cum_qty > 0 => "1",
+                    Some(_) => "0",
+                    None => "8",
+                };
+                let unknown = matches!(reason, Some(crossbook_engine::RejectReason::UnknownOrder | crossbook_engine::RejectReason::NotOwner));
+                let response_to = if matches!(event.command, Command::Cancel { .. }) { "1" } else { "2" };
+                Outgoing {
+                    account,
+                    msg_type: "9",
+                    body: vec![
+                        field(tag::CL_ORD_ID, cl_ord_id),
+                        field(tag::ORDER_ID, if order.is_some() { report.order.to_string() } else { "NONE".into() }),
+                        field(tag::ORD_STATUS, status),
+                        field(tag::ORIG_CL_ORD_ID, orig),
+                        field(tag::TEXT, text),
+                        field(tag::CXL_REJ_REASON, if unknown { "1" } else { "99" }),
+                        field(tag::CXL_REJ_RESPONSE_TO, response_to),
+                    ],
+                }
+            }
+            Command::CancelAll { instrument: scope, .. } => Outgoing {
+                account,
+                msg_type: "r",
+                body: vec![
+                    field(tag::CL_ORD_ID, cl_ord_id),
+                    field(tag::ORDER_ID, format!("mass-{}", event.seq)),
+                    field(tag::TEXT, text),
+                    field(tag::MASS_CANCEL_REQUEST_TYPE, if scope.is_some() { "1" } else { "7" }),
+                    field(tag::MASS_CANCEL_RESPONSE, "0"),
+                    field(tag::MASS_CANCEL_REJECT_REASON, if matches!(reason, Some(crossbook_engine::RejectReason::UnknownInstrument)) { "1" } else { "99" }),
+                ],
+            },
+            _ => {
+                let symbol = instrument.map_or("?", |i| i.symbol.as_str()).to_owned();
+                new_order_reject(account, &cl_ord_id, &symbol, report.side, ord_rej_reason(reason), text, now, &format!("{}-{}", event.seq, 1))
+            }
+        }
+    }
+}
+
+fn cancel_text(code: u8) -> &'static str {
+    match code {
+        1 => "cancelled on request",
+        2 => "unfilled rest of an immediate order",
+        3 => "self-trade prevention",
+        4 => "replaced to no more than the filled quantity",
+        5 => "mass cancel",
+        _ => "cancelled",
+    }
+}
+
+fn tif_code(tif: TimeInForce) -> &'static str {
+    match tif {
+        TimeInForce::Gtc => "1",
+        TimeInForce::Ioc => "3",
+        TimeInForce::Fok => "4",
+    }
+}
+
+/// OrdRejReason (103) for an engine reject reason.
+fn ord_rej_reason(reason: Option<crossbook_engine::RejectReason>) -> &'static str {
+    use crossbook_engine::RejectReason::*;
+    match reason {
+        Some(UnknownInstrument | InvalidInstrument) => "1",
+        Some(UnknownAccount) => "4",
+        Some(DuplicateClientOrderId) => "6",
+        Some(InvalidQuantity) => "13",
+        _ => "99",
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn new_order_reject(account: AccountId, cl_ord_id: &str, symbol: &str, side: Side, reason: &str, text: &str, now: &str, exec_id: &str) -> Outgoing {
+    Outgoing {
+        account,
+        msg_type: "8",
+        body: vec![
+            field(tag::ACCOUNT, account),
+            field(tag::AVG_PX, "0"),
+            field(tag::CL_ORD_ID, cl_ord_id),
+            field(tag::CUM_QTY, "0"),
+            field(tag::EXEC_ID, exec_id),
+            field(tag::ORDER_ID, "NONE"),
+            field(tag::ORD_STATUS, "8"),
+            field(tag::SIDE, side_code(side)),
+            field(tag::SYMBOL, symbol),
+            field(tag::TEXT, text),
+            field(tag::TRANSACT_TIME, now),
+            field(tag::ORD_REJ_REASON, reason),
+            field(tag::EXEC_TYPE, "8"),
+            field(tag::LEAVES_QTY, "0"),
+        ],
+    }
+}
+
+/// A command for the engine and its annex.
+pub struct Request {
+    pub command: Command,
+    pub annex: Annex,
+}
+
+/// The venue application of one session: turns D, F, G and q into engine
+/// commands (collected in `requests`, sent once the session lock is
+/// released) and refuses what cannot become one, at once.
+pub struct VenueApp<'a> {
+    pub account: AccountId,
+    pub book: &'a mut FixBook,
+    pub instruments: &'a [FixInstrument],
+    pub requests: &'a mut Vec<Request>,
+    pub now: String,
+    /// Open orders the account may have (the gateway's limit).
+    pub max_open_orders: usize,
+    /// The account's API key, for Logon with Username/Password.
+    pub credentials: Option<(String, String)>,
+}
+
+fn text(message: &Message, tag: u32) -> Option<String> {
+    message.text(tag).map(str::to_owned)
+}
+
+impl VenueApp<'_> {
+    fn instrument(&self, message: &Message) -> Option<&FixInstrument> {
+        let symbol = message.text(tag::SYMBOL)?;
+        self.instruments.iter().find(|i| i.symbol == symbol)
+    }
+
+    fn reject_order(&self, message: &Message, reason: &str, why: &str, outbox: &mut Outbox<'_>) {
+        let side = if message.get(tag::SIDE) == Some(b"2") { Side::Sell } else { Side::Buy };
+        let exec_id = format!("gw-{}", message.text(34).unwrap_or("0"));
+        let reject = new_order_reject(self.account, message.text(tag::CL_ORD_ID).unwrap_or(""), message.text(tag::SYMBOL).unwrap_or(""), side, reason, why, &self.now, &exec_id);
+        outbox.send(reject.msg_type, Vec::new(), reject.body);
+    }
+
+    fn cancel_reject(&self, message: &Message, why: &str, unknown: bool, outbox: &mut Outbox<'_>) {
+        let response_to = if message.msg_type() == b"G" { "2" } else { "1" };
+        let body = vec![
+            field(tag::CL_ORD_ID, message.text(tag::CL_ORD_ID).unwrap_or("")),
+            field(tag::ORDER_ID, message.text(tag::ORDER_ID).unwrap_or("NONE")),
+            field(tag::ORD_STATUS, "8"),
+            field(tag::ORIG_CL_ORD_ID, message.text(tag::ORIG_CL_ORD_ID).unwrap_or("")),
+            field(tag::TEXT, why),
+            field(tag::CXL_REJ_REASON, if unknown { "1" } else { "99" }),
+            field(tag::CXL_REJ_RESPONSE_TO, response_to),
+        ];
+        outbox.send("9", Vec::new(), body);
+    }
+
+    /// A price or quantity in whole ticks or lots, or why not.
+    fn units(value: &[u8], unit: Decimal, what: &str) -> Result<i128, String> {
+        let decimal = Decimal::parse(value).ok_or_else(|| format!("{what} is not a decimal"))?;
+        decimal.whole_units(unit).ok_or_else(|| format!("{what} {} is not a multiple of {}", String::from_utf8_lossy(value), unit.to_text()))
+    }
+
+    fn new_order(&mut self, message: &Message, outbox: &mut Outbox<'_>) {
+        let Some(cl_ord_id) = text(message, tag::CL_ORD_ID) else {
+            return self.reject_order(message, "99", "ClOrdID missing", outbox);
+        };
+        if cl_ord_id.len() > MAX_CL_ORD_ID {
+            return self.reject_order(message, "99", "ClOrdID longer than 60 characters", outbox);
+        }
+        let key = (self.account, cl_ord_id.clone());
+        if self.book.by_cl_ord_id.contains_key(&key) || self.book.pending.contains_key(&key) {
+            return self.reject_order(message, "6", "duplicate ClOrdID: an open order has it", outbox);
+        }
+        let open = self.book.orders.values().filter(|o| o.account == self.account).count()
+            + self.book.pending.keys().filter(|(account, _)| *account == self.account).count();
+        if open >= self.max_open_orders {
+            return self.reject_order(message, "99", "open order limit reached", outbox);
+        }
+        let Some(instrument) = self.instrument(message).cloned() else {
+            return self.reject_order(message, "1", "unknown symbol", outbox);
+        };
+        let side = match message.get(tag::SIDE) {
+            Some(b"1") => Side::Buy,
+            Some(b"2") => Side::Sell,
+            _ => return self.reject_order(message, "99", "only Side 1 (buy) and 2 (sell) are supported", outbox),
+        };
+        let order_type = match message.get(tag::ORD_TYPE) {
+            Some(b"1") => OrderType::Market,
+            Some(b"2") => OrderType::Limit,
+            _ => return self.reject_order(message, "99", "only OrdType 1 (market) and 2 (limit) are supported", outbox),
+        };
+        let tif = match message.get(tag::TIME_IN_FORCE) {
+            None | Some(b"0") | Some(b"1") => if order_type == OrderType::Market { TimeInForce::Ioc } else { TimeInForce::Gtc },
+            Some(b"3") => TimeInForce::Ioc,
+            Some(b"4") => TimeInForce::Fok,
+            _ => return self.reject_order(message, "99", "only TimeInForce 0, 1, 3 and 4 are supported", outbox),
+        };
+        let Some(qty) = message.get(tag::ORDER_QTY) else {
+            return self.reject_order(message, "13", "OrderQty missing", outbox);
+        };
+        let qty = match Self::units(qty, instrument.qty_unit, "OrderQty").and_then(|q| u64::try_from(q).map_err(|_| "OrderQty out of range".to_string())) {
+            Ok(qty) => qty,
+            Err(why) => return self.reject_order(message, "13", &why, outbox),
+        };
+        let price = match (order_type, message.get(tag::PRICE)) {
+            (OrderType::Limit, None) => return self.reject_order(message, "99", "a limit order needs a Price", outbox),
+            (OrderType::Limit, Some(price)) => match Self::units(price, instrument.price_unit, "Price").and_then(|p| i64::try_from(p).map_err(|_| "Price out of range".to_string())) {
+                Ok(price) => price,
+                Err(why) => return self.reject_order(message, "99", &why, outbox),
+            },
+            (OrderType::Market, _) => 0,
+        };
+        let post_only = message.text(tag::EXEC_INST).is_some_and(|v| v.split(' ').any(|i| i == "6"));
+        let stp = match message.get(tag::SELF_TRADE_PREVENTION) {
+            None => SelfTradePrevention::None,
+            Some(b"N") => SelfTradePrevention::CancelNewest,
+            Some(b"O") => SelfTradePrevention::CancelOldest,
+            Some(b"B") => SelfTradePrevention::CancelBoth,
+            Some(_) => return self.reject_order(message, "99", "SelfTradePrevention (7928) must be N, O or B", outbox),
+        };
+        let budget = match message.number(tag::CASH_ORDER_QTY) {
+            Some(budget) if order_type == OrderType::Market && side == Side::Buy => Some(budget),
+            Some(_) => return self.reject_order(message, "99", "CashOrderQty is for market buys (in the quote asset's units)", outbox),
+            None if message.get(tag::CASH_ORDER_QTY).is_some() => return self.reject_order(message, "99", "CashOrderQty must be a whole number of quote units", outbox),
+            None => None,
+        };
+        let cid = self.book.next_cid;
+        self.book.next_cid += 1;
+        self.book.pending.insert(key, cid);
+        let command = Command::Place(PlaceOrder { account: self.account, instrument: instrument.id, cid, side, order_type, tif, price, qty, post_only, stp, budget });
+        self.requests.push(Request { command, annex: Annex { kind: b'D', cl_ord_id, orig_cl_ord_id: String::new() } });
+    }
+
+    /// The engine id of the order a cancel or replace names (OrigClOrdID,
+    /// or OrderID).
+    fn target(&self, message: &Message) -> Option<OrderId> {
+        if let Some(orig) = message.text(tag::ORIG_CL_ORD_ID)
+            && let Some(order) = self.book.order_by_cl_ord_id(self.account, orig)
+        {
+            return Some(order);
+        }
+        message.number(tag::ORDER_ID)
+    }
+
+    fn cancel_or_replace(&mut self, message: &Message, outbox: &mut Outbox<'_>) {
+        let Some(cl_ord_id) = text(message, tag::CL_ORD_ID).filter(|c| c.len() <= MAX_CL_ORD_ID) else {
+            return self.cancel_reject(message, "ClOrdID missing or longer than 60 characters", false, outbox);
+        };
+        let orig = text(message, tag::ORIG_CL_ORD_ID).unwrap_or_default();
+        if orig.len() > MAX_CL_ORD_ID {
+            return self.cancel_reject(message, "OrigClOrdID longer than 60 characters", false, outbox);
+        }
+        let Some(order) = self.target(message) else {
+            return self.cancel_reject(message, "unknown order", true, outbox);
+        };
+        let kind = message.msg_type()[0];
+        let command = if kind == b'F' {
+            Command::Cancel { account: self.account, order }
+        } else {
+            let known = self.book.orders.get(&order).cloned();
+            let Some(instrument) = known.as_ref().and_then(|o| self.instruments.iter().find(|i| i.id == o.instrument)).or_else(|| self.instrument(message)).cloned() else {
+                return self.cancel_reject(message, "unknown symbol", false, outbox);
+            };
+            let Some(qty) = message.get(tag::ORDER_QTY) else {
+                return self.cancel_reject(message, "OrderQty missing", false, outbox);
+            };
+            let qty = match Self::units(qty, instrument.qty_unit, "OrderQty").and_then(|q| u64::try_from(q).map_err(|_| "OrderQty out of range".to_string())) {
+                Ok(qty) => qty,
+                Err(why) => return self.cancel_reject(message, &why, false, outbox),
+            };
+            let price = match message.get(tag::PRICE) {
+                Some(price) => match Self::units(price, instrument.price_unit, "Price").and_then(|p| i64::try_from(p).map_err(|_| "Price out of range".to_string())) {
+                    Ok(price) => price,
+                    Err(why) => return self.cancel_reject(message, &why, false, outbox),
+                },
+                None => match known {
+                    Some(order) => order.price,
+                    None => return self.cancel_reject(message, "Price missing", false, outbox),
+                },
+            };
+            Command::Replace { account: self.account, order, price, qty }
+        };
+        self.requests.push(Request { command, annex: Annex { kind, cl_ord_id, orig_cl_ord_id: orig } });
+    }
+
+    fn mass_cancel(&mut self, message: &Message, outbox: &mut Outbox<'_>) {
+        let cl_ord_id = text(message, tag::CL_ORD_ID).unwrap_or_default();
+        let refuse = |why: &str, outbox: &mut Outbox<'_>| {
+            let body = vec![
+                field(tag::CL_ORD_ID, &cl_ord_id),
+                field(tag::ORDER_ID, "NONE"),
+                field(tag::TEXT, why),
+                field(tag::MASS_CANCEL_REQUEST_TYPE, message.text(tag::MASS_CANCEL_REQUEST_TYPE).unwrap_or("")),
+                field(tag::MASS_CANCEL_RESPONSE, "0"),
+                field(tag::MASS_CANCEL_REJECT_REASON, "99"),
+            ];
+            outbox.send("r", Vec::new(), body);
+        };
+        if cl_ord_id.len() > MAX_CL_ORD_ID {
+            return refuse("ClOrdID longer than 60 characters", outbox);
+        }
+        let instrument = match message.get(tag::MASS_CANCEL_REQUEST_TYPE) {
+            Some(b"7") => None,
+            Some(b"1") => match self.instrument(message) {
+                Some(instrument) => Some(instrument.id),
+                None => return refuse("unknown symbol", outbox),
+            },
+            _ => return refuse("only MassCancelRequestType 1 (by symbol) and 7 (all) are supported", outbox),
+        };
+        let command = Command::CancelAll { account: self.account, instrument };
+        self.requests.push(Request { command, annex: Annex { kind: b'q', cl_ord_id, orig_cl_ord_id: String::new() } });
+    }
+}
+
+impl Application for VenueApp<'_> {
+    fn on_logon(&mut self, logon: &Message) -> Result<(), String> {
+        match (&self.credentials, logon.text(553), logon.text(554)) {
+            // Bound by CompID in the configuration; credentials optional.
+            (None, _, _) => Ok(()),
+            (Some((user, password)), Some(u), Some(p)) if u == user && crate::config::keys_match(&pad(password), &pad(p)) => Ok(()),
+            _ => Err("Logon refused: bad Username (553) or Password (554)".into()),
+        }
+    }
+
+    fn on_message(&mut self, message: &Message, _shape: &Shape, outbox: &mut Outbox<'_>) {
+        match message.msg_type() {
+            b"D" => self.new_order(message, outbox),
+            b"F" | b"G" => self.cancel_or_replace(message, outbox),
+            b"q" => self.mass_cancel(message, outbox),
+            _ => outbox.business_reject(message, 3, "Unsupported Message Type"),
+        }
+    }
+}
+
+fn pad(text: &str) -> [u8; 32] {
+    let mut key = [0u8; 32];
+    let bytes = text.as_bytes();
+    let n = bytes.len().min(32);
+    key[..n].copy_from_slice(&bytes[..n]);
+    if bytes.len() > 32 {
+        // Longer than any key: never equal to a configured one.
+        key[0] ^= 0xff;
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn annexes_round_trip_and_refuse_junk() {
+        let annex = Annex { kind: b'G', cl_ord_id: "new-7".into(), orig_cl_ord_id: "old-6".into() };
+        assert_eq!(Annex::decode(&annex.encode()), Some(annex));
+        assert_eq!(Annex::decode(b"X\x00\x00"), None);
+        assert_eq!(Annex::decode(b"D\x05ab"), None);
+    }
+}
