@@ -6,6 +6,7 @@ mod compat;
 mod determinism;
 mod differential;
 mod examples;
+mod fix;
 mod invariants;
 mod journal;
 mod rules;

@@ -54,22 +54,22 @@ api_key = "mallory"
 deposits = [[2, 1000]]
 "#;
 
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    address: String,
+    pub(crate) address: String,
     /// The FIX acceptor's address.
-    fix_address: String,
+    pub(crate) fix_address: String,
     log: Receiver<String>,
 }
 
-fn start(dir: &Path) -> Server {
+pub(crate) fn start(dir: &Path) -> Server {
     let config = dir.join("crossbook.toml");
     std::fs::write(&config, CONFIG).unwrap();
     spawn(&["--config", config.to_str().unwrap(), "--data", dir.join("data").to_str().unwrap()])
 }
 
 /// The built-in default configuration (16 demo accounts), on any free port.
-fn start_default(dir: &Path) -> Server {
+pub(crate) fn start_default(dir: &Path) -> Server {
     spawn(&["--listen", "127.0.0.1:0", "--data", dir.join("data").to_str().unwrap()])
 }
 
@@ -106,7 +106,7 @@ fn spawn(args: &[&str]) -> Server {
 
 impl Server {
     /// Waits for a log line containing `needle`.
-    fn expect_log(&self, needle: &str) -> String {
+    pub(crate) fn expect_log(&self, needle: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match self.log.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
@@ -117,7 +117,7 @@ impl Server {
         }
     }
 
-    fn terminate(mut self) -> std::process::ExitStatus {
+    pub(crate) fn terminate(mut self) -> std::process::ExitStatus {
         let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
         assert!(status.success());
         let deadline = Instant::now() + Duration::from_secs(20);

@@ -1,0 +1,283 @@
+//! The FIX gateway of `crossbook serve` end to end, over TCP: two accounts
+//! log on with their credentials, trade, replace, cancel and mass-cancel,
+//! and every ExecutionReport field is checked; malformed input (a bad
+//! checksum, a bad body length, garbage between messages, a 10 MB message)
+//! gets what FIX asks for and costs only its own session; sequence numbers
+//! and missed reports survive a restart.
+//!
+//! The client here is a few lines over `crossbook_fix`'s codec; the
+//! QuickFIX/J interop run (`scripts/fix-interop`) is the third-party check.
+
+use crate::serve::start_default;
+use crossbook_fix::time::format_timestamp;
+use crossbook_fix::wire::{Builder, Frame, Message, frame, printable};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+struct FixClient {
+    stream: TcpStream,
+    buffer: Vec<u8>,
+    comp_id: String,
+    next_out: u64,
+}
+
+impl FixClient {
+    fn connect(address: &str, comp_id: &str) -> FixClient {
+        let stream = TcpStream::connect(address).unwrap();
+        stream.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        FixClient { stream, buffer: Vec::new(), comp_id: comp_id.into(), next_out: 1 }
+    }
+
+    fn message(&mut self, msg_type: &str, body: &[(u32, &str)]) -> Vec<u8> {
+        let mut b = Builder::new();
+        b.str(35, msg_type).num(34, self.next_out).str(49, &self.comp_id).str(52, &format_timestamp(now_ms())).str(56, "CROSSBOOK");
+        for (tag, value) in body {
+            b.str(*tag, value);
+        }
+        self.next_out += 1;
+        b.finish("FIX.4.4")
+    }
+
+    fn send(&mut self, msg_type: &str, body: &[(u32, &str)]) {
+        let raw = self.message(msg_type, body);
+        self.stream.write_all(&raw).unwrap();
+    }
+
+    fn logon(&mut self, account: u64, key: &str) -> Message {
+        let account = account.to_string();
+        self.send("A", &[(98, "0"), (108, "30"), (553, &account), (554, key)]);
+        let reply = self.recv().expect("a Logon reply");
+        assert_eq!(reply.msg_type(), b"A", "{}", printable(reply.raw()));
+        reply
+    }
+
+    /// The next message, or `None` after 10 s (or on close).
+    fn recv(&mut self) -> Option<Message> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match frame(&self.buffer, 1 << 20) {
+                Frame::Message(n) => {
+                    let raw: Vec<u8> = self.buffer.drain(..n).collect();
+                    return Some(Message::parse(&raw).unwrap_or_else(|e| panic!("garbled from the server ({e}): {}", printable(&raw))));
+                }
+                Frame::NeedMore => {}
+                other => panic!("server sent something unframeable: {other:?}"),
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            let mut chunk = [0u8; 4096];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return None,
+                Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// The next message that is not a Heartbeat.
+    fn next(&mut self) -> Message {
+        loop {
+            let message = self.recv().expect("a message from the server");
+            if message.msg_type() != b"0" {
+                return message;
+            }
+        }
+    }
+
+    fn closed(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            let mut chunk = [0u8; 4096];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return true,
+                Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(_) => return true,
+            }
+        }
+        false
+    }
+}
+
+/// Asserts `message` has every `(tag, value)`.
+fn expect(message: &Message, fields: &[(u32, &str)]) {
+    for (tag, value) in fields {
+        assert_eq!(message.text(*tag), Some(*value), "tag {tag} in {}", printable(message.raw()));
+    }
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("crossbook-fix-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn order(cl_ord_id: &str, side: &str, price: &str, qty: &str) -> Vec<(u32, String)> {
+    vec![
+        (11, cl_ord_id.into()),
+        (21, "1".into()),
+        (38, qty.into()),
+        (40, "2".into()),
+        (44, price.into()),
+        (54, side.into()),
+        (55, "BTC-USD".into()),
+        (59, "1".into()),
+        (60, format_timestamp(now_ms())),
+    ]
+}
+
+fn send_owned(client: &mut FixClient, msg_type: &str, body: &[(u32, String)]) {
+    let borrowed: Vec<(u32, &str)> = body.iter().map(|(t, v)| (*t, v.as_str())).collect();
+    client.send(msg_type, &borrowed);
+}
+
+#[test]
+fn two_accounts_trade_replace_cancel_and_mass_cancel_over_fix() {
+    let dir = temp_dir("trade");
+    let server = start_default(&dir);
+    let mut alice = FixClient::connect(&server.fix_address, "ALICE");
+    let mut bob = FixClient::connect(&server.fix_address, "BOB");
+    expect(&alice.logon(1, "demo-key-1"), &[(34, "1"), (108, "30")]);
+    bob.logon(2, "demo-key-2");
+
+    send_owned(&mut alice, "D", &order("A1", "2", "100", "10"));
+    let new = alice.next();
+    expect(&new, &[(35, "8"), (150, "0"), (39, "0"), (11, "A1"), (14, "0"), (151, "10"), (38, "10"), (44, "100"), (54, "2"), (55, "BTC-USD"), (1, "1")]);
+    let alice_order = new.text(37).unwrap().to_owned();
+
+    send_owned(&mut bob, "D", &order("B1", "1", "101", "4"));
+    expect(&bob.next(), &[(150, "0"), (39, "0"), (11, "B1")]);
+    // Bob takes 4 at Alice's price; taker fee 5 bps of 400 = 0.2, rounded up.
+    expect(&bob.next(), &[(150, "F"), (39, "2"), (31, "100"), (32, "4"), (14, "4"), (151, "0"), (6, "100"), (12, "1"), (13, "3")]);
+    expect(&alice.next(), &[(150, "F"), (39, "1"), (11, "A1"), (31, "100"), (32, "4"), (14, "4"), (151, "6"), (6, "100"), (37, &alice_order)]);
+
+    let mut replace = order("A2", "2", "102", "8");
+    replace.push((41, "A1".into()));
+    send_owned(&mut alice, "G", &replace);
+    expect(&alice.next(), &[(150, "5"), (39, "1"), (11, "A2"), (41, "A1"), (38, "8"), (44, "102"), (14, "4"), (151, "4"), (37, &alice_order)]);
+
+    send_owned(&mut alice, "F", &[(11, "A3".into()), (41, "A2".into()), (38, "8".into()), (54, "2".into()), (55, "BTC-USD".into()), (60, format_timestamp(now_ms()))]);
+    expect(&alice.next(), &[(150, "4"), (39, "4"), (11, "A3"), (41, "A2"), (14, "4"), (151, "0")]);
+
+    // Bob cannot cancel what is not his: Alice's order id is unknown to him.
+    send_owned(&mut bob, "F", &[(11, "B9".into()), (41, "A2".into()), (37, alice_order.clone()), (54, "2".into()), (55, "BTC-USD".into()), (60, format_timestamp(now_ms()))]);
+    expect(&bob.next(), &[(35, "9"), (11, "B9"), (434, "1"), (102, "1")]);
+
+    send_owned(&mut bob, "D", &order("B2", "1", "90", "1"));
+    send_owned(&mut bob, "D", &order("B3", "1", "91", "1"));
+    expect(&bob.next(), &[(150, "0"), (11, "B2")]);
+    expect(&bob.next(), &[(150, "0"), (11, "B3")]);
+    bob.send("q", &[(11, "B4"), (530, "7"), (60, &format_timestamp(now_ms()))]);
+    expect(&bob.next(), &[(150, "4"), (11, "B2")]);
+    expect(&bob.next(), &[(150, "4"), (11, "B3")]);
+    expect(&bob.next(), &[(35, "r"), (11, "B4"), (530, "7"), (531, "7"), (533, "2")]);
+
+    // Prices and quantities are converted exactly or refused with a reason.
+    send_owned(&mut alice, "D", &order("A4", "2", "100.5", "1"));
+    let refused = alice.next();
+    expect(&refused, &[(150, "8"), (39, "8"), (11, "A4")]);
+    assert!(refused.text(58).is_some_and(|t| t.contains("not a multiple")), "{}", printable(refused.raw()));
+    // An unsupported message type is a BusinessMessageReject.
+    alice.send("R", &[(131, "Q1"), (146, "0")]);
+    expect(&alice.next(), &[(35, "j"), (372, "R"), (380, "3")]);
+
+    alice.send("5", &[]);
+    expect(&alice.next(), &[(35, "5")]);
+    assert!(alice.closed());
+    server.expect_log("FIX login");
+}
+
+#[test]
+fn malformed_input_costs_only_its_own_session() {
+    let dir = temp_dir("garbage");
+    let server = start_default(&dir);
+    let mut alice = FixClient::connect(&server.fix_address, "ALICE");
+    let mut bob = FixClient::connect(&server.fix_address, "BOB");
+    alice.logon(1, "demo-key-1");
+    bob.logon(2, "demo-key-2");
+
+    // A bad checksum and a bad body length are garbled: ignored, no Reject,
+    // and the sequence number they carried is still expected.
+    let mut bad_sum = alice.message("1", &[(112, "X")]);
+    let at = bad_sum.len() - 4;
+    bad_sum[at] = if bad_sum[at] == b'9' { b'0' } else { bad_sum[at] + 1 };
+    alice.stream.write_all(&bad_sum).unwrap();
+    alice.next_out -= 1;
+    let good = Message::parse(&alice.message("1", &[(112, "Y")])).unwrap();
+    let length: usize = good.text(9).unwrap().parse().unwrap();
+    let short = String::from_utf8(good.raw().to_vec()).unwrap().replacen(&format!("9={length}"), &format!("9={}", length - 5), 1);
+    alice.stream.write_all(short.as_bytes()).unwrap();
+    alice.next_out -= 1;
+    // Garbage between messages is skipped.
+    alice.stream.write_all(b"this is not FIX\x01\x01").unwrap();
+    alice.send("1", &[(112, "after-garbage")]);
+    expect(&alice.recv().expect("a Heartbeat"), &[(35, "0"), (112, "after-garbage")]);
+
+    // A 10 MB message: refused as soon as its length is read, with a
+    // Logout naming why; the connection closes.
+    let huge = format!("8=FIX.4.4\x019=10000000\x0135=D\x0134={}\x01", alice.next_out);
+    alice.stream.write_all(huge.as_bytes()).unwrap();
+    let _ = alice.stream.write_all(&vec![b'x'; 1 << 20]);
+    let logout = alice.next();
+    expect(&logout, &[(35, "5")]);
+    assert!(logout.text(58).is_some_and(|t| t.contains("longer than")), "{}", printable(logout.raw()));
+    assert!(alice.closed());
+    server.expect_log("message longer than");
+
+    // Bob never noticed.
+    bob.send("1", &[(112, "still-here")]);
+    expect(&bob.recv().expect("a Heartbeat"), &[(35, "0"), (112, "still-here")]);
+    send_owned(&mut bob, "D", &order("B1", "1", "50", "1"));
+    expect(&bob.next(), &[(150, "0"), (11, "B1")]);
+
+    // A wrong password gets a Logout, then the close.
+    let mut mallory = FixClient::connect(&server.fix_address, "MALLORY");
+    mallory.send("A", &[(98, "0"), (108, "30"), (553, "3"), (554, "wrong")]);
+    let refused = mallory.next();
+    expect(&refused, &[(35, "5")]);
+    assert!(mallory.closed());
+}
+
+#[test]
+fn sequence_numbers_and_missed_reports_survive_a_restart() {
+    let dir = temp_dir("restart");
+    let server = start_default(&dir);
+    let mut alice = FixClient::connect(&server.fix_address, "ALICE");
+    alice.logon(1, "demo-key-1");
+    send_owned(&mut alice, "D", &order("A1", "2", "100", "5"));
+    expect(&alice.next(), &[(150, "0"), (11, "A1")]);
+    alice.send("5", &[]);
+    expect(&alice.next(), &[(35, "5")]);
+    assert!(alice.closed());
+    let alice_next_out = alice.next_out;
+
+    // While Alice is away, Bob fills her order.
+    let mut bob = FixClient::connect(&server.fix_address, "BOB");
+    bob.logon(2, "demo-key-2");
+    send_owned(&mut bob, "D", &order("B1", "1", "100", "5"));
+    expect(&bob.next(), &[(150, "0")]);
+    expect(&bob.next(), &[(150, "F"), (39, "2")]);
+    bob.send("5", &[]);
+    expect(&bob.next(), &[(35, "5")]);
+    assert!(server.terminate().success());
+
+    let server = start_default(&dir);
+    let mut alice = FixClient::connect(&server.fix_address, "ALICE");
+    alice.next_out = alice_next_out;
+    // Alice saw messages 1..=3 (Logon, New, Logout); the server numbered
+    // her fill 4 while she was away, so its Logon is 5 and she asks for 4.
+    let logon = alice.logon(1, "demo-key-1");
+    expect(&logon, &[(34, "5")]);
+    alice.send("2", &[(7, "4"), (16, "0")]);
+    let resent = alice.next();
+    expect(&resent, &[(35, "8"), (34, "4"), (43, "Y"), (150, "F"), (39, "2"), (11, "A1"), (14, "5"), (151, "0")]);
+}
