@@ -3,7 +3,8 @@
 //! N sessions (demo accounts 1..=N, the server's default credentials) send
 //! limit orders around a fixed mid: half GTC at passive prices that rest,
 //! half IOC at prices that cross, so orders trade with other sessions. Each
-//! session has a sender and a receiver thread.
+//! session runs on one thread: it writes everything that is due in one
+//! write, then reads whatever came back (no locks, no hand-offs).
 //!
 //! - Closed loop (no `--rate`): each session keeps `--window` orders
 //!   outstanding (sent, not yet acknowledged).
@@ -20,11 +21,10 @@ use anyhow::{Context, Result, bail};
 use crossbook_engine::{OrderType, SelfTradePrevention, Side, TimeInForce};
 use crossbook_protocol::*;
 use hdrhistogram::Histogram;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub struct Options {
@@ -38,23 +38,19 @@ pub struct Options {
     pub acked_out: Option<std::path::PathBuf>,
 }
 
-/// Per-session state shared by its sender and receiver.
-struct Session {
-    /// cid -> planned (or actual) send time, until acknowledged.
-    pending: Mutex<HashMap<u64, Instant>>,
-    /// cid -> send time, until the first fill.
-    unfilled: Mutex<HashMap<u64, Instant>>,
-    outstanding: Mutex<u64>,
-    room: Condvar,
-    ack: Mutex<Histogram<u64>>,
-    fill: Mutex<Histogram<u64>>,
-    sent: AtomicU64,
-    acked: AtomicU64,
-    rejected: AtomicU64,
-    fills: AtomicU64,
-    errors: AtomicU64,
+/// What one session counted.
+struct Tally {
+    ack: Histogram<u64>,
+    fill: Histogram<u64>,
+    sent: u64,
+    acked: u64,
+    rejected: u64,
+    fills: u64,
+    cancels: u64,
+    errors: u64,
+    unanswered: u64,
     /// (order, cid) of acknowledged orders, when asked for.
-    accepted: Option<Mutex<Vec<(u64, u64)>>>,
+    accepted: Vec<(u64, u64)>,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -88,7 +84,7 @@ fn connect(address: &str, account: u64) -> Result<TcpStream> {
     }
 }
 
-fn order(cid: u64, rng: &mut crossbook_workload::Rng) -> ClientMessage {
+fn order(cid: u64, rng: &mut crossbook_workload::Rng) -> NewOrder {
     let side = if rng.below(2) == 0 { Side::Buy } else { Side::Sell };
     let crossing = rng.below(2) == 0;
     let offset = 1 + rng.below(5) as i64;
@@ -96,7 +92,7 @@ fn order(cid: u64, rng: &mut crossbook_workload::Rng) -> ClientMessage {
         (Side::Buy, true) | (Side::Sell, false) => 10_000 + offset,
         (Side::Buy, false) | (Side::Sell, true) => 10_000 - offset,
     };
-    ClientMessage::NewOrder(NewOrder {
+    NewOrder {
         cid,
         instrument: 1,
         side,
@@ -107,72 +103,100 @@ fn order(cid: u64, rng: &mut crossbook_workload::Rng) -> ClientMessage {
         price,
         qty: 1 + rng.below(3),
         budget: None,
-    })
+    }
 }
 
-fn send_loop(mut stream: TcpStream, session: Arc<Session>, index: u64, options: &Options, stop: Arc<AtomicBool>, start: Instant) {
+/// Bytes asked of the socket per read.
+const READ_BYTES: usize = 1 << 16;
+/// Resting orders a session keeps before it cancels the oldest.
+const MAX_RESTING: usize = 1_000;
+/// How long the last acknowledgements may take after sending stops.
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// One session, on one thread: sends (a window's worth, or what the
+/// schedule says is due, in one write), then reads what came back.
+fn session_loop(mut stream: TcpStream, index: u64, options: &Options, start: Instant) -> Tally {
+    let mut tally = Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, fills: 0, cancels: 0, errors: 0, unanswered: 0, accepted: Vec::new() };
     let mut rng = crossbook_workload::Rng::new(0xC0FFEE + index);
     // Client order ids: session (4 bits) | run (20 bits, from the clock, so
     // that a second run does not collide with the first run's resting
     // orders) | counter (40 bits).
     let run = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64) & 0xF_FFFF;
     let interval = options.rate.map(|rate| Duration::from_secs_f64(options.connections as f64 / rate));
-    let mut frame = Vec::with_capacity(64);
+    let end = start + options.duration;
+    // cid -> planned send time, until acknowledged; and, for orders that
+    // cross (IOC), until the first fill: a resting order's wait for a
+    // counterparty is not the server's latency.
+    let mut pending: HashMap<u64, (Instant, bool)> = HashMap::new();
+    let mut unfilled: HashMap<u64, Instant> = HashMap::new();
+    // Resting orders, oldest first, and those of them already gone (filled
+    // or cancelled): past `MAX_RESTING` the oldest is cancelled, so the
+    // book stays a fixed depth, as on a real venue.
+    let mut resting: VecDeque<u64> = VecDeque::new();
+    let mut gone: HashSet<u64> = HashSet::new();
+    let mut out: Vec<u8> = Vec::with_capacity(READ_BYTES);
+    let mut buffer: Vec<u8> = Vec::with_capacity(2 * READ_BYTES);
+    let mut chunk = vec![0u8; READ_BYTES];
     let mut next = 0u64;
-    while !stop.load(Ordering::Acquire) && start.elapsed() < options.duration {
-        let planned = match interval {
-            Some(interval) => {
-                let due = start + interval.mul_f64(next as f64);
-                let now = Instant::now();
-                if due > now {
-                    std::thread::sleep(due - now);
-                }
-                due
-            }
-            None => {
-                let mut outstanding = session.outstanding.lock().unwrap_or_else(|e| e.into_inner());
-                while *outstanding >= options.window && !stop.load(Ordering::Acquire) {
-                    outstanding = session.room.wait_timeout(outstanding, Duration::from_millis(50)).unwrap_or_else(|e| e.into_inner()).0;
-                }
-                *outstanding += 1;
-                Instant::now()
-            }
-        };
-        next += 1;
-        let cid = (index << 60) | (run << 40) | next;
-        let message = order(cid, &mut rng);
-        session.pending.lock().unwrap_or_else(|e| e.into_inner()).insert(cid, planned);
-        if matches!(message, ClientMessage::NewOrder(NewOrder { tif: TimeInForce::Ioc, .. })) {
-            // Fill latency is measured on the orders that cross: a resting
-            // order's wait for a counterparty is not the server's latency.
-            session.unfilled.lock().unwrap_or_else(|e| e.into_inner()).insert(cid, planned);
-        }
-        frame.clear();
-        encode_client(&message, &mut frame);
-        if stream.write_all(&frame).is_err() {
-            session.errors.fetch_add(1, Ordering::Relaxed);
+    loop {
+        let now = Instant::now();
+        if now >= end && (pending.is_empty() || now >= end + DRAIN) {
             break;
         }
-        session.sent.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-fn receive_loop(mut stream: TcpStream, session: Arc<Session>, stop: Arc<AtomicBool>) {
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
-    let mut buffer: Vec<u8> = Vec::with_capacity(1 << 16);
-    let mut chunk = vec![0u8; 1 << 16];
-    loop {
-        match stream.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                if stop.load(Ordering::Acquire) {
-                    break;
+        out.clear();
+        if now < end {
+            loop {
+                let planned = match interval {
+                    Some(interval) => {
+                        let due = start + interval.mul_f64(next as f64);
+                        if due > now {
+                            break;
+                        }
+                        due
+                    }
+                    None if (pending.len() as u64) < options.window => now,
+                    None => break,
+                };
+                next += 1;
+                let cid = (index << 60) | (run << 40) | next;
+                let new_order = order(cid, &mut rng);
+                pending.insert(cid, (planned, new_order.tif == TimeInForce::Gtc));
+                if new_order.tif == TimeInForce::Ioc {
+                    unfilled.insert(cid, planned);
                 }
-                continue;
+                encode_client(&ClientMessage::NewOrder(new_order), &mut out);
+                tally.sent += 1;
             }
+            while resting.len() > MAX_RESTING {
+                let Some(oldest) = resting.pop_front() else { break };
+                if !gone.remove(&oldest) {
+                    encode_client(&ClientMessage::Cancel { order: oldest }, &mut out);
+                    tally.cancels += 1;
+                }
+            }
+        }
+        if !out.is_empty() && stream.write_all(&out).is_err() {
+            tally.errors += 1;
+            break;
+        }
+        // Wait for reports, but in open loop no longer than the next due
+        // order.
+        let wait = match interval {
+            Some(interval) if now < end => (start + interval.mul_f64(next as f64)).saturating_duration_since(Instant::now()).max(Duration::from_micros(20)),
+            _ => Duration::from_millis(50),
+        };
+        if !readable(&stream, wait) {
+            continue;
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) => {
+                tally.errors += 1;
+                break;
+            }
+            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => continue,
             Err(_) => {
-                session.errors.fetch_add(1, Ordering::Relaxed);
+                tally.errors += 1;
                 break;
             }
         }
@@ -182,55 +206,82 @@ fn receive_loop(mut stream: TcpStream, session: Arc<Session>, stop: Arc<AtomicBo
             match decode_server(&buffer[used..], 1 << 16) {
                 Ok(Decoded::Message(message, size)) => {
                     used += size;
-                    record(&session, message, now);
+                    let mut books = Books { pending: &mut pending, unfilled: &mut unfilled, resting: &mut resting, gone: &mut gone };
+                    record(&mut tally, &mut books, options.acked_out.is_some(), message, now);
                 }
                 Ok(Decoded::NeedMore) => break,
                 Err(_) => {
-                    session.errors.fetch_add(1, Ordering::Relaxed);
-                    return;
+                    tally.errors += 1;
+                    tally.unanswered = pending.len() as u64;
+                    return tally;
                 }
             }
         }
         buffer.drain(..used);
     }
+    tally.unanswered = pending.len() as u64;
+    tally
 }
 
-fn record(session: &Session, message: ServerMessage, now: Instant) {
+/// A session's view of its orders.
+struct Books<'a> {
+    pending: &'a mut HashMap<u64, (Instant, bool)>,
+    unfilled: &'a mut HashMap<u64, Instant>,
+    resting: &'a mut VecDeque<u64>,
+    gone: &'a mut HashSet<u64>,
+}
+
+/// Waits until `stream` has something to read, at most `timeout`. A
+/// socket read timeout would do, but Linux rounds it up to the scheduler
+/// tick (4 ms here), which would swamp the latencies being measured;
+/// `ppoll` sleeps on a high-resolution timer.
+fn readable(stream: &TcpStream, timeout: Duration) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut pfd = libc::pollfd { fd: stream.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32) };
+    // SAFETY: one valid pollfd, a valid timespec, no signal mask.
+    let ready = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+    ready > 0
+}
+
+fn record(tally: &mut Tally, books: &mut Books<'_>, keep: bool, message: ServerMessage, now: Instant) {
     let ServerMessage::ExecutionReport(report) = message else {
         if matches!(message, ServerMessage::Error { .. } | ServerMessage::Logout { .. }) {
-            session.errors.fetch_add(1, Ordering::Relaxed);
+            tally.errors += 1;
         }
         return;
     };
     let nanos = |since: Instant| (now.saturating_duration_since(since).as_nanos() as u64).max(1);
     match report.kind {
         ReportKind::Accepted | ReportKind::Rejected => {
-            let sent = session.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&report.cid);
-            if let Some(sent) = sent {
-                session.ack.lock().unwrap_or_else(|e| e.into_inner()).saturating_record(nanos(sent));
+            if let Some((sent, gtc)) = books.pending.remove(&report.cid) {
+                tally.ack.saturating_record(nanos(sent));
                 if report.kind == ReportKind::Accepted {
-                    session.acked.fetch_add(1, Ordering::Relaxed);
-                    if let Some(accepted) = &session.accepted {
-                        accepted.lock().unwrap_or_else(|e| e.into_inner()).push((report.order, report.cid));
+                    tally.acked += 1;
+                    if gtc {
+                        books.resting.push_back(report.order);
+                    }
+                    if keep {
+                        tally.accepted.push((report.order, report.cid));
                     }
                 } else {
-                    session.rejected.fetch_add(1, Ordering::Relaxed);
-                    session.unfilled.lock().unwrap_or_else(|e| e.into_inner()).remove(&report.cid);
+                    tally.rejected += 1;
+                    books.unfilled.remove(&report.cid);
                 }
-                let mut outstanding = session.outstanding.lock().unwrap_or_else(|e| e.into_inner());
-                *outstanding = outstanding.saturating_sub(1);
-                session.room.notify_one();
             }
         }
         ReportKind::PartialFill | ReportKind::Fill => {
-            session.fills.fetch_add(1, Ordering::Relaxed);
-            let mut unfilled = session.unfilled.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(sent) = unfilled.remove(&report.cid) {
-                session.fill.lock().unwrap_or_else(|e| e.into_inner()).saturating_record(nanos(sent));
+            tally.fills += 1;
+            if report.kind == ReportKind::Fill {
+                books.gone.insert(report.order);
+            }
+            if let Some(sent) = books.unfilled.remove(&report.cid) {
+                tally.fill.saturating_record(nanos(sent));
             }
         }
         ReportKind::Cancelled => {
-            session.unfilled.lock().unwrap_or_else(|e| e.into_inner()).remove(&report.cid);
+            books.gone.insert(report.order);
+            books.unfilled.remove(&report.cid);
         }
         ReportKind::Replaced => {}
     }
@@ -248,69 +299,42 @@ pub fn run(options: Options) -> Result<()> {
     if options.connections == 0 || options.connections > crossbook_server::config::DEMO_ACCOUNTS {
         bail!("--connections must be 1 to {} (one demo account each)", crossbook_server::config::DEMO_ACCOUNTS);
     }
-    let stop = Arc::new(AtomicBool::new(false));
     let options = Arc::new(options);
-    let mut sessions = Vec::new();
-    let mut threads = Vec::new();
     let mut streams = Vec::new();
     for index in 0..options.connections {
         streams.push(connect(&options.address, index + 1)?);
     }
     let start = Instant::now();
-    for (index, stream) in streams.into_iter().enumerate() {
-        let session = Arc::new(Session {
-            pending: Mutex::new(HashMap::new()),
-            unfilled: Mutex::new(HashMap::new()),
-            outstanding: Mutex::new(0),
-            room: Condvar::new(),
-            ack: Mutex::new(histogram()),
-            fill: Mutex::new(histogram()),
-            sent: AtomicU64::new(0),
-            acked: AtomicU64::new(0),
-            rejected: AtomicU64::new(0),
-            fills: AtomicU64::new(0),
-            errors: AtomicU64::new(0),
-            accepted: options.acked_out.as_ref().map(|_| Mutex::new(Vec::new())),
-        });
-        let reader = stream.try_clone()?;
-        let (s, st) = (session.clone(), stop.clone());
-        threads.push(std::thread::spawn(move || receive_loop(reader, s, st)));
-        let (s, st, o) = (session.clone(), stop.clone(), options.clone());
-        threads.push(std::thread::spawn(move || send_loop(stream, s, index as u64, &o, st, start)));
-        sessions.push(session);
-    }
-    std::thread::sleep(options.duration);
-    let sending = start.elapsed();
-    // Give the last acknowledgements a moment, bounded, then stop.
-    let drain_until = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < drain_until && sessions.iter().any(|s| !s.pending.lock().unwrap_or_else(|e| e.into_inner()).is_empty()) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    stop.store(true, Ordering::Release);
-    for thread in threads {
-        let _ = thread.join();
-    }
+    let threads: Vec<_> = streams
+        .into_iter()
+        .enumerate()
+        .map(|(index, stream)| {
+            let options = options.clone();
+            std::thread::spawn(move || session_loop(stream, index as u64, &options, start))
+        })
+        .collect();
     let mut ack = histogram();
     let mut fill = histogram();
-    let (mut sent, mut acked, mut rejected, mut fills, mut errors, mut unanswered) = (0, 0, 0, 0, 0, 0);
-    for s in &sessions {
-        ack.add(&*s.ack.lock().unwrap_or_else(|e| e.into_inner()))?;
-        fill.add(&*s.fill.lock().unwrap_or_else(|e| e.into_inner()))?;
-        sent += s.sent.load(Ordering::Relaxed);
-        acked += s.acked.load(Ordering::Relaxed);
-        rejected += s.rejected.load(Ordering::Relaxed);
-        fills += s.fills.load(Ordering::Relaxed);
-        errors += s.errors.load(Ordering::Relaxed);
-        unanswered += s.pending.lock().unwrap_or_else(|e| e.into_inner()).len() as u64;
+    let (mut sent, mut acked, mut rejected, mut fills, mut cancels, mut errors, mut unanswered) = (0, 0, 0, 0, 0, 0, 0);
+    let mut accepted = Vec::new();
+    for thread in threads {
+        let Ok(tally) = thread.join() else { bail!("a session thread panicked") };
+        ack.add(&tally.ack)?;
+        fill.add(&tally.fill)?;
+        sent += tally.sent;
+        acked += tally.acked;
+        rejected += tally.rejected;
+        fills += tally.fills;
+        cancels += tally.cancels;
+        errors += tally.errors;
+        unanswered += tally.unanswered;
+        accepted.extend(tally.accepted);
     }
+    let sending = options.duration;
     if let Some(path) = &options.acked_out {
         let mut lines = String::new();
-        for s in &sessions {
-            if let Some(accepted) = &s.accepted {
-                for (order, cid) in accepted.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-                    lines.push_str(&format!("{order} {cid}\n"));
-                }
-            }
+        for (order, cid) in &accepted {
+            lines.push_str(&format!("{order} {cid}\n"));
         }
         std::fs::write(path, lines).with_context(|| format!("writing {}", path.display()))?;
     }
@@ -325,6 +349,7 @@ pub fn run(options: Options) -> Result<()> {
         "acknowledged": acked,
         "rejected": rejected,
         "fill_reports": fills,
+        "cancels_sent": cancels,
         "unanswered": unanswered,
         "errors": errors,
         "orders_per_s": (acked + rejected) as f64 / seconds,
@@ -335,7 +360,7 @@ pub fn run(options: Options) -> Result<()> {
         println!("{report}");
     } else {
         println!(
-            "connections {} mode {} sent {sent} acknowledged {acked} rejected {rejected} fills {fills} unanswered {unanswered} errors {errors}",
+            "connections {} mode {} sent {sent} acknowledged {acked} rejected {rejected} fills {fills} cancels {cancels} unanswered {unanswered} errors {errors}",
             options.connections, report["mode"].as_str().unwrap_or("")
         );
         println!("orders_per_s {:.0}", (acked + rejected) as f64 / seconds);

@@ -40,6 +40,8 @@ use std::time::{Duration, Instant};
 const OUTBOUND_FRAMES: usize = 4_096;
 /// Commands the sequencer takes into one batch (one group commit).
 const MAX_BATCH: usize = 4_096;
+/// Bytes asked of the socket per read.
+const READ_BYTES: usize = 64 * 1024;
 /// How often blocked loops look at the shutdown flag.
 const POLL: Duration = Duration::from_millis(50);
 
@@ -62,9 +64,45 @@ pub(crate) struct Inbound {
     pub(crate) command: Command,
     /// What a gateway journals with the command (the FIX ClOrdID).
     pub(crate) annex: Option<Vec<u8>>,
-    /// The sending connection's count of commands in flight: the
-    /// sequencer lowers it once the command's reports are out.
-    pub(crate) in_flight: Arc<AtomicU32>,
+    /// The sending connection's commands in flight: the sequencer lowers
+    /// the count once the command's reports are out.
+    pub(crate) in_flight: Arc<InFlight>,
+}
+
+/// A connection's count of commands handed to the sequencer and not yet
+/// answered, and the reader thread to wake when it drops (the reader does
+/// not read its socket while the count is at the limit).
+pub(crate) struct InFlight {
+    count: AtomicU32,
+    reader: thread::Thread,
+}
+
+impl InFlight {
+    /// A count owned by the calling (reader) thread.
+    pub(crate) fn new() -> Arc<InFlight> {
+        Arc::new(InFlight { count: AtomicU32::new(0), reader: thread::current() })
+    }
+
+    /// Waits while `limit` or more are in flight; `false` if `stopping`
+    /// said to give up.
+    pub(crate) fn wait_below(&self, limit: u32, stopping: impl Fn() -> bool) -> bool {
+        while self.count.load(Ordering::Acquire) >= limit {
+            if stopping() {
+                return false;
+            }
+            thread::park_timeout(Duration::from_millis(10));
+        }
+        true
+    }
+
+    pub(crate) fn add(&self, n: u32) {
+        self.count.fetch_add(n, Ordering::AcqRel);
+    }
+
+    fn done(&self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+        self.reader.unpark();
+    }
 }
 
 struct Session {
@@ -154,7 +192,8 @@ pub fn serve(config: Config, shutdown: Arc<AtomicBool>, listening: impl FnOnce(S
         log(&format!("rebuilt {replayable} execution reports of {} accounts from the journal", histories.len()));
     }
     *shared.seqs.lock().unwrap_or_else(|e| e.into_inner()) = histories;
-    let (queue, inbound) = sync_channel::<Inbound>(config.limits.queue.max(1));
+    // Readers hand over what one socket read held, as one batch.
+    let (queue, inbound) = sync_channel::<Vec<Inbound>>(config.limits.queue.max(1));
     let sequencer = {
         let shared = shared.clone();
         let shutdown = shutdown.clone();
@@ -214,7 +253,7 @@ fn accept(
     id: u64,
     config: &Arc<Config>,
     shared: &Arc<Shared>,
-    queue: &SyncSender<Inbound>,
+    queue: &SyncSender<Vec<Inbound>>,
     shutdown: &Arc<AtomicBool>,
 ) {
     let _ = stream.set_nonblocking(false);
@@ -245,7 +284,7 @@ fn connection(
     id: u64,
     config: &Config,
     shared: &Shared,
-    queue: &SyncSender<Inbound>,
+    queue: &SyncSender<Vec<Inbound>>,
     shutdown: &AtomicBool,
 ) -> String {
     let Ok(write_half) = stream.try_clone() else {
@@ -294,21 +333,28 @@ fn read_loop(
     id: u64,
     config: &Config,
     shared: &Shared,
-    queue: &SyncSender<Inbound>,
+    queue: &SyncSender<Vec<Inbound>>,
     shutdown: &AtomicBool,
     outbound: &SyncSender<Vec<u8>>,
 ) -> String {
     let _ = stream.set_read_timeout(Some(POLL));
     let max_frame = config.limits.max_frame;
     // Never more than one frame plus one read in memory.
-    let mut buffer: Vec<u8> = Vec::with_capacity(max_frame + 4 + 4096);
-    let mut chunk = [0u8; 4096];
+    let mut buffer: Vec<u8> = Vec::with_capacity(max_frame + 4 + READ_BYTES);
+    let mut chunk = vec![0u8; READ_BYTES];
     let mut account: Option<AccountId> = None;
-    let in_flight = Arc::new(AtomicU32::new(0));
+    let in_flight = InFlight::new();
+    let limit = config.limits.in_flight.max(1);
+    let mut commands: Vec<Inbound> = Vec::new();
     loop {
         if shutdown.load(Ordering::Acquire) {
             send(outbound, &ServerMessage::Logout { reason: 0 });
             return "server shutting down".into();
+        }
+        // Backpressure: while this session has too many commands
+        // unanswered, its socket is not read.
+        if !in_flight.wait_below(limit, || shared.sequencer_stopped.load(Ordering::Acquire) || shutdown.load(Ordering::Acquire)) {
+            continue;
         }
         match stream.read(&mut chunk) {
             Ok(0) => return "closed by the client".into(),
@@ -317,23 +363,36 @@ fn read_loop(
             Err(e) => return format!("read error: {e}"),
         }
         let mut used = 0;
+        let mut ended = None;
         loop {
             match decode_client(&buffer[used..], max_frame) {
                 Ok(Decoded::NeedMore) => break,
                 Ok(Decoded::Message(message, size)) => {
                     used += size;
-                    match handle(message, id, &mut account, config, shared, queue, outbound, &in_flight) {
-                        Ok(()) => {}
-                        Err(reason) => return reason,
+                    if let Err(reason) = handle(message, id, &mut account, config, shared, outbound, &in_flight, &mut commands) {
+                        ended = Some(reason);
+                        break;
                     }
                 }
                 Err(reason) => {
                     send(outbound, &ServerMessage::Error { reason });
-                    return format!("protocol error: {reason}");
+                    ended = Some(format!("protocol error: {reason}"));
+                    break;
                 }
             }
         }
         buffer.drain(..used);
+        // Everything this read held goes to the sequencer in one hand-over
+        // (blocking while its queue is full: backpressure).
+        if !commands.is_empty() {
+            in_flight.add(commands.len() as u32);
+            if queue.send(std::mem::take(&mut commands)).is_err() {
+                return "server stopping".into();
+            }
+        }
+        if let Some(reason) = ended {
+            return reason;
+        }
     }
 }
 
@@ -344,9 +403,9 @@ fn handle(
     account: &mut Option<AccountId>,
     config: &Config,
     shared: &Shared,
-    queue: &SyncSender<Inbound>,
     outbound: &SyncSender<Vec<u8>>,
-    in_flight: &Arc<AtomicU32>,
+    in_flight: &Arc<InFlight>,
+    commands: &mut Vec<Inbound>,
 ) -> Result<(), String> {
     match (message, *account) {
         (ClientMessage::Login { account: claimed, api_key, last_seen }, None) => {
@@ -413,17 +472,8 @@ fn handle(
             let Some(command) = message.to_command(who) else {
                 return Ok(());
             };
-            // Per session: wait (not reading the socket meanwhile) while
-            // too many of its commands are unanswered.
-            while in_flight.load(Ordering::Acquire) >= config.limits.in_flight.max(1) {
-                if shared.sequencer_stopped.load(Ordering::Acquire) {
-                    return Err("server stopping".into());
-                }
-                std::thread::sleep(Duration::from_micros(200));
-            }
-            in_flight.fetch_add(1, Ordering::AcqRel);
-            // Blocks while the sequencer's queue is full: backpressure.
-            queue.send(Inbound { command, annex: None, in_flight: in_flight.clone() }).map_err(|_| "server stopping".to_string())
+            commands.push(Inbound { command, annex: None, in_flight: in_flight.clone() });
+            Ok(())
         }
     }
 }
@@ -445,7 +495,7 @@ struct Waiting {
     reports: Vec<Addressed>,
     refused: Vec<Addressed>,
     fix_events: Vec<fix::venue::FixEvent>,
-    answered: Vec<Arc<AtomicU32>>,
+    answered: Vec<Arc<InFlight>>,
 }
 
 /// The refusal of an order that would pass the account's open-order
@@ -475,7 +525,7 @@ fn open_order_refusal(p: &crossbook_engine::PlaceOrder) -> Addressed {
 fn sequence(
     mut engine: Engine,
     mut journal: Journal,
-    inbound: Receiver<Inbound>,
+    inbound: Receiver<Vec<Inbound>>,
     shared: Arc<Shared>,
     shutdown: Arc<AtomicBool>,
     settings: Settings<'_>,
@@ -499,14 +549,14 @@ fn sequence(
         batch.clear();
         if waiting.is_empty() {
             match inbound.recv_timeout(POLL) {
-                Ok(first) => batch.push(first),
+                Ok(first) => batch.extend(first),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => disconnected = true,
             }
         }
         while batch.len() < MAX_BATCH {
             match inbound.try_recv() {
-                Ok(next) => batch.push(next),
+                Ok(next) => batch.extend(next),
                 Err(std::sync::mpsc::TryRecvError::Empty) => break,
                 Err(std::sync::mpsc::TryRecvError::Disconnected) => {
                     disconnected = true;
@@ -564,7 +614,7 @@ fn sequence(
                         gateway.deliver(done.fix_events);
                     }
                     for counter in done.answered {
-                        counter.fetch_sub(1, Ordering::AcqRel);
+                        counter.done();
                     }
                 }
             }
@@ -581,11 +631,13 @@ fn sequence(
         }
     }
     // Drain anything still queued, then make it all durable.
-    while let Ok(item) = inbound.try_recv() {
-        journal.append_with(engine.seq() + 1, &item.command, item.annex.as_deref()).map_err(error)?;
-        events.clear();
-        engine.apply(&item.command, &mut events);
-        commands += 1;
+    while let Ok(items) = inbound.try_recv() {
+        for item in items {
+            journal.append_with(engine.seq() + 1, &item.command, item.annex.as_deref()).map_err(error)?;
+            events.clear();
+            engine.apply(&item.command, &mut events);
+            commands += 1;
+        }
     }
     journal.close().map_err(error)?;
     write_snapshot(settings.data_dir, &engine, 2).map_err(error)?;

@@ -27,7 +27,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread;
@@ -264,7 +264,7 @@ impl Gateway {
     }
 
     /// Starts the acceptor, reporter and timer threads.
-    pub(crate) fn start(self: &Arc<Self>, queue: SyncSender<crate::Inbound>, shutdown: Arc<AtomicBool>) -> Result<SocketAddr, String> {
+    pub(crate) fn start(self: &Arc<Self>, queue: SyncSender<Vec<crate::Inbound>>, shutdown: Arc<AtomicBool>) -> Result<SocketAddr, String> {
         let listener = TcpListener::bind(&self.config.listen).map_err(|e| format!("FIX: listening on {}: {e}", self.config.listen))?;
         listener.set_nonblocking(true).map_err(|e| e.to_string())?;
         let address = listener.local_addr().map_err(|e| e.to_string())?;
@@ -338,7 +338,7 @@ impl Gateway {
         }
     }
 
-    fn accept(self: &Arc<Self>, stream: TcpStream, peer: SocketAddr, queue: SyncSender<crate::Inbound>, shutdown: Arc<AtomicBool>) {
+    fn accept(self: &Arc<Self>, stream: TcpStream, peer: SocketAddr, queue: SyncSender<Vec<crate::Inbound>>, shutdown: Arc<AtomicBool>) {
         let id = self.next_connection.fetch_add(1, Ordering::AcqRel) + 1;
         let _ = stream.set_nodelay(true);
         let _ = stream.set_nonblocking(false);
@@ -362,14 +362,14 @@ impl Gateway {
         }
     }
 
-    fn read_loop(&self, mut stream: TcpStream, id: u64, out: SyncSender<Out>, queue: &SyncSender<crate::Inbound>, shutdown: &AtomicBool) -> String {
+    fn read_loop(&self, mut stream: TcpStream, id: u64, out: SyncSender<Out>, queue: &SyncSender<Vec<crate::Inbound>>, shutdown: &AtomicBool) -> String {
         let _ = stream.set_read_timeout(Some(POLL));
         let max = self.config.max_message.max(256);
         let mut buffer: Vec<u8> = Vec::with_capacity(8192);
         let mut chunk = vec![0u8; 16 * 1024];
         // The counterparty's CompID once the first message named it.
         let mut bound: Option<String> = None;
-        let in_flight = Arc::new(AtomicU32::new(0));
+        let in_flight = crate::InFlight::new();
         let reason = 'connection: loop {
             if shutdown.load(Ordering::Acquire) {
                 break 'connection "server shutting down".to_string();
@@ -408,16 +408,16 @@ impl Gateway {
                         }
                         let Some(comp_id) = bound.clone() else { continue };
                         let (requests, closed) = self.on_message(&comp_id, id, &raw);
-                        for request in requests {
-                            while in_flight.load(Ordering::Acquire) >= self.in_flight_limit {
-                                if shutdown.load(Ordering::Acquire) {
-                                    break 'connection "server shutting down".into();
-                                }
-                                thread::sleep(Duration::from_micros(100));
+                        if !requests.is_empty() {
+                            if !in_flight.wait_below(self.in_flight_limit, || shutdown.load(Ordering::Acquire)) {
+                                break 'connection "server shutting down".into();
                             }
-                            in_flight.fetch_add(1, Ordering::AcqRel);
-                            let inbound = crate::Inbound { command: request.command, annex: Some(request.annex.encode()), in_flight: in_flight.clone() };
-                            if queue.send(inbound).is_err() {
+                            in_flight.add(requests.len() as u32);
+                            let batch = requests
+                                .into_iter()
+                                .map(|request| crate::Inbound { command: request.command, annex: Some(request.annex.encode()), in_flight: in_flight.clone() })
+                                .collect();
+                            if queue.send(batch).is_err() {
                                 break 'connection "server stopping".into();
                             }
                         }
@@ -581,6 +581,7 @@ fn with_app_credentials(
                 instruments: &gateway.instruments,
                 requests,
                 now: crossbook_fix::time::format_timestamp(now_ms()),
+                now_ms: now_ms(),
                 max_open_orders: gateway.max_open_orders,
                 credentials,
             };

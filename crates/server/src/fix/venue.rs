@@ -21,6 +21,9 @@ use std::collections::HashMap;
 /// Engine client ids of orders placed over FIX: this bit set, then a
 /// counter (binary-protocol clients are asked to keep below it).
 pub const FIX_CID_BASE: u64 = 1 << 63;
+/// Numbers the ExecIDs of refusals the gateway makes itself.
+static GATEWAY_EXEC_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// Longest ClOrdID accepted (it is journaled with the order).
 pub const MAX_CL_ORD_ID: usize = 60;
 
@@ -459,6 +462,7 @@ pub struct VenueApp<'a> {
     pub instruments: &'a [FixInstrument],
     pub requests: &'a mut Vec<Request>,
     pub now: String,
+    pub now_ms: i64,
     /// Open orders the account may have (the gateway's limit).
     pub max_open_orders: usize,
     /// The account's API key, for Logon with Username/Password.
@@ -477,7 +481,8 @@ impl VenueApp<'_> {
 
     fn reject_order(&self, message: &Message, reason: &str, why: &str, outbox: &mut Outbox<'_>) {
         let side = if message.get(tag::SIDE) == Some(b"2") { Side::Sell } else { Side::Buy };
-        let exec_id = format!("gw-{}", message.text(34).unwrap_or("0"));
+        // Unique across sessions and restarts: the clock, then a counter.
+        let exec_id = format!("gw-{}-{}", self.now_ms, GATEWAY_EXEC_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
         let reject = new_order_reject(self.account, message.text(tag::CL_ORD_ID).unwrap_or(""), message.text(tag::SYMBOL).unwrap_or(""), side, reason, why, &self.now, &exec_id);
         outbox.send(reject.msg_type, Vec::new(), reject.body);
     }
