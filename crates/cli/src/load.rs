@@ -36,6 +36,148 @@ pub struct Options {
     pub json: bool,
     /// Write `order cid` of every acknowledged order here (for crash tests).
     pub acked_out: Option<std::path::PathBuf>,
+    pub protocol: Protocol,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Binary,
+    Fix,
+}
+
+/// What the load generator needs of a report, whichever protocol.
+#[derive(Clone, Copy, Debug)]
+struct Reply {
+    kind: ReportKind,
+    cid: u64,
+    order: u64,
+}
+
+/// The protocol a session speaks: how an order and a cancel are written
+/// and a report read.
+trait Wire {
+    fn order(&mut self, order: &NewOrder, out: &mut Vec<u8>);
+    fn cancel(&mut self, order: u64, cid: u64, out: &mut Vec<u8>);
+    /// The next reply in `buffer` and the bytes it took; `Ok(None)` for
+    /// more bytes needed, `Err` for a broken stream. A message that is not
+    /// a report comes back as `Some((None, n))`.
+    fn decode(&mut self, buffer: &[u8]) -> Result<Option<(Option<Reply>, usize)>, String>;
+}
+
+struct BinaryWire;
+
+impl Wire for BinaryWire {
+    fn order(&mut self, order: &NewOrder, out: &mut Vec<u8>) {
+        encode_client(&ClientMessage::NewOrder(*order), out);
+    }
+
+    fn cancel(&mut self, order: u64, _cid: u64, out: &mut Vec<u8>) {
+        encode_client(&ClientMessage::Cancel { order }, out);
+    }
+
+    fn decode(&mut self, buffer: &[u8]) -> Result<Option<(Option<Reply>, usize)>, String> {
+        match decode_server(buffer, 1 << 16) {
+            Ok(Decoded::Message(ServerMessage::ExecutionReport(r), size)) => Ok(Some((Some(Reply { kind: r.kind, cid: r.cid, order: r.order }), size))),
+            Ok(Decoded::Message(ServerMessage::Error { reason } | ServerMessage::LoginRejected { reason }, _)) => Err(format!("server error {reason}")),
+            Ok(Decoded::Message(ServerMessage::Logout { .. }, _)) => Err("logged out by the server".into()),
+            Ok(Decoded::Message(_, size)) => Ok(Some((None, size))),
+            Ok(Decoded::NeedMore) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// FIX 4.4: NewOrderSingle and OrderCancelRequest out, ExecutionReports
+/// in. ClOrdID is the client id in decimal.
+struct FixWire {
+    comp_id: String,
+    next_out: u64,
+}
+
+impl FixWire {
+    fn message(&mut self, msg_type: &str, body: &[(u32, &str)], out: &mut Vec<u8>) {
+        let mut b = crossbook_fix::wire::Builder::new();
+        let now = crossbook_fix::time::format_timestamp(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64));
+        b.str(35, msg_type).num(34, self.next_out).str(49, &self.comp_id).str(52, &now).str(56, FIX_TARGET);
+        for (tag, value) in body {
+            b.str(*tag, value);
+        }
+        self.next_out += 1;
+        out.extend_from_slice(&b.finish("FIX.4.4"));
+    }
+}
+
+/// The server's default FIX CompID.
+const FIX_TARGET: &str = "CROSSBOOK";
+
+impl Wire for FixWire {
+    fn order(&mut self, order: &NewOrder, out: &mut Vec<u8>) {
+        let (cid, qty, price) = (order.cid.to_string(), order.qty.to_string(), order.price.to_string());
+        let side = if order.side == Side::Buy { "1" } else { "2" };
+        let tif = if order.tif == TimeInForce::Ioc { "3" } else { "1" };
+        self.message("D", &[(11, &cid), (38, &qty), (40, "2"), (44, &price), (54, side), (55, "BTC-USD"), (59, tif), (60, "20260101-00:00:00"), (7928, "N")], out);
+    }
+
+    fn cancel(&mut self, _order: u64, cid: u64, out: &mut Vec<u8>) {
+        let (id, orig) = (format!("c{cid}"), cid.to_string());
+        self.message("F", &[(11, &id), (41, &orig), (54, "1"), (55, "BTC-USD"), (60, "20260101-00:00:00")], out);
+    }
+
+    fn decode(&mut self, buffer: &[u8]) -> Result<Option<(Option<Reply>, usize)>, String> {
+        use crossbook_fix::wire::{Frame, Message, frame};
+        let size = match frame(buffer, 1 << 16) {
+            Frame::NeedMore => return Ok(None),
+            Frame::Message(size) => size,
+            other => return Err(format!("unframeable FIX from the server: {other:?}")),
+        };
+        let message = Message::parse(&buffer[..size]).map_err(|e| format!("garbled FIX from the server: {e}"))?;
+        match message.msg_type() {
+            b"8" => {
+                let kind = match (message.get(150), message.get(39)) {
+                    (Some(b"0"), _) => ReportKind::Accepted,
+                    (Some(b"8"), _) => ReportKind::Rejected,
+                    (Some(b"F"), Some(b"2")) => ReportKind::Fill,
+                    (Some(b"F"), _) => ReportKind::PartialFill,
+                    (Some(b"4"), _) => ReportKind::Cancelled,
+                    _ => ReportKind::Replaced,
+                };
+                // A cancel reports the cancel's own ClOrdID: the order's is 41.
+                let cid_tag = if kind == ReportKind::Cancelled && message.get(41).is_some() { 41 } else { 11 };
+                let cid = message.text(cid_tag).and_then(|t| t.parse().ok()).unwrap_or(0);
+                Ok(Some((Some(Reply { kind, cid, order: message.number(37).unwrap_or(0) }), size)))
+            }
+            b"5" => Err(format!("logged out by the server: {}", message.text(58).unwrap_or(""))),
+            _ => Ok(Some((None, size))),
+        }
+    }
+}
+
+/// Logs on over FIX (a fresh sequence, ResetSeqNumFlag) as demo `account`.
+fn connect_fix(address: &str, account: u64) -> Result<(TcpStream, FixWire)> {
+    let mut stream = TcpStream::connect(address).with_context(|| format!("connecting to {address}"))?;
+    stream.set_nodelay(true)?;
+    let mut wire = FixWire { comp_id: format!("LOAD{account}"), next_out: 1 };
+    let (user, key) = (account.to_string(), crossbook_server::config::demo_key(account));
+    let mut logon = Vec::new();
+    wire.message("A", &[(98, "0"), (108, "30"), (141, "Y"), (553, &user), (554, &key)], &mut logon);
+    stream.write_all(&logon)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 1024];
+    loop {
+        if let crossbook_fix::wire::Frame::Message(size) = crossbook_fix::wire::frame(&buffer, 1 << 16) {
+            let reply = crossbook_fix::wire::Message::parse(&buffer[..size]).map_err(|e| anyhow::anyhow!("garbled Logon reply: {e}"))?;
+            if reply.msg_type() == b"A" {
+                return Ok((stream, wire));
+            }
+            bail!("FIX logon as account {account} refused: {}", crossbook_fix::wire::printable(reply.raw()));
+        }
+        let n = stream.read(&mut chunk)?;
+        if n == 0 {
+            bail!("the server closed the connection during the FIX logon");
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+    }
 }
 
 /// What one session counted.
@@ -115,7 +257,7 @@ const DRAIN: Duration = Duration::from_secs(2);
 
 /// One session, on one thread: sends (a window's worth, or what the
 /// schedule says is due, in one write), then reads what came back.
-fn session_loop(mut stream: TcpStream, index: u64, options: &Options, start: Instant) -> Tally {
+fn session_loop(mut stream: TcpStream, mut wire: Box<dyn Wire + Send>, index: u64, options: &Options, start: Instant) -> Tally {
     let mut tally = Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, fills: 0, cancels: 0, errors: 0, unanswered: 0, accepted: Vec::new() };
     let mut rng = crossbook_workload::Rng::new(0xC0FFEE + index);
     // Client order ids: session (4 bits) | run (20 bits, from the clock, so
@@ -132,7 +274,7 @@ fn session_loop(mut stream: TcpStream, index: u64, options: &Options, start: Ins
     // Resting orders, oldest first, and those of them already gone (filled
     // or cancelled): past `MAX_RESTING` the oldest is cancelled, so the
     // book stays a fixed depth, as on a real venue.
-    let mut resting: VecDeque<u64> = VecDeque::new();
+    let mut resting: VecDeque<(u64, u64)> = VecDeque::new();
     let mut gone: HashSet<u64> = HashSet::new();
     let mut out: Vec<u8> = Vec::with_capacity(READ_BYTES);
     let mut buffer: Vec<u8> = Vec::with_capacity(2 * READ_BYTES);
@@ -164,13 +306,13 @@ fn session_loop(mut stream: TcpStream, index: u64, options: &Options, start: Ins
                 if new_order.tif == TimeInForce::Ioc {
                     unfilled.insert(cid, planned);
                 }
-                encode_client(&ClientMessage::NewOrder(new_order), &mut out);
+                wire.order(&new_order, &mut out);
                 tally.sent += 1;
             }
             while resting.len() > MAX_RESTING {
-                let Some(oldest) = resting.pop_front() else { break };
+                let Some((oldest, cid)) = resting.pop_front() else { break };
                 if !gone.remove(&oldest) {
-                    encode_client(&ClientMessage::Cancel { order: oldest }, &mut out);
+                    wire.cancel(oldest, cid, &mut out);
                     tally.cancels += 1;
                 }
             }
@@ -203,13 +345,15 @@ fn session_loop(mut stream: TcpStream, index: u64, options: &Options, start: Ins
         let now = Instant::now();
         let mut used = 0;
         loop {
-            match decode_server(&buffer[used..], 1 << 16) {
-                Ok(Decoded::Message(message, size)) => {
+            match wire.decode(&buffer[used..]) {
+                Ok(Some((reply, size))) => {
                     used += size;
-                    let mut books = Books { pending: &mut pending, unfilled: &mut unfilled, resting: &mut resting, gone: &mut gone };
-                    record(&mut tally, &mut books, options.acked_out.is_some(), message, now);
+                    if let Some(reply) = reply {
+                        let mut books = Books { pending: &mut pending, unfilled: &mut unfilled, resting: &mut resting, gone: &mut gone };
+                        record(&mut tally, &mut books, options.acked_out.is_some(), reply, now);
+                    }
                 }
-                Ok(Decoded::NeedMore) => break,
+                Ok(None) => break,
                 Err(_) => {
                     tally.errors += 1;
                     tally.unanswered = pending.len() as u64;
@@ -227,7 +371,7 @@ fn session_loop(mut stream: TcpStream, index: u64, options: &Options, start: Ins
 struct Books<'a> {
     pending: &'a mut HashMap<u64, (Instant, bool)>,
     unfilled: &'a mut HashMap<u64, Instant>,
-    resting: &'a mut VecDeque<u64>,
+    resting: &'a mut VecDeque<(u64, u64)>,
     gone: &'a mut HashSet<u64>,
 }
 
@@ -244,13 +388,7 @@ fn readable(stream: &TcpStream, timeout: Duration) -> bool {
     ready > 0
 }
 
-fn record(tally: &mut Tally, books: &mut Books<'_>, keep: bool, message: ServerMessage, now: Instant) {
-    let ServerMessage::ExecutionReport(report) = message else {
-        if matches!(message, ServerMessage::Error { .. } | ServerMessage::Logout { .. }) {
-            tally.errors += 1;
-        }
-        return;
-    };
+fn record(tally: &mut Tally, books: &mut Books<'_>, keep: bool, report: Reply, now: Instant) {
     let nanos = |since: Instant| (now.saturating_duration_since(since).as_nanos() as u64).max(1);
     match report.kind {
         ReportKind::Accepted | ReportKind::Rejected => {
@@ -259,7 +397,7 @@ fn record(tally: &mut Tally, books: &mut Books<'_>, keep: bool, message: ServerM
                 if report.kind == ReportKind::Accepted {
                     tally.acked += 1;
                     if gtc {
-                        books.resting.push_back(report.order);
+                        books.resting.push_back((report.order, report.cid));
                     }
                     if keep {
                         tally.accepted.push((report.order, report.cid));
@@ -300,17 +438,23 @@ pub fn run(options: Options) -> Result<()> {
         bail!("--connections must be 1 to {} (one demo account each)", crossbook_server::config::DEMO_ACCOUNTS);
     }
     let options = Arc::new(options);
-    let mut streams = Vec::new();
+    let mut streams: Vec<(TcpStream, Box<dyn Wire + Send>)> = Vec::new();
     for index in 0..options.connections {
-        streams.push(connect(&options.address, index + 1)?);
+        streams.push(match options.protocol {
+            Protocol::Binary => (connect(&options.address, index + 1)?, Box::new(BinaryWire)),
+            Protocol::Fix => {
+                let (stream, wire) = connect_fix(&options.address, index + 1)?;
+                (stream, Box::new(wire))
+            }
+        });
     }
     let start = Instant::now();
     let threads: Vec<_> = streams
         .into_iter()
         .enumerate()
-        .map(|(index, stream)| {
+        .map(|(index, (stream, wire))| {
             let options = options.clone();
-            std::thread::spawn(move || session_loop(stream, index as u64, &options, start))
+            std::thread::spawn(move || session_loop(stream, wire, index as u64, &options, start))
         })
         .collect();
     let mut ack = histogram();
@@ -340,6 +484,7 @@ pub fn run(options: Options) -> Result<()> {
     }
     let seconds = sending.as_secs_f64();
     let report = serde_json::json!({
+        "protocol": if options.protocol == Protocol::Fix { "fix" } else { "binary" },
         "connections": options.connections,
         "mode": if options.rate.is_some() { "open" } else { "closed" },
         "target_rate": options.rate,

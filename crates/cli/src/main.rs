@@ -10,6 +10,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 use crossbook_journal::{Durability, JournalConfig};
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod bench;
 mod compat;
 mod journaled;
@@ -90,8 +93,13 @@ enum Cmd {
     /// Drive a running `crossbook serve` with N sessions and report
     /// throughput and latency.
     Load {
-        #[arg(long, default_value = "127.0.0.1:7700")]
-        address: String,
+        /// The server (default: crossbook serve's binary port, or its FIX
+        /// port with --protocol fix).
+        #[arg(long)]
+        address: Option<String>,
+        /// `binary` (docs/protocol.md) or `fix` (docs/fix.md).
+        #[arg(long, default_value = "binary")]
+        protocol: String,
         #[arg(long, default_value_t = 4)]
         connections: u64,
         /// Seconds of sending.
@@ -196,8 +204,13 @@ fn real_main() -> Result<()> {
         }
         Cmd::Recover { journal } => journaled::recover(&journal),
         Cmd::Serve { config, listen, data, fix_listen } => serve(config, listen, data, fix_listen),
-        Cmd::Load { address, connections, duration, rate, window, json, acked_out } => load::run(load::Options {
-            address,
+        Cmd::Load { address, protocol, connections, duration, rate, window, json, acked_out } => load::run(load::Options {
+            protocol: match protocol.as_str() {
+                "binary" => load::Protocol::Binary,
+                "fix" => load::Protocol::Fix,
+                other => bail!("--protocol must be binary or fix, not {other:?}"),
+            },
+            address: address.unwrap_or_else(|| if protocol == "fix" { "127.0.0.1:7701".into() } else { "127.0.0.1:7700".into() }),
             connections,
             duration: Duration::from_secs_f64(duration.max(0.0)),
             rate,

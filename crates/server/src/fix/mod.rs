@@ -370,6 +370,7 @@ impl Gateway {
         // The counterparty's CompID once the first message named it.
         let mut bound: Option<String> = None;
         let in_flight = crate::InFlight::new();
+        let mut frames: Vec<Vec<u8>> = Vec::new();
         let reason = 'connection: loop {
             if shutdown.load(Ordering::Acquire) {
                 break 'connection "server shutting down".to_string();
@@ -406,26 +407,33 @@ impl Gateway {
                                 }
                             }
                         }
-                        let Some(comp_id) = bound.clone() else { continue };
-                        let (requests, closed) = self.on_message(&comp_id, id, &raw);
-                        if !requests.is_empty() {
-                            if !in_flight.wait_below(self.in_flight_limit, || shutdown.load(Ordering::Acquire)) {
-                                break 'connection "server shutting down".into();
-                            }
-                            in_flight.add(requests.len() as u32);
-                            let batch = requests
-                                .into_iter()
-                                .map(|request| crate::Inbound { command: request.command, annex: Some(request.annex.encode()), in_flight: in_flight.clone() })
-                                .collect();
-                            if queue.send(batch).is_err() {
-                                break 'connection "server stopping".into();
-                            }
-                        }
-                        if let Some(why) = closed {
-                            break 'connection why;
-                        }
+                        frames.push(raw);
                     }
                 }
+            }
+            // Everything this read held: one pass under the lock, one
+            // hand-over to the sequencer.
+            let Some(comp_id) = bound.clone() else { continue };
+            if frames.is_empty() {
+                continue;
+            }
+            let (requests, closed) = self.on_messages(&comp_id, id, &frames);
+            frames.clear();
+            if !requests.is_empty() {
+                if !in_flight.wait_below(self.in_flight_limit, || shutdown.load(Ordering::Acquire)) {
+                    break 'connection "server shutting down".into();
+                }
+                in_flight.add(requests.len() as u32);
+                let batch = requests
+                    .into_iter()
+                    .map(|request| crate::Inbound { command: request.command, annex: Some(request.annex.encode()), in_flight: in_flight.clone() })
+                    .collect();
+                if queue.send(batch).is_err() {
+                    break 'connection "server stopping".into();
+                }
+            }
+            if let Some(why) = closed {
+                break 'connection why;
             }
         };
         if let Some(comp_id) = bound {
@@ -482,9 +490,9 @@ impl Gateway {
         Ok(comp_id)
     }
 
-    /// One message on an attached connection. Returns the engine requests
-    /// it made and, if the connection is to close, why.
-    fn on_message(&self, comp_id: &str, id: u64, raw: &[u8]) -> (Vec<Request>, Option<String>) {
+    /// Messages on an attached connection, in order. Returns the engine
+    /// requests they made and, if the connection is to close, why.
+    fn on_messages(&self, comp_id: &str, id: u64, frames: &[Vec<u8>]) -> (Vec<Request>, Option<String>) {
         let mut guard = self.lock();
         let state = &mut *guard;
         let Some(session) = state.sessions.get_mut(comp_id) else {
@@ -499,7 +507,14 @@ impl Gateway {
         let now = now_ms();
         let credentials = self.credentials(comp_id, session.account);
         let account = session.account;
-        with_app_credentials(self, session, &mut state.book, &mut requests, credentials, |session, app| session.session.on_message(raw, now, app, &mut actions));
+        with_app_credentials(self, session, &mut state.book, &mut requests, credentials, |session, app| {
+            for raw in frames {
+                session.session.on_message(raw, now, app, &mut actions);
+                if actions.iter().any(|a| matches!(a, Action::Disconnect(_))) {
+                    break;
+                }
+            }
+        });
         let closed = actions.iter().find_map(|a| if let Action::Disconnect(why) = a { Some(why.clone()) } else { None });
         if !was_logged_on && session.session.is_logged_on() {
             log(&format!("FIX login connection={id} comp_id={comp_id} account={}", account.map_or("-".into(), |a| a.to_string())));
@@ -596,9 +611,14 @@ impl FixSession {
         self.through
     }
 
-    /// Records the store operations among `actions`.
+    /// Records the store operations among `actions` (of the incoming
+    /// sequence numbers, only the last matters).
     fn record(&mut self, actions: &[Action], engine_seq: u64) -> Result<(), String> {
-        for action in actions {
+        let last_received = actions.iter().rposition(|a| matches!(a, Action::Store(StoreOp::Received { .. })));
+        for (index, action) in actions.iter().enumerate() {
+            if matches!(action, Action::Store(StoreOp::Received { .. })) && Some(index) != last_received {
+                continue;
+            }
             if let Action::Store(op) = action {
                 self.store.record(op, engine_seq)?;
                 if let StoreOp::Sent { .. } = op {
@@ -609,8 +629,9 @@ impl FixSession {
         Ok(())
     }
 
+    /// Writes what was recorded, and syncs it in `sync` durability.
     fn sync(&mut self, sync: bool) -> Result<(), String> {
-        if sync { self.store.sync() } else { Ok(()) }
+        if sync { self.store.sync() } else { self.store.flush() }
     }
 
     fn poison(&mut self, why: String) {

@@ -37,6 +37,8 @@ pub struct Restored {
 pub struct Store {
     file: File,
     path: PathBuf,
+    /// Records not yet written (one write per batch of messages).
+    pending: Vec<u8>,
     /// Written since the last sync.
     dirty: bool,
 }
@@ -87,7 +89,7 @@ impl Store {
                 }
             }
         }
-        Ok((Store { file, path: path.to_path_buf(), dirty: false }, restored))
+        Ok((Store { file, path: path.to_path_buf(), pending: Vec::new(), dirty: false }, restored))
     }
 
     pub fn path(&self) -> &Path {
@@ -95,8 +97,20 @@ impl Store {
     }
 
     fn write(&mut self, bytes: &[u8]) -> Result<(), String> {
+        self.pending.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    /// Hands what was recorded to the operating system (enough to survive
+    /// a crash of the process; [`Store::sync`] for a power cut).
+    pub fn flush(&mut self) -> Result<(), String> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
         self.dirty = true;
-        self.file.write_all(bytes).map_err(|e| format!("writing {}: {e}", self.path.display()))
+        let result = self.file.write_all(&self.pending).map_err(|e| format!("writing {}: {e}", self.path.display()));
+        self.pending.clear();
+        result
     }
 
     /// Records a session store operation; `engine_seq` is the command whose
@@ -127,6 +141,7 @@ impl Store {
 
     /// Makes everything recorded so far durable.
     pub fn sync(&mut self) -> Result<(), String> {
+        self.flush()?;
         if self.dirty {
             self.file.sync_data().map_err(|e| format!("syncing {}: {e}", self.path.display()))?;
             self.dirty = false;

@@ -140,6 +140,8 @@ pub struct FixBook {
     pending: HashMap<(AccountId, String), u64>,
     /// The next engine client id for a FIX order.
     next_cid: u64,
+    /// Orders known or pending per account (for the open-order limit).
+    open: HashMap<AccountId, usize>,
 }
 
 /// One command and what it caused, as the FIX side needs it.
@@ -180,6 +182,18 @@ impl FixBook {
         FixBook { next_cid: FIX_CID_BASE + 1, ..FixBook::default() }
     }
 
+    fn count(&mut self, account: AccountId, change: isize) {
+        let open = self.open.entry(account).or_default();
+        *open = open.saturating_add_signed(change);
+    }
+
+    fn insert_order(&mut self, id: OrderId, order: FixOrder) {
+        let account = order.account;
+        if self.orders.insert(id, order).is_none() {
+            self.count(account, 1);
+        }
+    }
+
     fn order_by_cl_ord_id(&self, account: AccountId, cl_ord_id: &str) -> Option<OrderId> {
         self.by_cl_ord_id.get(&(account, cl_ord_id.to_owned())).copied()
     }
@@ -189,7 +203,9 @@ impl FixBook {
     pub fn follow(&mut self, event: &FixEvent, instruments: &[FixInstrument], now: &str) -> Vec<Outgoing> {
         let mut out = Vec::new();
         if let (Command::Place(place), Some(annex)) = (&event.command, &event.annex) {
-            self.pending.remove(&(place.account, annex.cl_ord_id.clone()));
+            if self.pending.remove(&(place.account, annex.cl_ord_id.clone())).is_some() {
+                self.count(place.account, -1);
+            }
             if place.cid > FIX_CID_BASE {
                 self.next_cid = self.next_cid.max(place.cid + 1);
             }
@@ -241,7 +257,7 @@ impl FixBook {
             };
             let cl_ord_id = annex.map_or_else(|| report.cid.to_string(), |a| a.cl_ord_id.clone());
             self.by_cl_ord_id.insert((account, cl_ord_id.clone()), report.order);
-            self.orders.insert(
+            self.insert_order(
                 report.order,
                 FixOrder { account, cl_ord_id, instrument: report.instrument, side: report.side, order_type, tif, qty: report.cum_qty + report.leaves_qty, price: report.price, notional: 0 },
             );
@@ -252,7 +268,7 @@ impl FixBook {
         let known = self.orders.contains_key(&report.order);
         if !known {
             // An order from before this account's FIX session existed.
-            self.orders.insert(
+            self.insert_order(
                 report.order,
                 FixOrder {
                     account,
@@ -334,7 +350,9 @@ impl FixBook {
         body.push(field(tag::EXEC_TYPE, exec_type));
         body.push(field(tag::LEAVES_QTY, qty(report.leaves_qty)));
         if matches!(report.kind, ReportKind::Cancelled | ReportKind::Fill) {
-            self.orders.remove(&report.order);
+            if self.orders.remove(&report.order).is_some() {
+                self.count(account, -1);
+            }
             self.by_cl_ord_id.remove(&(account, order.cl_ord_id.clone()));
         }
         Some(Outgoing { account, msg_type: "8", body })
@@ -518,8 +536,7 @@ impl VenueApp<'_> {
         if self.book.by_cl_ord_id.contains_key(&key) || self.book.pending.contains_key(&key) {
             return self.reject_order(message, "6", "duplicate ClOrdID: an open order has it", outbox);
         }
-        let open = self.book.orders.values().filter(|o| o.account == self.account).count()
-            + self.book.pending.keys().filter(|(account, _)| *account == self.account).count();
+        let open = self.book.open.get(&self.account).copied().unwrap_or(0);
         if open >= self.max_open_orders {
             return self.reject_order(message, "99", "open order limit reached", outbox);
         }
@@ -574,6 +591,7 @@ impl VenueApp<'_> {
         let cid = self.book.next_cid;
         self.book.next_cid += 1;
         self.book.pending.insert(key, cid);
+        self.book.count(self.account, 1);
         let command = Command::Place(PlaceOrder { account: self.account, instrument: instrument.id, cid, side, order_type, tif, price, qty, post_only, stp, budget });
         self.requests.push(Request { command, annex: Annex { kind: b'D', cl_ord_id, orig_cl_ord_id: String::new() } });
     }
