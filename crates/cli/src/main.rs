@@ -199,7 +199,7 @@ fn real_main() -> Result<()> {
                 "async" => Durability::Async { interval: Duration::from_millis(10) },
                 other => bail!("--durability must be sync or async, not {other:?}"),
             };
-            let config = JournalConfig { durability, segment_bytes };
+            let config = JournalConfig { durability, segment_bytes, ..JournalConfig::default() };
             journaled::run(&commands, &dir, config, snapshot_every, keep_snapshots)
         }
         Cmd::Recover { journal } => journaled::recover(&journal),

@@ -35,8 +35,15 @@ pub fn state_hash(engine: &Engine) -> String {
 pub fn write_snapshot(dir: &Path, engine: &Engine, keep: usize) -> Result<PathBuf, JournalError> {
     let mut state = Vec::new();
     engine.encode_state(&mut state);
-    let bytes = encode_snapshot(engine.seq(), &state);
-    let path = dir.join(snapshot_name(engine.seq()));
+    write_snapshot_state(dir, engine.seq(), &state, keep)
+}
+
+/// [`write_snapshot`] of a state already encoded (`Engine::encode_state`)
+/// at sequence number `seq`: the encoding is quick and must happen on the
+/// engine's thread; the writing and syncing can happen on another.
+pub fn write_snapshot_state(dir: &Path, seq: u64, state: &[u8], keep: usize) -> Result<PathBuf, JournalError> {
+    let bytes = encode_snapshot(seq, state);
+    let path = dir.join(snapshot_name(seq));
     let temporary = path.with_extension("xbs.tmp");
     {
         let mut file = OpenOptions::new()

@@ -40,11 +40,63 @@ pub struct JournalConfig {
     pub durability: Durability,
     /// A new segment starts once the current one has reached this size.
     pub segment_bytes: u64,
+    /// Called by the writer thread with the new acknowledged sequence number
+    /// after each group commit, so that a caller can wait for new commands
+    /// and acknowledgements in one place.
+    pub on_ack: Option<AckHook>,
+}
+
+/// See [`JournalConfig::on_ack`].
+#[derive(Clone)]
+pub struct AckHook(pub Arc<dyn Fn(u64) + Send + Sync>);
+
+impl std::fmt::Debug for AckHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AckHook")
+    }
 }
 
 impl Default for JournalConfig {
     fn default() -> Self {
-        JournalConfig { durability: Durability::Sync, segment_bytes: 64 << 20 }
+        JournalConfig { durability: Durability::Sync, segment_bytes: 64 << 20, on_ack: None }
+    }
+}
+
+/// Async mode's periodic `fdatasync`, on a thread of its own so that writes
+/// (and so acknowledgements) never wait behind a sync.
+struct Syncer {
+    /// The segment being written (replaced when a new one starts).
+    file: Arc<Mutex<File>>,
+    dirty: Arc<AtomicBool>,
+    handle: JoinHandle<()>,
+}
+
+impl Syncer {
+    fn start(file: File, interval: Duration, shared: Arc<Shared>) -> std::io::Result<Syncer> {
+        let file = Arc::new(Mutex::new(file));
+        let dirty = Arc::new(AtomicBool::new(false));
+        let (thread_file, thread_dirty) = (file.clone(), dirty.clone());
+        let handle = std::thread::Builder::new().name("journal-syncer".into()).spawn(move || {
+            loop {
+                std::thread::sleep(interval);
+                if shared.lock().closed {
+                    return;
+                }
+                if thread_dirty.swap(false, Ordering::AcqRel) {
+                    let file = thread_file.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Err(e) = file.sync_data() {
+                        // An fsync error is never retried: poison the journal.
+                        let mut pending = shared.lock();
+                        pending.error.get_or_insert(format!("fdatasync (async mode): {e}"));
+                        shared.poisoned.store(true, Ordering::Release);
+                        drop(pending);
+                        shared.progress.notify_all();
+                        return;
+                    }
+                }
+            }
+        })?;
+        Ok(Syncer { file, dirty, handle })
     }
 }
 
@@ -199,7 +251,14 @@ impl Journal {
             writer_idle: AtomicBool::new(false),
         });
         let eager = config.durability == Durability::Sync;
-        let writer = Writer { shared: shared.clone(), dir: dir.to_path_buf(), config, segment, last_crc: end.last_crc, dirty: false };
+        let syncer = match config.durability {
+            Durability::Async { interval } => {
+                let file = segment.file.try_clone().map_err(io(format!("cloning {}", segment.path.display())))?;
+                Some(Syncer::start(file, interval, shared.clone()).map_err(io("starting the journal syncer thread"))?)
+            }
+            Durability::Sync => None,
+        };
+        let writer = Writer { shared: shared.clone(), dir: dir.to_path_buf(), config, segment, last_crc: end.last_crc, dirty: false, syncer };
         let handle = std::thread::Builder::new()
             .name("journal-writer".into())
             .spawn(move || writer.run())
@@ -361,8 +420,10 @@ struct Writer {
     config: JournalConfig,
     segment: Segment,
     last_crc: u32,
-    /// Written but not yet synced (async mode).
+    /// Written but not yet synced.
     dirty: bool,
+    /// Async mode: the thread that syncs every interval.
+    syncer: Option<Syncer>,
 }
 
 impl Writer {
@@ -370,22 +431,12 @@ impl Writer {
         let mut batch: Vec<Command> = Vec::with_capacity(STAGING_COMMANDS);
         let mut annexes: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut encoded: Vec<u8> = Vec::with_capacity(1 << 16);
-        let mut last_sync = Instant::now();
         loop {
             let (first_seq, last_seq, records, closing) = {
                 let mut pending = self.shared.lock();
                 while pending.commands.is_empty() && !pending.closed {
                     self.shared.writer_idle.store(true, Ordering::Release);
-                    match self.config.durability {
-                        Durability::Async { interval } if self.dirty => {
-                            let left = interval.saturating_sub(last_sync.elapsed());
-                            if left.is_zero() {
-                                break;
-                            }
-                            pending = self.shared.work.wait_timeout(pending, left).unwrap_or_else(|e| e.into_inner()).0;
-                        }
-                        _ => pending = self.shared.work.wait(pending).unwrap_or_else(|e| e.into_inner()),
-                    }
+                    pending = self.shared.work.wait(pending).unwrap_or_else(|e| e.into_inner());
                 }
                 self.shared.writer_idle.store(false, Ordering::Release);
                 std::mem::swap(&mut batch, &mut pending.commands);
@@ -394,20 +445,19 @@ impl Writer {
             };
             self.shared.progress.notify_all();
             let result = if batch.is_empty() {
-                self.sync_if_dirty()
+                if closing { self.sync_if_dirty() } else { Ok(None) }
             } else {
                 self.encode(&batch, &annexes, first_seq, &mut encoded);
                 self.commit(&encoded, first_seq, last_seq)
             };
-            let now_synced = !self.dirty;
             match result {
                 Ok(sync_nanos) => {
-                    if now_synced {
-                        last_sync = Instant::now();
-                    }
                     let mut pending = self.shared.lock();
                     if !batch.is_empty() {
                         self.shared.acked.store(last_seq, Ordering::Release);
+                        if let Some(hook) = &self.config.on_ack {
+                            (hook.0)(last_seq);
+                        }
                     }
                     if let Some(nanos) = sync_nanos {
                         pending.stats.syncs += 1;
@@ -431,6 +481,9 @@ impl Writer {
             if closing && batch.is_empty() {
                 let _ = self.sync_if_dirty();
                 if self.shared.lock().commands.is_empty() {
+                    if let Some(syncer) = self.syncer.take() {
+                        let _ = syncer.handle.join();
+                    }
                     return;
                 }
             }
@@ -466,6 +519,9 @@ impl Writer {
         self.segment.size += chunk.len() as u64;
         self.last_crc = u32_at(chunk, chunk.len() - 4);
         self.dirty = true;
+        if let Some(syncer) = &self.syncer {
+            syncer.dirty.store(true, Ordering::Release);
+        }
         Ok(())
     }
 
@@ -514,6 +570,10 @@ impl Writer {
                 if new_segment {
                     self.segment.file.sync_data().map_err(io(format!("fdatasync {}", self.segment.path.display())))?;
                     sync_dir(&self.dir)?;
+                    if let Some(syncer) = &self.syncer {
+                        let clone = self.segment.file.try_clone().map_err(io(format!("cloning {}", self.segment.path.display())))?;
+                        *syncer.file.lock().unwrap_or_else(|e| e.into_inner()) = clone;
+                    }
                 }
                 Ok(None)
             }

@@ -162,7 +162,17 @@ pub fn serve(config: Config, shutdown: Arc<AtomicBool>, listening: impl FnOnce(S
         log(&format!("warning: {warning}"));
     }
     let mut engine = recovered.engine;
-    let mut journal = Journal::open(&config.data_dir, JournalConfig { durability, ..JournalConfig::default() }, &recovered.end).map_err(error)?;
+    // Readers hand over what one socket read held, as one batch; the
+    // journal's writer drops an empty batch in after each group commit, so
+    // the sequencer waits for new commands and acknowledgements in one
+    // place and keeps appending while a sync runs.
+    let (queue, inbound) = sync_channel::<Vec<Inbound>>(config.limits.queue.max(1));
+    let waker = queue.clone();
+    let on_ack = crossbook_journal::write::AckHook(Arc::new(move |_| {
+        let _ = waker.try_send(Vec::new());
+    }));
+    let journal_config = JournalConfig { durability, on_ack: Some(on_ack), ..JournalConfig::default() };
+    let mut journal = Journal::open(&config.data_dir, journal_config, &recovered.end).map_err(error)?;
     if engine.seq() == 0 {
         let mut events = Vec::new();
         for command in config.setup_commands().map_err(error)? {
@@ -192,8 +202,6 @@ pub fn serve(config: Config, shutdown: Arc<AtomicBool>, listening: impl FnOnce(S
         log(&format!("rebuilt {replayable} execution reports of {} accounts from the journal", histories.len()));
     }
     *shared.seqs.lock().unwrap_or_else(|e| e.into_inner()) = histories;
-    // Readers hand over what one socket read held, as one batch.
-    let (queue, inbound) = sync_channel::<Vec<Inbound>>(config.limits.queue.max(1));
     let sequencer = {
         let shared = shared.clone();
         let shutdown = shutdown.clone();
@@ -478,6 +486,75 @@ fn handle(
     }
 }
 
+/// Writes snapshots off the sequencer's thread: the sequencer encodes the
+/// state (quick) and offers it; this thread waits until the journal holds
+/// every command the state covers (a snapshot is never ahead of the
+/// journal), writes it, syncs it, and prunes older ones. One at a time: an
+/// offer made while one is being written is declined, and made again later.
+struct Snapshotter {
+    offers: SyncSender<(u64, Vec<u8>)>,
+    /// The journal's acknowledged sequence number, as the sequencer saw it.
+    durable: Arc<AtomicU64>,
+    failed: Arc<Mutex<Option<String>>>,
+    /// 1 while a snapshot is being written.
+    busy: Arc<AtomicU64>,
+    handle: thread::JoinHandle<()>,
+}
+
+/// Snapshots kept by `serve`.
+const KEEP_SNAPSHOTS: usize = 2;
+
+impl Snapshotter {
+    fn start(dir: std::path::PathBuf, durable_seq: u64) -> Result<Snapshotter, String> {
+        let (offers, receive) = sync_channel::<(u64, Vec<u8>)>(1);
+        let durable = Arc::new(AtomicU64::new(durable_seq));
+        let failed = Arc::new(Mutex::new(None));
+        let busy = Arc::new(AtomicU64::new(0));
+        let (thread_durable, thread_failed, thread_busy) = (durable.clone(), failed.clone(), busy.clone());
+        let handle = thread::Builder::new()
+            .name("snapshotter".into())
+            .spawn(move || {
+                while let Ok((seq, state)) = receive.recv() {
+                    while thread_durable.load(Ordering::Acquire) < seq {
+                        thread::sleep(Duration::from_millis(1));
+                    }
+                    if let Err(e) = crossbook_journal::write_snapshot_state(&dir, seq, &state, KEEP_SNAPSHOTS) {
+                        log(&format!("snapshot at seq {seq} failed: {e}"));
+                        *thread_failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                        return;
+                    }
+                    thread_busy.store(0, Ordering::Release);
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        Ok(Snapshotter { offers, durable, failed, busy, handle })
+    }
+
+    fn is_free(&self) -> bool {
+        self.busy.load(Ordering::Acquire) == 0
+    }
+
+    /// Hands a state over.
+    fn offer(&self, seq: u64, state: Vec<u8>) {
+        self.busy.store(1, Ordering::Release);
+        if self.offers.try_send((seq, state)).is_err() {
+            self.busy.store(0, Ordering::Release);
+        }
+    }
+
+    /// Waits for the snapshot being written (the journal is closed, so
+    /// everything is durable) and reports a failure.
+    fn stop(self) -> Result<(), ServeError> {
+        self.durable.store(u64::MAX, Ordering::Release);
+        drop(self.offers);
+        let _ = self.handle.join();
+        match self.failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            Some(why) => Err(error(format!("writing a snapshot: {why}"))),
+            None => Ok(()),
+        }
+    }
+}
+
 /// What the sequencer runs with besides its queue.
 struct Settings<'a> {
     data_dir: &'a Path,
@@ -545,14 +622,15 @@ fn sequence(
     if let Some(gateway) = settings.gateway {
         gateway.set_engine_seq(engine.seq());
     }
+    let snapshotter = Snapshotter::start(settings.data_dir.to_path_buf(), engine.seq()).map_err(error)?;
     loop {
         batch.clear();
-        if waiting.is_empty() {
-            match inbound.recv_timeout(POLL) {
-                Ok(first) => batch.extend(first),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => disconnected = true,
-            }
+        // Blocks until commands arrive or the journal acknowledges more
+        // (its writer wakes this queue), whichever comes first.
+        match inbound.recv_timeout(POLL) {
+            Ok(first) => batch.extend(first),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => disconnected = true,
         }
         while batch.len() < MAX_BATCH {
             match inbound.try_recv() {
@@ -597,14 +675,22 @@ fn sequence(
             done.last_seq = engine.seq();
             waiting.push_back(done);
             if settings.snapshot_every > 0 && engine.seq() - last_snapshot >= settings.snapshot_every {
-                journal.flush().map_err(error)?;
-                write_snapshot(settings.data_dir, &engine, 2).map_err(error)?;
+                // Encoded here (quick), written and synced by the
+                // snapshotter, once the journal holds everything it covers.
+                // If the last one is still being written, this one is
+                // skipped: the next comes `snapshot_every` commands later.
+                if snapshotter.is_free() {
+                    let mut state = Vec::new();
+                    engine.encode_state(&mut state);
+                    snapshotter.offer(engine.seq(), state);
+                }
                 last_snapshot = engine.seq();
             }
         }
         if let Some(target) = waiting.front().map(|w| w.last_seq) {
-            // Nothing arrived: wait (briefly) for the sync instead of spinning.
-            let acked = if batch.is_empty() { journal.wait_acked(target, POLL).map_err(error)? } else { journal.acked() };
+            // Does not wait; reports a failed journal.
+            let acked = journal.wait_acked(target, Duration::ZERO).map_err(error)?;
+            snapshotter.durable.store(acked, Ordering::Release);
             while waiting.front().is_some_and(|w| w.last_seq <= acked) {
                 if let Some(done) = waiting.pop_front() {
                     dispatch(&done.reports, &done.refused, &shared);
@@ -640,6 +726,7 @@ fn sequence(
         }
     }
     journal.close().map_err(error)?;
+    snapshotter.stop()?;
     write_snapshot(settings.data_dir, &engine, 2).map_err(error)?;
     Ok(Summary { seq: engine.seq(), commands })
 }

@@ -65,7 +65,7 @@ fn journal_run(dir: &Path, commands: &[Command], config: JournalConfig, snapshot
 }
 
 fn small_segments(durability: Durability) -> JournalConfig {
-    JournalConfig { durability, segment_bytes: 16_000 }
+    JournalConfig { durability, segment_bytes: 16_000, ..JournalConfig::default() }
 }
 
 #[test]
