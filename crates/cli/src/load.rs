@@ -2,9 +2,10 @@
 //!
 //! N sessions (demo accounts 1..=N, the server's default credentials) send
 //! limit orders around a fixed mid: half GTC at passive prices that rest,
-//! half IOC at prices that cross, so orders trade with other sessions. Each
-//! session runs on one thread: it writes everything that is due in one
-//! write, then reads whatever came back (no locks, no hand-offs).
+//! half IOC at prices that cross, so orders trade with other sessions. All
+//! sessions run on one thread: each round writes everything each session
+//! has due in one write, then waits for replies on all of them (no locks,
+//! no hand-offs, as little CPU taken from the server as possible).
 //!
 //! - Closed loop (no `--rate`): each session keeps `--window` orders
 //!   outstanding (sent, not yet acknowledged).
@@ -206,15 +207,21 @@ fn connect(address: &str, account: u64) -> Result<TcpStream> {
     let mut api_key = [0u8; API_KEY_BYTES];
     api_key[..key.len()].copy_from_slice(key.as_bytes());
     let mut frame = Vec::new();
-    encode_client(&ClientMessage::Login { account, api_key, last_seen: 0 }, &mut frame);
+    // A load generator wants no replay of an earlier run's reports.
+    encode_client(&ClientMessage::Login { account, api_key, last_seen: u64::MAX }, &mut frame);
     stream.write_all(&frame)?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut buffer = Vec::new();
     let mut chunk = [0u8; 256];
     loop {
-        if let Ok(Decoded::Message(message, _)) = decode_server(&buffer, 1 << 16) {
+        if let Ok(Decoded::Message(message, size)) = decode_server(&buffer, 1 << 16) {
             match message {
-                ServerMessage::LoginAccepted { .. } => return Ok(stream),
+                ServerMessage::LoginAccepted { .. } => {
+                    if buffer.len() > size {
+                        bail!("account {account}: the server sent more than the login reply before any order");
+                    }
+                    return Ok(stream);
+                }
                 other => bail!("login as account {account} refused: {other:?}"),
             }
         }
@@ -255,116 +262,191 @@ const MAX_RESTING: usize = 1_000;
 /// How long the last acknowledgements may take after sending stops.
 const DRAIN: Duration = Duration::from_secs(2);
 
-/// One session, on one thread: sends (a window's worth, or what the
-/// schedule says is due, in one write), then reads what came back.
-fn session_loop(mut stream: TcpStream, mut wire: Box<dyn Wire + Send>, index: u64, options: &Options, start: Instant) -> Tally {
-    let mut tally = Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, fills: 0, cancels: 0, errors: 0, unanswered: 0, accepted: Vec::new() };
-    let mut rng = crossbook_workload::Rng::new(0xC0FFEE + index);
-    // Client order ids: session (4 bits) | run (20 bits, from the clock, so
-    // that a second run does not collide with the first run's resting
-    // orders) | counter (40 bits).
-    let run = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64) & 0xF_FFFF;
-    let interval = options.rate.map(|rate| Duration::from_secs_f64(options.connections as f64 / rate));
-    let end = start + options.duration;
-    // cid -> planned send time, until acknowledged; and, for orders that
-    // cross (IOC), until the first fill: a resting order's wait for a
-    // counterparty is not the server's latency.
-    let mut pending: HashMap<u64, (Instant, bool)> = HashMap::new();
-    let mut unfilled: HashMap<u64, Instant> = HashMap::new();
-    // Resting orders, oldest first, and those of them already gone (filled
-    // or cancelled): past `MAX_RESTING` the oldest is cancelled, so the
-    // book stays a fixed depth, as on a real venue.
-    let mut resting: VecDeque<(u64, u64)> = VecDeque::new();
-    let mut gone: HashSet<u64> = HashSet::new();
-    let mut out: Vec<u8> = Vec::with_capacity(READ_BYTES);
-    let mut buffer: Vec<u8> = Vec::with_capacity(2 * READ_BYTES);
-    let mut chunk = vec![0u8; READ_BYTES];
-    let mut next = 0u64;
-    loop {
-        let now = Instant::now();
-        if now >= end && (pending.is_empty() || now >= end + DRAIN) {
-            break;
+/// One session's state: what it has sent and not yet heard back about.
+struct Client {
+    stream: TcpStream,
+    wire: Box<dyn Wire + Send>,
+    index: u64,
+    tally: Tally,
+    rng: crossbook_workload::Rng,
+    /// Client order ids: session (4 bits) | run (20 bits, from the clock,
+    /// so that a second run does not collide with the first run's resting
+    /// orders) | counter (40 bits).
+    run: u64,
+    next: u64,
+    /// cid -> (planned send time, resting kind), until acknowledged; and,
+    /// for orders that cross (IOC), until the first fill: a resting
+    /// order's wait for a counterparty is not the server's latency.
+    pending: HashMap<u64, (Instant, bool)>,
+    unfilled: HashMap<u64, Instant>,
+    /// Resting orders, oldest first, and those of them already gone
+    /// (filled or cancelled): past `MAX_RESTING` the oldest is cancelled,
+    /// so the book stays a fixed depth, as on a real venue.
+    resting: VecDeque<(u64, u64)>,
+    gone: HashSet<u64>,
+    buffer: Vec<u8>,
+    /// Stopped (an error, or the server closed the connection).
+    broken: bool,
+}
+
+impl Client {
+    fn new(stream: TcpStream, wire: Box<dyn Wire + Send>, index: u64) -> Client {
+        Client {
+            stream,
+            wire,
+            index,
+            tally: Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, fills: 0, cancels: 0, errors: 0, unanswered: 0, accepted: Vec::new() },
+            rng: crossbook_workload::Rng::new(0xC0FFEE + index),
+            run: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64) & 0xF_FFFF,
+            next: 0,
+            pending: HashMap::new(),
+            unfilled: HashMap::new(),
+            resting: VecDeque::new(),
+            gone: HashSet::new(),
+            buffer: Vec::with_capacity(2 * READ_BYTES),
+            broken: false,
         }
+    }
+
+    /// When this session's next order is due (open loop).
+    fn due(&self, start: Instant, interval: Duration) -> Instant {
+        start + interval.mul_f64(self.next as f64)
+    }
+
+    /// Writes everything due now (a window's worth, or what the schedule
+    /// says) in one write.
+    fn send(&mut self, now: Instant, start: Instant, interval: Option<Duration>, window: u64, out: &mut Vec<u8>) {
         out.clear();
-        if now < end {
-            loop {
-                let planned = match interval {
-                    Some(interval) => {
-                        let due = start + interval.mul_f64(next as f64);
-                        if due > now {
-                            break;
-                        }
-                        due
+        loop {
+            let planned = match interval {
+                Some(interval) => {
+                    let due = self.due(start, interval);
+                    if due > now {
+                        break;
                     }
-                    None if (pending.len() as u64) < options.window => now,
-                    None => break,
-                };
-                next += 1;
-                let cid = (index << 60) | (run << 40) | next;
-                let new_order = order(cid, &mut rng);
-                pending.insert(cid, (planned, new_order.tif == TimeInForce::Gtc));
-                if new_order.tif == TimeInForce::Ioc {
-                    unfilled.insert(cid, planned);
+                    due
                 }
-                wire.order(&new_order, &mut out);
-                tally.sent += 1;
+                None if (self.pending.len() as u64) < window => now,
+                None => break,
+            };
+            self.next += 1;
+            let cid = (self.index << 60) | (self.run << 40) | self.next;
+            let new_order = order(cid, &mut self.rng);
+            self.pending.insert(cid, (planned, new_order.tif == TimeInForce::Gtc));
+            if new_order.tif == TimeInForce::Ioc {
+                self.unfilled.insert(cid, planned);
             }
-            while resting.len() > MAX_RESTING {
-                let Some((oldest, cid)) = resting.pop_front() else { break };
-                if !gone.remove(&oldest) {
-                    wire.cancel(oldest, cid, &mut out);
-                    tally.cancels += 1;
-                }
+            self.wire.order(&new_order, out);
+            self.tally.sent += 1;
+        }
+        while self.resting.len() > MAX_RESTING {
+            let Some((oldest, cid)) = self.resting.pop_front() else { break };
+            if !self.gone.remove(&oldest) {
+                self.wire.cancel(oldest, cid, out);
+                self.tally.cancels += 1;
             }
         }
-        if !out.is_empty() && stream.write_all(&out).is_err() {
-            tally.errors += 1;
-            break;
+        if !out.is_empty() && self.stream.write_all(out).is_err() {
+            self.tally.errors += 1;
+            self.broken = true;
         }
-        // Wait for reports, but in open loop no longer than the next due
-        // order.
-        let wait = match interval {
-            Some(interval) if now < end => (start + interval.mul_f64(next as f64)).saturating_duration_since(Instant::now()).max(Duration::from_micros(20)),
-            _ => Duration::from_millis(50),
-        };
-        if !readable(&stream, wait) {
-            continue;
-        }
-        match stream.read(&mut chunk) {
-            Ok(0) => {
-                tally.errors += 1;
-                break;
+    }
+
+    /// Reads what is there (the socket said it is readable) and records it.
+    fn receive(&mut self, chunk: &mut [u8], keep: bool) {
+        match self.stream.read(chunk) {
+            Ok(0) | Err(_) => {
+                self.tally.errors += 1;
+                self.broken = true;
+                return;
             }
-            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => continue,
-            Err(_) => {
-                tally.errors += 1;
-                break;
-            }
+            Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
         }
         let now = Instant::now();
         let mut used = 0;
         loop {
-            match wire.decode(&buffer[used..]) {
+            match self.wire.decode(&self.buffer[used..]) {
                 Ok(Some((reply, size))) => {
                     used += size;
                     if let Some(reply) = reply {
-                        let mut books = Books { pending: &mut pending, unfilled: &mut unfilled, resting: &mut resting, gone: &mut gone };
-                        record(&mut tally, &mut books, options.acked_out.is_some(), reply, now);
+                        let mut books = Books { pending: &mut self.pending, unfilled: &mut self.unfilled, resting: &mut self.resting, gone: &mut self.gone };
+                        record(&mut self.tally, &mut books, keep, reply, now);
                     }
                 }
                 Ok(None) => break,
                 Err(_) => {
-                    tally.errors += 1;
-                    tally.unanswered = pending.len() as u64;
-                    return tally;
+                    self.tally.errors += 1;
+                    self.broken = true;
+                    break;
                 }
             }
         }
-        buffer.drain(..used);
+        self.buffer.drain(..used);
     }
-    tally.unanswered = pending.len() as u64;
-    tally
+}
+
+/// Every session on one thread: each round writes what every session has
+/// due, then waits (ppoll) for replies on all of them, no longer than the
+/// next order is due. One thread, so that the load generator costs the
+/// server (on the same two cores) as little as it can.
+fn drive(mut clients: Vec<Client>, options: &Options, start: Instant) -> Vec<Tally> {
+    use std::os::fd::AsRawFd;
+    let interval = options.rate.map(|rate| Duration::from_secs_f64(options.connections as f64 / rate));
+    let end = start + options.duration;
+    let keep = options.acked_out.is_some();
+    let mut out: Vec<u8> = Vec::with_capacity(READ_BYTES);
+    let mut chunk = vec![0u8; READ_BYTES];
+    let mut fds: Vec<libc::pollfd> = clients.iter().map(|c| libc::pollfd { fd: c.stream.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
+    loop {
+        let now = Instant::now();
+        let waiting = clients.iter().any(|c| !c.broken && !c.pending.is_empty());
+        if now >= end && (!waiting || now >= end + DRAIN) {
+            break;
+        }
+        if clients.iter().all(|c| c.broken) {
+            break;
+        }
+        if now < end {
+            for client in clients.iter_mut().filter(|c| !c.broken) {
+                client.send(now, start, interval, options.window, &mut out);
+            }
+        }
+        let wait = match interval {
+            Some(interval) if now < end => {
+                let next_due = clients.iter().filter(|c| !c.broken).map(|c| c.due(start, interval)).min().unwrap_or(end);
+                next_due.saturating_duration_since(Instant::now()).max(Duration::from_micros(10))
+            }
+            _ => Duration::from_millis(50),
+        };
+        for fd in fds.iter_mut() {
+            fd.revents = 0;
+        }
+        if poll(&mut fds, wait) == 0 {
+            continue;
+        }
+        for (client, fd) in clients.iter_mut().zip(&fds) {
+            if !client.broken && fd.revents != 0 {
+                client.receive(&mut chunk, keep);
+            }
+        }
+    }
+    clients
+        .into_iter()
+        .map(|mut c| {
+            c.tally.unanswered = c.pending.len() as u64;
+            c.tally
+        })
+        .collect()
+}
+
+/// ppoll(2) on `fds` for at most `timeout`: a high-resolution timer (a
+/// socket timeout, or epoll's milliseconds, would be rounded up to the
+/// scheduler tick, which would swamp the latencies being measured).
+fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> i32 {
+    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32) };
+    // SAFETY: `fds` is a valid slice of pollfd, `ts` a valid timespec, no
+    // signal mask.
+    unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) }
 }
 
 /// A session's view of its orders.
@@ -373,19 +455,6 @@ struct Books<'a> {
     unfilled: &'a mut HashMap<u64, Instant>,
     resting: &'a mut VecDeque<(u64, u64)>,
     gone: &'a mut HashSet<u64>,
-}
-
-/// Waits until `stream` has something to read, at most `timeout`. A
-/// socket read timeout would do, but Linux rounds it up to the scheduler
-/// tick (4 ms here), which would swamp the latencies being measured;
-/// `ppoll` sleeps on a high-resolution timer.
-fn readable(stream: &TcpStream, timeout: Duration) -> bool {
-    use std::os::fd::AsRawFd;
-    let mut pfd = libc::pollfd { fd: stream.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32) };
-    // SAFETY: one valid pollfd, a valid timespec, no signal mask.
-    let ready = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
-    ready > 0
 }
 
 fn record(tally: &mut Tally, books: &mut Books<'_>, keep: bool, report: Reply, now: Instant) {
@@ -448,21 +517,14 @@ pub fn run(options: Options) -> Result<()> {
             }
         });
     }
+    let clients: Vec<Client> = streams.into_iter().enumerate().map(|(index, (stream, wire))| Client::new(stream, wire, index as u64)).collect();
     let start = Instant::now();
-    let threads: Vec<_> = streams
-        .into_iter()
-        .enumerate()
-        .map(|(index, (stream, wire))| {
-            let options = options.clone();
-            std::thread::spawn(move || session_loop(stream, wire, index as u64, &options, start))
-        })
-        .collect();
+    let tallies = drive(clients, &options, start);
     let mut ack = histogram();
     let mut fill = histogram();
     let (mut sent, mut acked, mut rejected, mut fills, mut cancels, mut errors, mut unanswered) = (0, 0, 0, 0, 0, 0, 0);
     let mut accepted = Vec::new();
-    for thread in threads {
-        let Ok(tally) = thread.join() else { bail!("a session thread panicked") };
+    for tally in tallies {
         ack.add(&tally.ack)?;
         fill.add(&tally.fill)?;
         sent += tally.sent;

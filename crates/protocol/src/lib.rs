@@ -27,6 +27,8 @@ pub enum ProtocolError {
     NotLoggedIn = 6,
     BadCredentials = 7,
     AlreadyLoggedIn = 8,
+    /// The server takes no more connections (its limit, or shutting down).
+    ServerBusy = 9,
 }
 
 impl ProtocolError {
@@ -36,7 +38,7 @@ impl ProtocolError {
 
     pub fn from_code(code: u8) -> Option<ProtocolError> {
         use ProtocolError::*;
-        [BadLength, UnsupportedVersion, UnknownType, BadValue, FrameTooLong, NotLoggedIn, BadCredentials, AlreadyLoggedIn]
+        [BadLength, UnsupportedVersion, UnknownType, BadValue, FrameTooLong, NotLoggedIn, BadCredentials, AlreadyLoggedIn, ServerBusy]
             .into_iter()
             .find(|e| e.code() == code)
     }
@@ -51,6 +53,7 @@ impl ProtocolError {
             ProtocolError::NotLoggedIn => "not_logged_in",
             ProtocolError::BadCredentials => "bad_credentials",
             ProtocolError::AlreadyLoggedIn => "already_logged_in",
+            ProtocolError::ServerBusy => "server_busy",
         }
     }
 }

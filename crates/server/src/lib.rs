@@ -2,46 +2,38 @@
 //!
 //! Threads and queues (docs/ARCHITECTURE.md has the picture):
 //!
-//! - the **acceptor** (the caller's thread) takes connections, up to
-//!   `limits.max_connections`;
-//! - per connection, a **reader** decodes frames, authenticates the
-//!   session, and sends order commands into one bounded queue
-//!   (`limits.queue`): when it is full the reader blocks, so it stops
-//!   reading its socket (backpressure, never an unbounded queue); and a
-//!   **writer** that sends what the sequencer queued for that session;
-//! - one **sequencer** takes everything queued, journals it (one group
-//!   commit per batch), applies it to the engine, waits until the batch is
-//!   durable, and only then hands each execution report to the owning
-//!   session's writer.
-//!
-//! Not built yet (see the issue): replay of missed reports on reconnect,
-//! the load generator, per-session in-flight limits, the FIX gateway.
+//! - the **gateway** (the caller's thread, `gateway.rs`): one epoll over
+//!   every binary-protocol connection; it decodes frames, logs sessions in,
+//!   and hands each round's commands to the sequencer through one bounded
+//!   queue (`limits.queue` batches; it blocks when the queue is full:
+//!   backpressure), and writes the reports the sequencer leaves it;
+//! - one **sequencer** takes everything queued, journals it (group
+//!   commit), applies it to the engine, and once the journal has made a
+//!   batch durable hands its execution reports to the gateway (and to the
+//!   FIX gateway, `fix/`);
+//! - the journal's **writer** (and, in async mode, **syncer**), the
+//!   **snapshotter**, and the FIX gateway's threads.
 
 pub mod config;
 pub mod fix;
+mod gateway;
 
-use config::{Config, keys_match};
+use config::Config;
 use crossbook_engine::{AccountId, Command, Engine, Event};
 use crossbook_journal::{Durability, Journal, JournalConfig, recover, write_snapshot};
 use crossbook_protocol::reports::{Addressed, ReportBuilder};
 use crossbook_protocol::*;
 use std::collections::HashMap;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// Buffers (a batch of frames each) queued for one session's writer before
-/// the session is dropped as too slow.
-const OUTBOUND_FRAMES: usize = 4_096;
 /// Commands the sequencer takes into one batch (one group commit).
 const MAX_BATCH: usize = 4_096;
-/// Bytes asked of the socket per read.
-const READ_BYTES: usize = 64 * 1024;
 /// How often blocked loops look at the shutdown flag.
 const POLL: Duration = Duration::from_millis(50);
 
@@ -56,7 +48,7 @@ impl std::fmt::Display for ServeError {
 
 impl std::error::Error for ServeError {}
 
-fn error(what: impl std::fmt::Display) -> ServeError {
+pub(crate) fn error(what: impl std::fmt::Display) -> ServeError {
     ServeError(what.to_string())
 }
 
@@ -74,13 +66,21 @@ pub(crate) struct Inbound {
 /// not read its socket while the count is at the limit).
 pub(crate) struct InFlight {
     count: AtomicU32,
-    reader: thread::Thread,
+    /// A reader thread that parks while the count is at its limit (FIX
+    /// connections); the binary gateway is woken once per batch instead.
+    reader: Option<thread::Thread>,
 }
 
 impl InFlight {
-    /// A count owned by the calling (reader) thread.
+    /// A count owned by the calling (reader) thread, which parks in
+    /// [`InFlight::wait_below`].
     pub(crate) fn new() -> Arc<InFlight> {
-        Arc::new(InFlight { count: AtomicU32::new(0), reader: thread::current() })
+        Arc::new(InFlight { count: AtomicU32::new(0), reader: Some(thread::current()) })
+    }
+
+    /// A count for the binary gateway, which `dispatch` wakes once per batch.
+    pub(crate) fn polled() -> Arc<InFlight> {
+        Arc::new(InFlight { count: AtomicU32::new(0), reader: None })
     }
 
     /// Waits while `limit` or more are in flight; `false` if `stopping`
@@ -95,19 +95,27 @@ impl InFlight {
         true
     }
 
+    pub(crate) fn count(&self) -> u32 {
+        self.count.load(Ordering::Acquire)
+    }
+
     pub(crate) fn add(&self, n: u32) {
         self.count.fetch_add(n, Ordering::AcqRel);
     }
 
     fn done(&self) {
-        self.count.fetch_sub(1, Ordering::AcqRel);
-        self.reader.unpark();
+        let before = self.count.fetch_sub(1, Ordering::AcqRel);
+        if let Some(reader) = &self.reader
+            && before == 1
+        {
+            reader.unpark();
+        }
     }
 }
 
-struct Session {
-    connection: u64,
-    outbound: SyncSender<Vec<u8>>,
+/// A logged-in binary session: the gateway's connection serving it.
+pub(crate) struct Session {
+    pub(crate) connection: u64,
 }
 
 /// The reason code of a refusal by the open-order limit (not an engine
@@ -119,26 +127,30 @@ const HISTORY_REPORTS: usize = 100_000;
 
 /// An account's session sequence and its recent report frames.
 #[derive(Default)]
-struct History {
+pub(crate) struct History {
     /// The last sequence number given.
-    last: u64,
+    pub(crate) last: u64,
     /// (seq, frame) of the last `HISTORY_REPORTS` reports.
-    frames: std::collections::VecDeque<(u64, Vec<u8>)>,
+    pub(crate) frames: std::collections::VecDeque<(u64, Vec<u8>)>,
 }
 
 #[derive(Default)]
-struct Shared {
-    sessions: Mutex<HashMap<AccountId, Session>>,
+pub(crate) struct Shared {
+    pub(crate) sessions: Mutex<HashMap<AccountId, Session>>,
+    /// Report frames the sequencer left for the gateway, by connection.
+    pub(crate) outbox: Mutex<Vec<(u64, Vec<u8>)>>,
+    /// Wakes the gateway's poll (set once it runs).
+    pub(crate) waker: std::sync::OnceLock<Arc<mio::Waker>>,
     /// The last session sequence number given to each account's messages
     /// (since this process started). Locked after `sessions`.
-    seqs: Mutex<HashMap<AccountId, History>>,
-    connections: AtomicUsize,
+    pub(crate) seqs: Mutex<HashMap<AccountId, History>>,
+    pub(crate) connections: AtomicUsize,
     commands: AtomicU64,
     /// Set when the sequencer has stopped (normally or on an I/O error).
     sequencer_stopped: AtomicBool,
 }
 
-fn log(line: &str) {
+pub(crate) fn log(line: &str) {
     eprintln!("{line}");
 }
 
@@ -187,7 +199,6 @@ pub fn serve(config: Config, shutdown: Arc<AtomicBool>, listening: impl FnOnce(S
     }
 
     let listener = TcpListener::bind(&config.listen).map_err(|e| error(format!("listening on {}: {e}", config.listen)))?;
-    listener.set_nonblocking(true).map_err(error)?;
     let address = listener.local_addr().map_err(error)?;
 
     let shared = Arc::new(Shared::default());
@@ -229,261 +240,21 @@ pub fn serve(config: Config, shutdown: Arc<AtomicBool>, listening: impl FnOnce(S
     }
     log(&format!("listening on {address}"));
     listening(address);
-    let config = Arc::new(config);
-    let mut next_connection = 0u64;
-    while !shutdown.load(Ordering::Acquire) {
-        match listener.accept() {
-            Ok((stream, peer)) => {
-                next_connection += 1;
-                accept(stream, peer, next_connection, &config, &shared, &queue, &shutdown);
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(5)),
-            Err(e) => log(&format!("accept failed: {e}")),
-        }
+    let served = gateway::run(listener, &config, &shared, &queue, &shutdown);
+    if let Err(e) = &served {
+        log(&format!("gateway stopped: {e}"));
+        shutdown.store(true, Ordering::Release);
     }
-    log("shutting down: no new connections; draining");
     if let Some(gateway) = &gateway {
         gateway.stop();
     }
     drop(queue);
-    drop(listener);
     let summary = match sequencer.join() {
         Ok(result) => result?,
         Err(_) => return Err(error("the sequencer thread panicked")),
     };
     log(&format!("stopped at seq {}", summary.seq));
     Ok(summary)
-}
-
-fn accept(
-    stream: TcpStream,
-    peer: SocketAddr,
-    id: u64,
-    config: &Arc<Config>,
-    shared: &Arc<Shared>,
-    queue: &SyncSender<Vec<Inbound>>,
-    shutdown: &Arc<AtomicBool>,
-) {
-    let _ = stream.set_nonblocking(false);
-    let _ = stream.set_nodelay(true);
-    if shared.connections.load(Ordering::Acquire) >= config.limits.max_connections {
-        log(&format!("refused connection {id} from {peer}: connection limit {}", config.limits.max_connections));
-        let mut frame = Vec::new();
-        encode_server(&ServerMessage::Error { reason: ProtocolError::FrameTooLong }, &mut frame);
-        let mut stream = stream;
-        let _ = stream.write_all(&frame);
-        return;
-    }
-    shared.connections.fetch_add(1, Ordering::AcqRel);
-    let (config, shared, queue, shutdown) = (config.clone(), shared.clone(), queue.clone(), shutdown.clone());
-    let spawned = thread::Builder::new().name(format!("conn-{id}")).spawn(move || {
-        let reason = connection(stream, id, &config, &shared, &queue, &shutdown);
-        shared.connections.fetch_sub(1, Ordering::AcqRel);
-        log(&format!("disconnect connection={id} peer={peer} reason={reason}"));
-    });
-    if spawned.is_err() {
-        log(&format!("could not start a thread for connection {id}"));
-    }
-}
-
-/// Serves one connection; returns why it ended.
-fn connection(
-    stream: TcpStream,
-    id: u64,
-    config: &Config,
-    shared: &Shared,
-    queue: &SyncSender<Vec<Inbound>>,
-    shutdown: &AtomicBool,
-) -> String {
-    let Ok(write_half) = stream.try_clone() else {
-        return "cannot clone the socket".into();
-    };
-    let (outbound, frames) = sync_channel::<Vec<u8>>(OUTBOUND_FRAMES);
-    let writer = thread::spawn(move || write_frames(write_half, frames));
-    let reason = read_loop(stream, id, config, shared, queue, shutdown, &outbound);
-    // Leave the registry (if this connection is still the account's
-    // session), let the writer finish what is queued, and close.
-    let mut sessions = shared.sessions.lock().unwrap_or_else(|e| e.into_inner());
-    sessions.retain(|_, s| s.connection != id);
-    drop(sessions);
-    drop(outbound);
-    let _ = writer.join();
-    reason
-}
-
-fn write_frames(mut stream: TcpStream, frames: Receiver<Vec<u8>>) {
-    let mut buffer: Vec<u8> = Vec::with_capacity(1 << 16);
-    while let Ok(first) = frames.recv() {
-        // Everything queued goes out in one write.
-        buffer.clear();
-        buffer.extend_from_slice(&first);
-        while buffer.len() < 1 << 20 {
-            match frames.try_recv() {
-                Ok(more) => buffer.extend_from_slice(&more),
-                Err(_) => break,
-            }
-        }
-        if stream.write_all(&buffer).is_err() {
-            break;
-        }
-    }
-    let _ = stream.shutdown(std::net::Shutdown::Both);
-}
-
-fn send(outbound: &SyncSender<Vec<u8>>, message: &ServerMessage) {
-    let mut frame = Vec::with_capacity(96);
-    encode_server(message, &mut frame);
-    let _ = outbound.send(frame);
-}
-
-fn read_loop(
-    mut stream: TcpStream,
-    id: u64,
-    config: &Config,
-    shared: &Shared,
-    queue: &SyncSender<Vec<Inbound>>,
-    shutdown: &AtomicBool,
-    outbound: &SyncSender<Vec<u8>>,
-) -> String {
-    let _ = stream.set_read_timeout(Some(POLL));
-    let max_frame = config.limits.max_frame;
-    // Never more than one frame plus one read in memory.
-    let mut buffer: Vec<u8> = Vec::with_capacity(max_frame + 4 + READ_BYTES);
-    let mut chunk = vec![0u8; READ_BYTES];
-    let mut account: Option<AccountId> = None;
-    let in_flight = InFlight::new();
-    let limit = config.limits.in_flight.max(1);
-    let mut commands: Vec<Inbound> = Vec::new();
-    loop {
-        if shutdown.load(Ordering::Acquire) {
-            send(outbound, &ServerMessage::Logout { reason: 0 });
-            return "server shutting down".into();
-        }
-        // Backpressure: while this session has too many commands
-        // unanswered, its socket is not read.
-        if !in_flight.wait_below(limit, || shared.sequencer_stopped.load(Ordering::Acquire) || shutdown.load(Ordering::Acquire)) {
-            continue;
-        }
-        match stream.read(&mut chunk) {
-            Ok(0) => return "closed by the client".into(),
-            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => continue,
-            Err(e) => return format!("read error: {e}"),
-        }
-        let mut used = 0;
-        let mut ended = None;
-        loop {
-            match decode_client(&buffer[used..], max_frame) {
-                Ok(Decoded::NeedMore) => break,
-                Ok(Decoded::Message(message, size)) => {
-                    used += size;
-                    if let Err(reason) = handle(message, id, &mut account, config, shared, outbound, &in_flight, &mut commands) {
-                        ended = Some(reason);
-                        break;
-                    }
-                }
-                Err(reason) => {
-                    send(outbound, &ServerMessage::Error { reason });
-                    ended = Some(format!("protocol error: {reason}"));
-                    break;
-                }
-            }
-        }
-        buffer.drain(..used);
-        // Everything this read held goes to the sequencer in one hand-over
-        // (blocking while its queue is full: backpressure).
-        if !commands.is_empty() {
-            in_flight.add(commands.len() as u32);
-            if queue.send(std::mem::take(&mut commands)).is_err() {
-                return "server stopping".into();
-            }
-        }
-        if let Some(reason) = ended {
-            return reason;
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn handle(
-    message: ClientMessage,
-    id: u64,
-    account: &mut Option<AccountId>,
-    config: &Config,
-    shared: &Shared,
-    outbound: &SyncSender<Vec<u8>>,
-    in_flight: &Arc<InFlight>,
-    commands: &mut Vec<Inbound>,
-) -> Result<(), String> {
-    match (message, *account) {
-        (ClientMessage::Login { account: claimed, api_key, last_seen }, None) => {
-            let known = config.api_key(claimed).is_some_and(|key| keys_match(&key, &api_key));
-            if !known {
-                send(outbound, &ServerMessage::LoginRejected { reason: ProtocolError::BadCredentials });
-                return Err(format!("login refused for account {claimed}: bad credentials"));
-            }
-            let mut sessions = shared.sessions.lock().unwrap_or_else(|e| e.into_inner());
-            if sessions.contains_key(&claimed) {
-                drop(sessions);
-                send(outbound, &ServerMessage::LoginRejected { reason: ProtocolError::AlreadyLoggedIn });
-                return Err(format!("login refused for account {claimed}: already logged in"));
-            }
-            sessions.insert(claimed, Session { connection: id, outbound: outbound.clone() });
-            // While `sessions` is held no report can be dispatched: the
-            // replay and the acceptance cannot be overtaken.
-            let seqs = shared.seqs.lock().unwrap_or_else(|e| e.into_inner());
-            let history = seqs.get(&claimed);
-            let next_seq = history.map_or(0, |h| h.last) + 1;
-            send(outbound, &ServerMessage::LoginAccepted { seq: 0, account: claimed, next_seq });
-            let mut replayed = 0;
-            if let Some(history) = history {
-                let mut frames = Vec::new();
-                for (seq, frame) in &history.frames {
-                    if *seq > last_seen {
-                        frames.extend_from_slice(frame);
-                        replayed += 1;
-                    }
-                }
-                if !frames.is_empty() {
-                    let _ = outbound.send(frames);
-                }
-                if let Some(&(oldest, _)) = history.frames.front()
-                    && last_seen + 1 < oldest {
-                        log(&format!("account {claimed} asked for reports from {} but only {oldest}.. are kept", last_seen + 1));
-                    }
-            }
-            drop(seqs);
-            drop(sessions);
-            log(&format!("login connection={id} account={claimed} replayed={replayed}"));
-            *account = Some(claimed);
-            log(&format!("login connection={id} account={claimed}"));
-            Ok(())
-        }
-        (ClientMessage::Login { .. }, Some(_)) => {
-            send(outbound, &ServerMessage::Error { reason: ProtocolError::AlreadyLoggedIn });
-            Err("second login on one connection".into())
-        }
-        (_, None) => {
-            send(outbound, &ServerMessage::Error { reason: ProtocolError::NotLoggedIn });
-            Err("message before login".into())
-        }
-        (ClientMessage::Heartbeat, Some(_)) => {
-            send(outbound, &ServerMessage::Heartbeat);
-            Ok(())
-        }
-        (ClientMessage::Logout, Some(who)) => {
-            send(outbound, &ServerMessage::Logout { reason: 0 });
-            log(&format!("logout connection={id} account={who}"));
-            Err("logout".into())
-        }
-        (message, Some(who)) => {
-            let Some(command) = message.to_command(who) else {
-                return Ok(());
-            };
-            commands.push(Inbound { command, annex: None, in_flight: in_flight.clone() });
-            Ok(())
-        }
-    }
 }
 
 /// Writes snapshots off the sequencer's thread: the sequencer encodes the
@@ -782,7 +553,7 @@ fn record_history(history: &mut History, mut report: ExecutionReport) -> Vec<u8>
 }
 
 fn dispatch(reports: &[Addressed], refused: &[Addressed], shared: &Shared) {
-    let mut sessions = shared.sessions.lock().unwrap_or_else(|e| e.into_inner());
+    let sessions = shared.sessions.lock().unwrap_or_else(|e| e.into_inner());
     let mut seqs = shared.seqs.lock().unwrap_or_else(|e| e.into_inner());
     // One buffer of frames per session per batch: one queue operation and
     // one write for all of a session's reports.
@@ -798,15 +569,17 @@ fn dispatch(reports: &[Addressed], refused: &[Addressed], shared: &Shared) {
             outgoing.entry(addressed.account).or_default().extend_from_slice(&frame);
         }
     }
+    let mut outbox = shared.outbox.lock().unwrap_or_else(|e| e.into_inner());
     for (account, frames) in outgoing {
-        let Some(session) = sessions.get(&account) else {
-            continue;
-        };
-        if let Err(TrySendError::Full(_)) = session.outbound.try_send(frames) {
-            // A client that does not read its reports loses its session
-            // rather than the server's memory.
-            log(&format!("dropping session of account {account}: it does not read its reports"));
-            sessions.remove(&account);
+        if let Some(session) = sessions.get(&account) {
+            outbox.push((session.connection, frames));
         }
+    }
+    drop(outbox);
+    drop(sessions);
+    drop(seqs);
+    // Reports to write, and in-flight counts lowered: the gateway has work.
+    if let Some(waker) = shared.waker.get() {
+        let _ = waker.wake();
     }
 }

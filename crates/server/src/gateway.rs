@@ -1,0 +1,466 @@
+//! The binary-protocol gateway: one thread, one epoll (via mio) for every
+//! connection. It accepts, reads and decodes frames, logs sessions in,
+//! hands each round's commands to the sequencer in one batch, and writes
+//! the reports the sequencer leaves in the outbox.
+//!
+//! One thread rather than two per connection: on a machine with few cores
+//! the hand-offs and wake-ups of many threads cost more than the work
+//! (a reader thread per connection woke once per order; this thread wakes
+//! once per round of ready sockets).
+//!
+//! Bounds: a connection's input buffer holds at most one frame plus one
+//! read; its output buffer at most `MAX_OUTBUF` (past that the client is
+//! dropped as one that does not read its reports); a connection with
+//! `limits.in_flight` commands unanswered is not read until the sequencer
+//! answers some; the sequencer's queue is bounded (the gateway blocks on
+//! it: backpressure on every connection at once, which is what a full
+//! sequencer means).
+
+use crate::config::{Config, keys_match};
+use crate::{InFlight, Inbound, Session, Shared, error, log, ServeError};
+use crossbook_engine::AccountId;
+use crossbook_protocol::*;
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use std::collections::{HashMap, HashSet};
+use std::io::{ErrorKind, Read, Write};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::SyncSender;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+/// Bytes asked of a socket per read.
+const READ_BYTES: usize = 64 * 1024;
+/// Reads of one socket per round before the others get their turn.
+const READS_PER_ROUND: usize = 4;
+/// Unsent bytes a connection may have before it is dropped as a client
+/// that does not read its reports.
+const MAX_OUTBUF: usize = 16 << 20;
+/// How long a closing connection may take to take its last bytes.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+/// How often the loop looks at the shutdown flag.
+const TICK: Duration = Duration::from_millis(50);
+
+struct Conn {
+    id: u64,
+    stream: TcpStream,
+    peer: SocketAddr,
+    inbuf: Vec<u8>,
+    outbuf: Vec<u8>,
+    /// Bytes of `outbuf` already written.
+    written: usize,
+    account: Option<AccountId>,
+    in_flight: Arc<InFlight>,
+    /// Close once `outbuf` is out (why, and since when).
+    closing: Option<(String, Instant)>,
+    /// WRITABLE interest is registered.
+    want_write: bool,
+}
+
+impl Conn {
+    fn queue(&mut self, message: &ServerMessage) {
+        encode_server(message, &mut self.outbuf);
+    }
+
+    fn close_after(&mut self, reason: String) {
+        if self.closing.is_none() {
+            self.closing = Some((reason, Instant::now()));
+        }
+    }
+}
+
+/// The reactor's state.
+struct Gateway<'a> {
+    poll: Poll,
+    listener: TcpListener,
+    conns: HashMap<Token, Conn>,
+    /// Connections with bytes left to read (stopped after `READS_PER_ROUND`)
+    /// or held back by their in-flight limit.
+    unread: HashSet<Token>,
+    next_id: u64,
+    config: &'a Config,
+    shared: &'a Shared,
+    queue: &'a SyncSender<Vec<Inbound>>,
+    /// Commands of this round, for the sequencer.
+    commands: Vec<Inbound>,
+    chunk: Vec<u8>,
+}
+
+/// Runs the gateway on the calling thread until `shutdown`; then logs every
+/// session out, lets them take what is queued for them (bounded), and
+/// returns.
+pub(crate) fn run(listener: std::net::TcpListener, config: &Config, shared: &Shared, queue: &SyncSender<Vec<Inbound>>, shutdown: &AtomicBool) -> Result<(), ServeError> {
+    let poll = Poll::new().map_err(error)?;
+    let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(error)?);
+    let _ = shared.waker.set(waker);
+    listener.set_nonblocking(true).map_err(error)?;
+    let mut listener = TcpListener::from_std(listener);
+    poll.registry().register(&mut listener, LISTENER, Interest::READABLE).map_err(error)?;
+    let mut gateway = Gateway {
+        poll,
+        listener,
+        conns: HashMap::new(),
+        unread: HashSet::new(),
+        next_id: 0,
+        config,
+        shared,
+        queue,
+        commands: Vec::new(),
+        chunk: vec![0u8; READ_BYTES],
+    };
+    let mut events = Events::with_capacity(1024);
+    let mut stopping: Option<Instant> = None;
+    loop {
+        if stopping.is_none() && shutdown.load(Ordering::Acquire) {
+            gateway.begin_shutdown();
+            stopping = Some(Instant::now());
+        }
+        if let Some(since) = stopping {
+            if gateway.conns.is_empty() || since.elapsed() > CLOSE_GRACE {
+                let tokens: Vec<Token> = gateway.conns.keys().copied().collect();
+                for token in tokens {
+                    gateway.close(token, "server shutting down".into());
+                }
+                return Ok(());
+            }
+        }
+        let timeout = if gateway.unread.is_empty() { TICK } else { Duration::ZERO };
+        if let Err(e) = gateway.poll.poll(&mut events, Some(timeout)) {
+            if e.kind() != ErrorKind::Interrupted {
+                return Err(error(format!("epoll: {e}")));
+            }
+        }
+        for event in events.iter() {
+            match event.token() {
+                LISTENER => gateway.accept_all(stopping.is_some()),
+                WAKER => {}
+                token => {
+                    if event.is_readable() || event.is_read_closed() || event.is_error() {
+                        gateway.unread.insert(token);
+                    }
+                    if event.is_writable() {
+                        gateway.flush(token);
+                    }
+                }
+            }
+        }
+        gateway.deliver_outbox();
+        gateway.read_ready();
+        gateway.hand_over()?;
+        gateway.reap();
+    }
+}
+
+impl Gateway<'_> {
+    fn accept_all(&mut self, stopping: bool) {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, peer)) => self.accept(stream, peer, stopping),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    log(&format!("accept failed: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn accept(&mut self, mut stream: TcpStream, peer: SocketAddr, stopping: bool) {
+        self.next_id += 1;
+        let id = self.next_id;
+        let _ = stream.set_nodelay(true);
+        if stopping || self.conns.len() >= self.config.limits.max_connections {
+            let why = if stopping { "server shutting down".to_string() } else { format!("connection limit {}", self.config.limits.max_connections) };
+            log(&format!("refused connection {id} from {peer}: {why}"));
+            let mut frame = Vec::new();
+            encode_server(&ServerMessage::Error { reason: ProtocolError::ServerBusy }, &mut frame);
+            let _ = stream.write(&frame);
+            return;
+        }
+        let token = Token(id as usize + 2);
+        if let Err(e) = self.poll.registry().register(&mut stream, token, Interest::READABLE) {
+            log(&format!("refused connection {id} from {peer}: {e}"));
+            return;
+        }
+        self.shared.connections.fetch_add(1, Ordering::AcqRel);
+        let conn = Conn {
+            id,
+            stream,
+            peer,
+            inbuf: Vec::with_capacity(4096),
+            outbuf: Vec::new(),
+            written: 0,
+            account: None,
+            in_flight: InFlight::polled(),
+            closing: None,
+            want_write: false,
+        };
+        self.conns.insert(token, conn);
+        // Bytes may already be waiting.
+        self.unread.insert(token);
+    }
+
+    /// Reads every connection that has something (up to its in-flight
+    /// limit and `READS_PER_ROUND` reads), decodes and handles it.
+    fn read_ready(&mut self) {
+        let limit = self.config.limits.in_flight.max(1);
+        let tokens: Vec<Token> = self.unread.iter().copied().collect();
+        for token in tokens {
+            let Some(conn) = self.conns.get_mut(&token) else {
+                self.unread.remove(&token);
+                continue;
+            };
+            if conn.closing.is_some() {
+                self.unread.remove(&token);
+                continue;
+            }
+            // Backpressure: while this session has too many commands
+            // unanswered, its socket is not read (it stays in `unread`
+            // and is looked at again when the sequencer answers).
+            if conn.in_flight.count() >= limit {
+                continue;
+            }
+            let mut drained = false;
+            let mut ended: Option<String> = None;
+            for _ in 0..READS_PER_ROUND {
+                match conn.stream.read(&mut self.chunk) {
+                    Ok(0) => {
+                        ended = Some("closed by the client".into());
+                        break;
+                    }
+                    Ok(n) => conn.inbuf.extend_from_slice(&self.chunk[..n]),
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        drained = true;
+                        break;
+                    }
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        ended = Some(format!("read error: {e}"));
+                        break;
+                    }
+                }
+            }
+            let before = self.commands.len();
+            let decoded = decode_all(conn, self.config, self.shared, &mut self.commands);
+            let added = (self.commands.len() - before) as u32;
+            if added > 0 {
+                conn.in_flight.add(added);
+            }
+            if let Err(reason) = decoded {
+                conn.close_after(reason);
+            }
+            if drained || ended.is_some() || conn.closing.is_some() {
+                self.unread.remove(&token);
+            }
+            if let Some(reason) = ended {
+                // Whatever came before the end was handled; now close.
+                self.close(token, reason);
+                continue;
+            }
+            self.flush(token);
+        }
+    }
+
+    /// Hands this round's commands to the sequencer (blocking while its
+    /// queue is full).
+    fn hand_over(&mut self) -> Result<(), ServeError> {
+        if self.commands.is_empty() {
+            return Ok(());
+        }
+        if self.queue.send(std::mem::take(&mut self.commands)).is_err() {
+            return Err(error("the sequencer has stopped"));
+        }
+        Ok(())
+    }
+
+    /// Moves what the sequencer left for each connection into its buffer
+    /// and writes.
+    fn deliver_outbox(&mut self) {
+        let outgoing = std::mem::take(&mut *self.shared.outbox.lock().unwrap_or_else(|e| e.into_inner()));
+        for (id, frames) in outgoing {
+            let token = Token(id as usize + 2);
+            let Some(conn) = self.conns.get_mut(&token) else { continue };
+            conn.outbuf.extend_from_slice(&frames);
+            if conn.outbuf.len() - conn.written > MAX_OUTBUF {
+                log(&format!("dropping session of account {}: it does not read its reports", conn.account.unwrap_or(0)));
+                self.close(token, "does not read its reports".into());
+                continue;
+            }
+            self.flush(token);
+        }
+        // The sequencer answered: connections held back may be read again.
+        let limit = self.config.limits.in_flight.max(1);
+        for (token, conn) in &self.conns {
+            if conn.in_flight.count() < limit && conn.closing.is_none() {
+                self.unread.insert(*token);
+            }
+        }
+    }
+
+    /// Writes as much of a connection's buffer as the socket takes.
+    fn flush(&mut self, token: Token) {
+        let Some(conn) = self.conns.get_mut(&token) else { return };
+        while conn.written < conn.outbuf.len() {
+            match conn.stream.write(&conn.outbuf[conn.written..]) {
+                Ok(0) => break,
+                Ok(n) => conn.written += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.close(token, format!("write error: {e}"));
+                    return;
+                }
+            }
+        }
+        if conn.written == conn.outbuf.len() {
+            conn.outbuf.clear();
+            conn.written = 0;
+        } else if conn.written > (1 << 20) {
+            conn.outbuf.drain(..conn.written);
+            conn.written = 0;
+        }
+        let want_write = !conn.outbuf.is_empty();
+        if want_write != conn.want_write {
+            let interest = if want_write { Interest::READABLE | Interest::WRITABLE } else { Interest::READABLE };
+            if self.poll.registry().reregister(&mut conn.stream, token, interest).is_ok() {
+                conn.want_write = want_write;
+            }
+        }
+    }
+
+    /// Closes connections whose last bytes are out (or that took too long).
+    fn reap(&mut self) {
+        let done: Vec<(Token, String)> = self
+            .conns
+            .iter()
+            .filter_map(|(token, conn)| {
+                let (reason, since) = conn.closing.as_ref()?;
+                (conn.outbuf.is_empty() || since.elapsed() > CLOSE_GRACE).then(|| (*token, reason.clone()))
+            })
+            .collect();
+        for (token, reason) in done {
+            self.close(token, reason);
+        }
+    }
+
+    fn close(&mut self, token: Token, reason: String) {
+        let Some(mut conn) = self.conns.remove(&token) else { return };
+        self.unread.remove(&token);
+        let _ = self.poll.registry().deregister(&mut conn.stream);
+        let _ = conn.stream.shutdown(std::net::Shutdown::Both);
+        let mut sessions = self.shared.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        sessions.retain(|_, s| s.connection != conn.id);
+        drop(sessions);
+        self.shared.connections.fetch_sub(1, Ordering::AcqRel);
+        log(&format!("disconnect connection={} peer={} reason={reason}", conn.id, conn.peer));
+    }
+
+    fn begin_shutdown(&mut self) {
+        log("shutting down: no new connections; draining");
+        let _ = self.poll.registry().deregister(&mut self.listener);
+        let tokens: Vec<Token> = self.conns.keys().copied().collect();
+        for token in tokens {
+            if let Some(conn) = self.conns.get_mut(&token) {
+                conn.queue(&ServerMessage::Logout { reason: 0 });
+                conn.close_after("server shutting down".into());
+            }
+            self.flush(token);
+        }
+    }
+}
+
+/// Decodes every whole frame in `conn.inbuf` and handles it; an `Err` is
+/// why the connection must close (after what was queued for it).
+fn decode_all(conn: &mut Conn, config: &Config, shared: &Shared, commands: &mut Vec<Inbound>) -> Result<(), String> {
+    let max_frame = config.limits.max_frame;
+    let mut used = 0;
+    let result = loop {
+        match decode_client(&conn.inbuf[used..], max_frame) {
+            Ok(Decoded::NeedMore) => break Ok(()),
+            Ok(Decoded::Message(message, size)) => {
+                used += size;
+                if let Err(reason) = handle(message, conn, config, shared, commands) {
+                    break Err(reason);
+                }
+            }
+            Err(reason) => {
+                conn.queue(&ServerMessage::Error { reason });
+                break Err(format!("protocol error: {reason}"));
+            }
+        }
+    };
+    conn.inbuf.drain(..used);
+    result
+}
+
+fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, shared: &Shared, commands: &mut Vec<Inbound>) -> Result<(), String> {
+    let id = conn.id;
+    match (message, conn.account) {
+        (ClientMessage::Login { account: claimed, api_key, last_seen }, None) => {
+            let known = config.api_key(claimed).is_some_and(|key| keys_match(&key, &api_key));
+            if !known {
+                conn.queue(&ServerMessage::LoginRejected { reason: ProtocolError::BadCredentials });
+                return Err(format!("login refused for account {claimed}: bad credentials"));
+            }
+            let mut sessions = shared.sessions.lock().unwrap_or_else(|e| e.into_inner());
+            if sessions.contains_key(&claimed) {
+                drop(sessions);
+                conn.queue(&ServerMessage::LoginRejected { reason: ProtocolError::AlreadyLoggedIn });
+                return Err(format!("login refused for account {claimed}: already logged in"));
+            }
+            sessions.insert(claimed, Session { connection: id });
+            // While `sessions` is held no report can be dispatched: the
+            // replay and the acceptance cannot be overtaken (anything
+            // dispatched later is queued after them).
+            let seqs = shared.seqs.lock().unwrap_or_else(|e| e.into_inner());
+            let history = seqs.get(&claimed);
+            let next_seq = history.map_or(0, |h| h.last) + 1;
+            conn.queue(&ServerMessage::LoginAccepted { seq: 0, account: claimed, next_seq });
+            let mut replayed = 0;
+            if let Some(history) = history {
+                for (seq, frame) in &history.frames {
+                    if *seq > last_seen {
+                        conn.outbuf.extend_from_slice(frame);
+                        replayed += 1;
+                    }
+                }
+                if let Some(&(oldest, _)) = history.frames.front()
+                    && last_seen + 1 < oldest
+                {
+                    log(&format!("account {claimed} asked for reports from {} but only {oldest}.. are kept", last_seen + 1));
+                }
+            }
+            drop(seqs);
+            drop(sessions);
+            conn.account = Some(claimed);
+            log(&format!("login connection={id} account={claimed} replayed={replayed}"));
+            Ok(())
+        }
+        (ClientMessage::Login { .. }, Some(_)) => {
+            conn.queue(&ServerMessage::Error { reason: ProtocolError::AlreadyLoggedIn });
+            Err("second login on one connection".into())
+        }
+        (_, None) => {
+            conn.queue(&ServerMessage::Error { reason: ProtocolError::NotLoggedIn });
+            Err("message before login".into())
+        }
+        (ClientMessage::Heartbeat, Some(_)) => {
+            conn.queue(&ServerMessage::Heartbeat);
+            Ok(())
+        }
+        (ClientMessage::Logout, Some(who)) => {
+            conn.queue(&ServerMessage::Logout { reason: 0 });
+            log(&format!("logout connection={id} account={who}"));
+            Err("logout".into())
+        }
+        (message, Some(who)) => {
+            if let Some(command) = message.to_command(who) {
+                commands.push(Inbound { command, annex: None, in_flight: conn.in_flight.clone() });
+            }
+            Ok(())
+        }
+    }
+}
