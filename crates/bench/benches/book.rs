@@ -1,5 +1,6 @@
 //! The book's hot operations, one at a time: add a resting order, cancel
-//! it, match one level, replace. `cargo bench -p crossbook-bench`.
+//! one, the two together, match one level, replace.
+//! `cargo bench -p crossbook-bench`.
 
 use crossbook_bench::*;
 use crossbook_engine::*;
@@ -36,6 +37,44 @@ fn add_then_cancel(bencher: Bencher, depth: u64) {
         engine.apply(&Command::Cancel { account: TAKER, order }, &mut events);
         divan::black_box(events.len())
     });
+}
+
+/// Add one resting order (at one of 64 passive prices), nothing else:
+/// the book grows by one order per iteration, which for an O(1) add into
+/// an existing level does not change its cost.
+#[divan::bench(args = [16, 512, 8192])]
+fn add(bencher: Bencher, depth: u64) {
+    let (mut engine, mut cid) = deep_engine(depth);
+    let mut events = Vec::with_capacity(64);
+    bencher.bench_local(|| {
+        cid += 1;
+        events.clear();
+        let price = 9_900 - (cid % 64) as i64;
+        engine.apply(&limit(TAKER, cid, Side::Buy, price, 3, TimeInForce::Gtc), &mut events);
+        divan::black_box(events.len())
+    });
+}
+
+/// Cancel one resting order; the order is added outside the timed part.
+#[divan::bench(args = [16, 512, 8192])]
+fn cancel(bencher: Bencher, depth: u64) {
+    let (engine, cid) = deep_engine(depth);
+    let engine = std::cell::RefCell::new(engine);
+    let cid = std::cell::Cell::new(cid);
+    let mut events = Vec::with_capacity(64);
+    bencher
+        .with_inputs(|| {
+            let mut engine = engine.borrow_mut();
+            cid.set(cid.get() + 1);
+            let mut added = Vec::new();
+            engine.apply(&limit(TAKER, cid.get(), Side::Buy, 9_900 - (cid.get() % 64) as i64, 3, TimeInForce::Gtc), &mut added);
+            engine.seq()
+        })
+        .bench_local_values(|order| {
+            events.clear();
+            engine.borrow_mut().apply(&Command::Cancel { account: TAKER, order }, &mut events);
+            divan::black_box(events.len())
+        });
 }
 
 /// An IOC order that takes one whole resting order at the best level, and

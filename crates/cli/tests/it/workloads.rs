@@ -89,3 +89,54 @@ fn steady_deep_mix_is_as_documented() {
     let trading = (t.places + t.cancels) as f64;
     within(t.places as f64 / trading, 0.82, 0.03, "place share");
 }
+
+#[test]
+fn steady_deep_keeps_its_book_at_512_in_a_64_tick_band() {
+    let commands = generate(Workload::SteadyDeep, 3, 60_000);
+    let mut engine = Engine::new();
+    let mut events = Vec::new();
+    let (mut buys, mut sells, mut deepest) = (0u64, 0u64, 0usize);
+    for command in &commands {
+        events.clear();
+        engine.apply(command, &mut events);
+        deepest = deepest.max(engine.open_orders());
+        if let Command::Place(p) = command {
+            assert!((99_968..=100_031).contains(&p.price), "price {} outside the 64-tick band", p.price);
+            assert!((1..=8).contains(&p.qty), "quantity {}", p.qty);
+            assert_eq!((p.order_type, p.tif), (OrderType::Limit, TimeInForce::Gtc));
+            match p.side {
+                Side::Buy => buys += 1,
+                Side::Sell => sells += 1,
+            }
+        }
+    }
+    // A cancel of the oldest precedes every order once 512 rest.
+    assert!((500..=513).contains(&deepest), "the book peaked at {deepest} resting orders");
+    within(buys as f64 / (buys + sells) as f64, 0.5, 0.01, "buy share");
+}
+
+#[test]
+fn mixed_operation_mix_is_as_documented() {
+    // Weights out of 930 (docs/benchmarks.md); the 40 one-rule-broken
+    // commands land in every category, and a replace with no open order to
+    // pick becomes a cancel, hence the one-sided tolerances.
+    let commands = generate(Workload::Mixed, 4, 80_000);
+    let trading = commands.iter().position(|c| matches!(c, Command::Place(_))).unwrap();
+    let commands = &commands[trading..];
+    let n = commands.len() as f64;
+    let share = |f: &dyn Fn(&Command) -> bool| commands.iter().filter(|c| f(c)).count() as f64 / n;
+    let limit = share(&|c| matches!(c, Command::Place(p) if p.order_type == OrderType::Limit));
+    let market = share(&|c| matches!(c, Command::Place(p) if p.order_type == OrderType::Market));
+    let cancel_or_replace = share(&|c| matches!(c, Command::Cancel { .. } | Command::Replace { .. }));
+    let cancel_all = share(&|c| matches!(c, Command::CancelAll { .. }));
+    let funds = share(&|c| matches!(c, Command::Deposit { .. } | Command::Withdraw { .. }));
+    let in_range = |value: f64, weight: f64, below: f64, above: f64, what: &str| {
+        let expected = weight / 930.0;
+        assert!(value >= expected - below && value <= expected + above, "{what}: {value:.4}, expected {expected:.4} -{below} +{above}");
+    };
+    in_range(limit, 500.0, 0.01, 0.03, "limit orders");
+    in_range(market, 60.0, 0.005, 0.01, "market orders");
+    in_range(cancel_or_replace, 260.0, 0.015, 0.03, "cancels and replaces");
+    in_range(cancel_all, 8.0, 0.0015, 0.002, "cancel-alls");
+    in_range(funds, 60.0, 0.005, 0.025, "deposits and withdrawals");
+}
