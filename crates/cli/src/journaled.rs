@@ -86,6 +86,18 @@ pub fn recover(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `crossbook journal snapshot DIR`: recover, then write a snapshot.
+pub fn snapshot(dir: &Path, keep: usize) -> Result<()> {
+    let recovered = crossbook_journal::recover(dir)?;
+    for warning in &recovered.warnings {
+        eprintln!("warning: {warning}");
+    }
+    let path = crossbook_journal::write_snapshot(dir, &recovered.engine, keep)?;
+    println!("snapshot {} seq {}", path.display(), recovered.engine.seq());
+    eprintln!("state-sha256 {}", crossbook_journal::state_hash(&recovered.engine));
+    Ok(())
+}
+
 pub fn verify(dir: &Path) -> Result<()> {
     if !dir.is_dir() {
         bail!("{} is not a directory", dir.display());

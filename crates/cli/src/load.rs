@@ -37,6 +37,9 @@ pub struct Options {
     pub json: bool,
     /// Write `order cid` of every acknowledged order here (for crash tests).
     pub acked_out: Option<std::path::PathBuf>,
+    /// Write `account last_seq` for every session here: the last report
+    /// sequence number each saw (for crash tests).
+    pub last_seen_out: Option<std::path::PathBuf>,
     pub protocol: Protocol,
 }
 
@@ -52,6 +55,8 @@ struct Reply {
     kind: ReportKind,
     cid: u64,
     order: u64,
+    /// The session sequence number (binary protocol; 0 over FIX).
+    seq: u64,
 }
 
 /// The protocol a session speaks: how an order and a cancel are written
@@ -78,7 +83,7 @@ impl Wire for BinaryWire {
 
     fn decode(&mut self, buffer: &[u8]) -> Result<Option<(Option<Reply>, usize)>, String> {
         match decode_server(buffer, 1 << 16) {
-            Ok(Decoded::Message(ServerMessage::ExecutionReport(r), size)) => Ok(Some((Some(Reply { kind: r.kind, cid: r.cid, order: r.order }), size))),
+            Ok(Decoded::Message(ServerMessage::ExecutionReport(r), size)) => Ok(Some((Some(Reply { kind: r.kind, cid: r.cid, order: r.order, seq: r.seq }), size))),
             Ok(Decoded::Message(ServerMessage::Error { reason } | ServerMessage::LoginRejected { reason }, _)) => Err(format!("server error {reason}")),
             Ok(Decoded::Message(ServerMessage::Logout { .. }, _)) => Err("logged out by the server".into()),
             Ok(Decoded::Message(_, size)) => Ok(Some((None, size))),
@@ -145,7 +150,7 @@ impl Wire for FixWire {
                 // A cancel reports the cancel's own ClOrdID: the order's is 41.
                 let cid_tag = if kind == ReportKind::Cancelled && message.get(41).is_some() { 41 } else { 11 };
                 let cid = message.text(cid_tag).and_then(|t| t.parse().ok()).unwrap_or(0);
-                Ok(Some((Some(Reply { kind, cid, order: message.number(37).unwrap_or(0) }), size)))
+                Ok(Some((Some(Reply { kind, cid, order: message.number(37).unwrap_or(0), seq: 0 }), size)))
             }
             b"5" => Err(format!("logged out by the server: {}", message.text(58).unwrap_or(""))),
             _ => Ok(Some((None, size))),
@@ -189,6 +194,8 @@ struct Tally {
     acked: u64,
     rejected: u64,
     fills: u64,
+    /// The highest report sequence number seen.
+    last_seq: u64,
     cancels: u64,
     errors: u64,
     unanswered: u64,
@@ -295,7 +302,7 @@ impl Client {
             stream,
             wire,
             index,
-            tally: Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, fills: 0, cancels: 0, errors: 0, unanswered: 0, accepted: Vec::new() },
+            tally: Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, fills: 0, last_seq: 0, cancels: 0, errors: 0, unanswered: 0, accepted: Vec::new() },
             rng: crossbook_workload::Rng::new(0xC0FFEE + index),
             run: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64) & 0xF_FFFF,
             next: 0,
@@ -458,6 +465,7 @@ struct Books<'a> {
 }
 
 fn record(tally: &mut Tally, books: &mut Books<'_>, keep: bool, report: Reply, now: Instant) {
+    tally.last_seq = tally.last_seq.max(report.seq);
     let nanos = |since: Instant| (now.saturating_duration_since(since).as_nanos() as u64).max(1);
     match report.kind {
         ReportKind::Accepted | ReportKind::Rejected => {
@@ -524,7 +532,9 @@ pub fn run(options: Options) -> Result<()> {
     let mut fill = histogram();
     let (mut sent, mut acked, mut rejected, mut fills, mut cancels, mut errors, mut unanswered) = (0, 0, 0, 0, 0, 0, 0);
     let mut accepted = Vec::new();
-    for tally in tallies {
+    let mut last_seen = String::new();
+    for (index, tally) in tallies.into_iter().enumerate() {
+        last_seen.push_str(&format!("{} {}\n", index + 1, tally.last_seq));
         ack.add(&tally.ack)?;
         fill.add(&tally.fill)?;
         sent += tally.sent;
@@ -537,6 +547,9 @@ pub fn run(options: Options) -> Result<()> {
         accepted.extend(tally.accepted);
     }
     let sending = options.duration;
+    if let Some(path) = &options.last_seen_out {
+        std::fs::write(path, &last_seen).with_context(|| format!("writing {}", path.display()))?;
+    }
     if let Some(path) = &options.acked_out {
         let mut lines = String::new();
         for (order, cid) in &accepted {

@@ -117,6 +117,10 @@ enum Cmd {
         /// Write `order cid` for every acknowledged order to this file.
         #[arg(long)]
         acked_out: Option<PathBuf>,
+        /// Write `account last_seq` per session: the last report sequence
+        /// number each saw.
+        #[arg(long)]
+        last_seen_out: Option<PathBuf>,
     },
     /// Replay another engine's published flow and compare every result.
     Compat {
@@ -180,6 +184,14 @@ enum JournalAction {
     Verify { dir: PathBuf },
     /// Print the journal's commands in the command-file text format.
     Inspect { dir: PathBuf },
+    /// Rebuild the state and write a snapshot of it now (a running
+    /// `crossbook serve` takes one on SIGUSR1 instead).
+    Snapshot {
+        dir: PathBuf,
+        /// Snapshots to keep.
+        #[arg(long, default_value_t = 2)]
+        keep: usize,
+    },
 }
 
 fn main() {
@@ -204,7 +216,7 @@ fn real_main() -> Result<()> {
         }
         Cmd::Recover { journal } => journaled::recover(&journal),
         Cmd::Serve { config, listen, data, fix_listen } => serve(config, listen, data, fix_listen),
-        Cmd::Load { address, protocol, connections, duration, rate, window, json, acked_out } => load::run(load::Options {
+        Cmd::Load { address, protocol, connections, duration, rate, window, json, acked_out, last_seen_out } => load::run(load::Options {
             protocol: match protocol.as_str() {
                 "binary" => load::Protocol::Binary,
                 "fix" => load::Protocol::Fix,
@@ -217,10 +229,12 @@ fn real_main() -> Result<()> {
             window: window.max(1),
             json,
             acked_out,
+            last_seen_out,
         }),
         Cmd::Compat { engine: CompatEngine::ExchangeCore { dir, flow } } => compat::run(&compat::flow_dir(dir.or(flow))?),
         Cmd::Journal { action: JournalAction::Verify { dir } } => journaled::verify(&dir),
         Cmd::Journal { action: JournalAction::Inspect { dir } } => journaled::inspect(&dir),
+        Cmd::Journal { action: JournalAction::Snapshot { dir, keep } } => journaled::snapshot(&dir, keep),
         Cmd::Bench { workload: name, commands, seed, no_latency, journal, format, compare, threshold, slow_ns, flow } => {
             let json = match format.as_str() {
                 "text" => false,
@@ -263,7 +277,11 @@ fn serve(config: Option<PathBuf>, listen: Option<String>, data: Option<PathBuf>,
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, shutdown.clone()).context("installing the signal handler")?;
     }
-    let summary = crossbook_server::serve(config, shutdown, |_| {})?;
+    // SIGUSR1: take a snapshot now.
+    let snapshot = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGUSR1, snapshot.clone()).context("installing the signal handler")?;
+    let controls = crossbook_server::Controls { shutdown, snapshot };
+    let summary = crossbook_server::serve(config, controls, |_| {})?;
     eprintln!("served {} commands; journal synced and snapshot written at seq {}", summary.commands, summary.seq);
     Ok(())
 }

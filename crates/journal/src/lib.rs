@@ -244,7 +244,11 @@ pub fn verify(dir: &Path) -> (Option<JournalEnd>, Vec<Problem>) {
             Some(end)
         }
         Err(corruption) => {
+            // Recovery stops at the first damage; verify goes on, segment by
+            // segment, so that every damaged place is named.
+            let later = read::check_later_segments(dir, &corruption.file);
             problems.push(Problem::Corruption(corruption));
+            problems.extend(later.into_iter().map(Problem::Corruption));
             None
         }
     };

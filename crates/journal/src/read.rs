@@ -61,6 +61,71 @@ fn valid_record_after(bytes: &[u8], from: usize) -> bool {
     (start..=bytes.len() - RECORD_OVERHEAD - 1).any(|at| decode_record(&bytes[at..], u32_at(bytes, at - 4)).is_ok())
 }
 
+/// Checks the segments after `after` (the file where [`scan`] stopped) each
+/// on its own, from its header's first sequence number and chain seed, so
+/// that `journal verify` reports every damaged segment, not only the first.
+/// Returns one problem per damaged segment (its first), including a
+/// segment that does not follow on from the one before it.
+pub fn check_later_segments(dir: &Path, after: &Path) -> Vec<Corruption> {
+    let Ok(segments) = list(dir, "segment-", ".xbj") else {
+        return Vec::new();
+    };
+    let mut problems = Vec::new();
+    // (seq after the last record, its checksum) of the previous segment, if
+    // it checked out to its end.
+    let mut previous: Option<(u64, u32)> = None;
+    for (named_seq, path) in segments.iter().filter(|(_, p)| p.as_path() > after) {
+        let corrupt = |offset: usize, seq: u64, what: String| Corruption { file: path.clone(), offset: offset as u64, seq, what };
+        let bytes = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                problems.push(corrupt(0, *named_seq, format!("cannot read: {e}")));
+                previous = None;
+                continue;
+            }
+        };
+        let header = match parse_segment_header(&bytes) {
+            Ok(header) => header,
+            Err(what) => {
+                problems.push(corrupt(0, *named_seq, what));
+                previous = None;
+                continue;
+            }
+        };
+        if let Some((next, crc)) = previous
+            && (header.first_seq != next || header.chain_seed != crc)
+        {
+            problems.push(corrupt(0, next, format!("does not follow on from the previous segment (starts at seq {})", header.first_seq)));
+        }
+        let (mut expected, mut chain, mut at) = (header.first_seq, header.chain_seed, SEGMENT_HEADER_BYTES);
+        previous = None;
+        let mut damaged = false;
+        while at < bytes.len() {
+            match decode_record_at(&bytes, at, chain) {
+                Ok(record) if record.seq == expected => {
+                    chain = record.crc;
+                    expected += 1;
+                    at += record.size;
+                }
+                Ok(record) => {
+                    problems.push(corrupt(at, expected, format!("holds seq {}", record.seq)));
+                    damaged = true;
+                    break;
+                }
+                Err(error) => {
+                    problems.push(corrupt(at, expected, error.to_string()));
+                    damaged = true;
+                    break;
+                }
+            }
+        }
+        if !damaged {
+            previous = Some((expected, chain));
+        }
+    }
+    problems
+}
+
 /// Checks every segment in `dir` in order and calls `visit(seq, payload)` for
 /// each valid record. A `visit` error is reported as corruption at that
 /// record.

@@ -256,9 +256,13 @@ impl Gateway<'_> {
                 self.unread.remove(&token);
             }
             if let Some(reason) = ended {
-                // Whatever came before the end was handled; now close.
-                self.close(token, reason);
-                continue;
+                // Whatever came before the end was handled. A protocol
+                // error found in it is the reason that counts (and its
+                // error frame still goes out); otherwise close now.
+                if conn.closing.is_none() {
+                    self.close(token, reason);
+                    continue;
+                }
             }
             self.flush(token);
         }

@@ -163,7 +163,16 @@ pub struct Summary {
 /// Runs the venue until `shutdown` is set; then stops accepting, drains
 /// what was queued, syncs the journal, writes a snapshot and returns.
 /// `listening` is told the bound address once connections are accepted.
-pub fn serve(config: Config, shutdown: Arc<AtomicBool>, listening: impl FnOnce(SocketAddr)) -> Result<Summary, ServeError> {
+/// What starts and stops a served venue from outside.
+pub struct Controls {
+    /// Set to stop: no new connections, drain, sync, snapshot, return.
+    pub shutdown: Arc<AtomicBool>,
+    /// Set to have a snapshot taken now (the flag is cleared).
+    pub snapshot: Arc<AtomicBool>,
+}
+
+pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAddr)) -> Result<Summary, ServeError> {
+    let Controls { shutdown, snapshot: snapshot_now } = controls;
     let durability = match config.durability.as_str() {
         "sync" => Durability::Sync,
         "async" => Durability::Async { interval: Duration::from_millis(10) },
@@ -220,10 +229,11 @@ pub fn serve(config: Config, shutdown: Arc<AtomicBool>, listening: impl FnOnce(S
         let snapshot_every = config.snapshot_every;
         let gateway = gateway.clone();
         let open_orders = config.limits.open_orders;
+        let snapshot_now = snapshot_now.clone();
         thread::Builder::new()
             .name("sequencer".into())
             .spawn(move || {
-                let settings = Settings { data_dir: &data_dir, snapshot_every, open_orders, gateway: gateway.as_deref() };
+                let settings = Settings { data_dir: &data_dir, snapshot_every, open_orders, gateway: gateway.as_deref(), snapshot_now: &snapshot_now };
                 let result = sequence(engine, journal, inbound, shared.clone(), shutdown.clone(), settings);
                 shared.sequencer_stopped.store(true, Ordering::Release);
                 if let Err(e) = &result {
@@ -333,6 +343,8 @@ struct Settings<'a> {
     /// Open orders an account may have (`limits.open_orders`).
     open_orders: usize,
     gateway: Option<&'a fix::Gateway>,
+    /// Set (by SIGUSR1) to take a snapshot now.
+    snapshot_now: &'a AtomicBool,
 }
 
 /// A batch applied and waiting for the journal: its last sequence number,
@@ -445,18 +457,24 @@ fn sequence(
             }
             done.last_seq = engine.seq();
             waiting.push_back(done);
-            if settings.snapshot_every > 0 && engine.seq() - last_snapshot >= settings.snapshot_every {
-                // Encoded here (quick), written and synced by the
-                // snapshotter, once the journal holds everything it covers.
-                // If the last one is still being written, this one is
-                // skipped: the next comes `snapshot_every` commands later.
-                if snapshotter.is_free() {
-                    let mut state = Vec::new();
-                    engine.encode_state(&mut state);
-                    snapshotter.offer(engine.seq(), state);
+        }
+        let requested = settings.snapshot_now.swap(false, Ordering::AcqRel);
+        if requested || (settings.snapshot_every > 0 && engine.seq() - last_snapshot >= settings.snapshot_every) {
+            // Encoded here (quick), written and synced by the snapshotter,
+            // once the journal holds everything it covers. If the last one
+            // is still being written, this one is skipped: the next comes
+            // `snapshot_every` commands later (or ask again).
+            if snapshotter.is_free() {
+                let mut state = Vec::new();
+                engine.encode_state(&mut state);
+                snapshotter.offer(engine.seq(), state);
+                if requested {
+                    log(&format!("snapshot requested: writing one at seq {}", engine.seq()));
                 }
-                last_snapshot = engine.seq();
+            } else if requested {
+                log("snapshot requested: the previous one is still being written; ask again");
             }
+            last_snapshot = engine.seq();
         }
         if let Some(target) = waiting.front().map(|w| w.last_seq) {
             // Does not wait; reports a failed journal.
