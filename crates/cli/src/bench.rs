@@ -115,6 +115,10 @@ pub struct Report {
     pub build_profile: String,
     pub cpu_model: String,
     pub date: String,
+    /// With `--journal DIR`: the journal's figures (side by side with
+    /// in-memory runs, medians of rounds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal: Option<crate::journaled::JournalFigures>,
 }
 
 fn busy_wait(nanos: u64) {
@@ -239,14 +243,17 @@ pub fn run(options: Options) -> Result<()> {
     if let Some(path) = &options.compare {
         return compare(&options, path);
     }
-    let (report, commands) = measure(&options)?;
+    let (mut report, commands) = measure(&options)?;
+    if let Some(dir) = &options.journal {
+        report.journal = Some(crate::journaled::bench(&commands, dir)?);
+    }
     if options.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_text(&report);
-    }
-    if let Some(dir) = &options.journal {
-        crate::journaled::bench(&commands, dir, report.commands_per_s)?;
+        if let Some(figures) = &report.journal {
+            figures.print();
+        }
     }
     Ok(())
 }

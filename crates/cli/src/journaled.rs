@@ -157,7 +157,7 @@ pub fn inspect(dir: &Path) -> Result<()> {
 /// commands applied in memory, journaled in async mode, journaled in sync
 /// mode, and recovered from the sync journal; medians of each, so that the
 /// ratios compare figures taken side by side.
-pub fn bench(commands: &[crossbook_engine::Command], dir: &Path, _in_memory_per_s: f64) -> Result<()> {
+pub fn bench(commands: &[crossbook_engine::Command], dir: &Path) -> Result<JournalFigures> {
     use crossbook_journal::{CommitStats, Durability};
     use std::time::Duration;
     const ROUNDS: usize = 5;
@@ -202,32 +202,64 @@ pub fn bench(commands: &[crossbook_engine::Command], dir: &Path, _in_memory_per_
         values[values.len() / 2]
     };
     let memory = median(&mut memory);
-    println!("journal_rounds {ROUNDS} (medians)");
-    println!("in_memory commands_per_s {memory:.0}");
+    let mut figures = JournalFigures { rounds: ROUNDS, in_memory_commands_per_s: memory, ..JournalFigures::default() };
     for (index, (name, _)) in modes.iter().enumerate() {
         let mut rates: Vec<f64> = journaled[index].iter().map(|(r, _)| *r).collect();
         let rate = median(&mut rates);
-        let syncs: u64 = journaled[index].iter().map(|(_, s)| s.syncs).sum();
-        let records: u64 = journaled[index].iter().map(|(_, s)| s.records).sum();
-        let nanos: u64 = journaled[index].iter().map(|(_, s)| s.sync_nanos).sum();
-        let mut line = format!("journal_{name} commands_per_s {rate:.0} ({:.0}% of in-memory)", 100.0 * rate / memory);
-        if *name == "sync" && syncs > 0 {
-            line.push_str(&format!(
-                " fsyncs {syncs} fsync_us {:.1} commands_per_group_commit {:.1}",
-                nanos as f64 / syncs as f64 / 1000.0,
-                records as f64 / syncs as f64
-            ));
+        let stage = (1e9 / rate - 1e9 / memory).max(0.0);
+        if *name == "async" {
+            figures.async_commands_per_s = rate;
+            figures.async_ns_per_command = stage;
+        } else {
+            let syncs: u64 = journaled[index].iter().map(|(_, s)| s.syncs).sum();
+            let records: u64 = journaled[index].iter().map(|(_, s)| s.records).sum();
+            let nanos: u64 = journaled[index].iter().map(|(_, s)| s.sync_nanos).sum();
+            figures.sync_commands_per_s = rate;
+            figures.sync_ns_per_command = stage;
+            if syncs > 0 {
+                figures.fsync_us = nanos as f64 / syncs as f64 / 1000.0;
+                figures.commands_per_group_commit = records as f64 / syncs as f64;
+            }
         }
-        println!("{line}");
     }
-    let replay = median(&mut replay);
-    println!("recovery_replay commands_per_s {replay:.0} ({:.0}% of in-memory)", 100.0 * replay / memory);
-    let mut extra = Vec::new();
-    for (index, (name, _)) in modes.iter().enumerate() {
-        let mut rates: Vec<f64> = journaled[index].iter().map(|(r, _)| *r).collect();
-        let rate = median(&mut rates);
-        extra.push(format!("journal_{name} {:.1}", (1e9 / rate - 1e9 / memory).max(0.0)));
+    figures.recovery_replay_commands_per_s = median(&mut replay);
+    Ok(figures)
+}
+
+/// What `crossbook bench --journal DIR` measured: medians of `rounds`
+/// rounds, each running the commands in memory, through the journal in
+/// `async` and `sync` mode, and replaying the sync journal in recovery.
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct JournalFigures {
+    pub rounds: usize,
+    pub in_memory_commands_per_s: f64,
+    pub async_commands_per_s: f64,
+    pub sync_commands_per_s: f64,
+    pub recovery_replay_commands_per_s: f64,
+    /// Average time of one group commit's fdatasync, and the commands it
+    /// covered.
+    pub fsync_us: f64,
+    pub commands_per_group_commit: f64,
+    /// The journal's stage: journaled minus in-memory, per command.
+    pub async_ns_per_command: f64,
+    pub sync_ns_per_command: f64,
+}
+
+impl JournalFigures {
+    pub fn print(&self) {
+        let memory = self.in_memory_commands_per_s;
+        let share = |rate: f64| 100.0 * rate / memory;
+        println!("journal_rounds {} (medians)", self.rounds);
+        println!("in_memory commands_per_s {memory:.0}");
+        println!("journal_async commands_per_s {:.0} ({:.0}% of in-memory)", self.async_commands_per_s, share(self.async_commands_per_s));
+        println!(
+            "journal_sync commands_per_s {:.0} ({:.0}% of in-memory) fsync_us {:.1} commands_per_group_commit {:.1}",
+            self.sync_commands_per_s,
+            share(self.sync_commands_per_s),
+            self.fsync_us,
+            self.commands_per_group_commit
+        );
+        println!("recovery_replay commands_per_s {:.0} ({:.0}% of in-memory)", self.recovery_replay_commands_per_s, share(self.recovery_replay_commands_per_s));
+        println!("stages_ns_per_command journal_async {:.1} journal_sync {:.1} (journaled minus in-memory, medians)", self.async_ns_per_command, self.sync_ns_per_command);
     }
-    println!("stages_ns_per_command {} (journaled minus in-memory, medians)", extra.join(" "));
-    Ok(())
 }
