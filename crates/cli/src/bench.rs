@@ -235,6 +235,7 @@ pub fn measure(options: &Options) -> Result<(Report, Vec<Command>)> {
         build_profile: if cfg!(debug_assertions) { "debug".into() } else { "release".into() },
         cpu_model: cpu_model(),
         date: utc_now(),
+        journal: None,
     };
     Ok((report, commands))
 }
