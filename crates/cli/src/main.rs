@@ -10,9 +10,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 use crossbook_journal::{Durability, JournalConfig};
 
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 mod bench;
 mod compat;
 mod journaled;

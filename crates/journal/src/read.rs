@@ -61,6 +61,13 @@ fn valid_record_after(bytes: &[u8], from: usize) -> bool {
     (start..=bytes.len() - RECORD_OVERHEAD - 1).any(|at| decode_record(&bytes[at..], u32_at(bytes, at - 4)).is_ok())
 }
 
+/// Whether everything from `at` on is zero: the space a writer reserved
+/// ahead of its records (`write::PREALLOCATE_BYTES`), so the clean end of
+/// the journal, not a damaged record.
+fn zeros_from(bytes: &[u8], at: usize) -> bool {
+    bytes[at.min(bytes.len())..].iter().all(|&b| b == 0)
+}
+
 /// Checks the segments after `after` (the file where [`scan`] stopped) each
 /// on its own, from its header's first sequence number and chain seed, so
 /// that `journal verify` reports every damaged segment, not only the first.
@@ -112,6 +119,7 @@ pub fn check_later_segments(dir: &Path, after: &Path) -> Vec<Corruption> {
                     damaged = true;
                     break;
                 }
+                Err(_) if zeros_from(&bytes, at) => break,
                 Err(error) => {
                     problems.push(corrupt(at, expected, error.to_string()));
                     damaged = true;
@@ -185,6 +193,10 @@ pub fn scan(dir: &Path, mut visit: impl FnMut(u64, &[u8]) -> Result<(), String>)
                 }
                 Ok(record) => {
                     return Err(corrupt(at, expected, format!("holds seq {}", record.seq)));
+                }
+                Err(_) if zeros_from(&bytes, at) => {
+                    // Zeros written ahead: the segment's records end here.
+                    break;
                 }
                 Err(error) => {
                     let rest = &bytes[at..];
@@ -293,6 +305,8 @@ fn fast_segment(
                     at += record.size;
                 }
                 Err(RecordError::Incomplete) if !at_eof => break,
+                // Zeros to the end of the file: the space written ahead.
+                _ if zeros_from(&buffer, at) && rest_is_zero(&mut file).unwrap_or(false) => return Ok(Fast::Complete((base + at) as u64)),
                 _ => return Ok(Fast::Stopped(base + at)),
             }
         }
@@ -302,6 +316,20 @@ fn fast_segment(
         buffer.drain(..at - 4);
         base += at - 4;
         at = 4;
+    }
+}
+
+/// Whether the rest of `file` (from its current position) is all zeros.
+fn rest_is_zero(file: &mut File) -> std::io::Result<bool> {
+    let mut chunk = vec![0u8; 1 << 16];
+    loop {
+        let read = read_full(file, &mut chunk)?;
+        if !chunk[..read].iter().all(|&b| b == 0) {
+            return Ok(false);
+        }
+        if read < chunk.len() {
+            return Ok(true);
+        }
     }
 }
 

@@ -514,7 +514,15 @@ fn sequence(
             commands += 1;
         }
     }
-    journal.close().map_err(error)?;
+    let stats = journal.close().map_err(error)?;
+    if stats.syncs > 0 {
+        log(&format!(
+            "journal: {} group commits, fdatasync {:.0} us on average, {:.1} commands per group",
+            stats.syncs,
+            stats.average_sync_micros(),
+            stats.average_group()
+        ));
+    }
     snapshotter.stop()?;
     write_snapshot(settings.data_dir, &engine, 2).map_err(error)?;
     Ok(Summary { seq: engine.seq(), commands })

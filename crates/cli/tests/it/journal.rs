@@ -375,3 +375,44 @@ fn verify_names_every_damaged_segment() {
     }
     assert!(text.contains("offset"), "{text}");
 }
+
+/// A journal whose writer died with zeros written ahead of its records (a
+/// crash, not a clean close) ends where the zeros start; a torn record
+/// followed by zeros is a torn tail, dropped; damage followed by valid
+/// records is still refused.
+#[test]
+fn zeros_written_ahead_are_the_end_of_the_journal() {
+    let original = TempDir::new("zeros-src");
+    let (commands, segment, offsets) = one_segment(&original.0, 300);
+    let bytes = std::fs::read(&segment).unwrap();
+    let name = segment.file_name().unwrap().to_owned();
+    // Clean end, then a megabyte of zeros.
+    let dir = TempDir::new("zeros");
+    copy_dir(&original.0, &dir.0);
+    let mut padded = bytes.clone();
+    padded.extend(std::iter::repeat_n(0u8, 1 << 20));
+    std::fs::write(dir.0.join(&name), &padded).unwrap();
+    let recovered = recover(&dir.0).unwrap();
+    assert_eq!(recovered.engine.seq(), 300);
+    assert!(recovered.warnings.is_empty(), "{:?}", recovered.warnings);
+    assert_eq!(state_hash(&recovered.engine), live_hash(&commands));
+    assert!(verify(&dir.0).1.is_empty());
+    // And appending goes on after the last record, over the zeros.
+    let more = generate(Workload::Mixed, 21, 400);
+    assert_eq!(journal_run(&dir.0, &more, JournalConfig::default(), 0), live_hash(&more));
+    assert_eq!(recover(&dir.0).unwrap().engine.seq(), 400);
+    // A torn last record, then zeros: dropped.
+    let dir = TempDir::new("zeros-torn");
+    copy_dir(&original.0, &dir.0);
+    let mut torn = bytes[..offsets[299] + 7].to_vec();
+    torn.extend(std::iter::repeat_n(0u8, 4096));
+    std::fs::write(dir.0.join(&name), &torn).unwrap();
+    assert_eq!(recover(&dir.0).unwrap().engine.seq(), 299);
+    // A zeroed record in the middle, valid records after it: refused.
+    let dir = TempDir::new("zeros-middle");
+    copy_dir(&original.0, &dir.0);
+    let mut holed = padded.clone();
+    holed[offsets[100]..offsets[101]].fill(0);
+    std::fs::write(dir.0.join(&name), &holed).unwrap();
+    assert!(matches!(recover(&dir.0), Err(RecoveryError::Corruption(c)) if c.seq == 101));
+}
