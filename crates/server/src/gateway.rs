@@ -17,21 +17,23 @@
 //! sequencer means).
 
 use crate::config::{Config, keys_match};
-use crate::{InFlight, Inbound, Session, Shared, error, log, ServeError};
+use crate::{InFlight, Inbound, Sequencer, ServeError, Session, Shared, error, log};
 use crossbook_engine::AccountId;
 use crossbook_protocol::*;
 use mio::net::{TcpListener, TcpStream};
-use mio::{Events, Interest, Poll, Token, Waker};
+use mio::{Events, Interest, Poll, Token};
 use std::collections::{HashMap, HashSet};
 use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 const LISTENER: Token = Token(0);
-const WAKER: Token = Token(1);
+/// Woken by the journal's writer after a group commit, by the FIX
+/// readers after queueing commands, and by nothing else.
+pub(crate) const WAKER: Token = Token(1);
 /// Bytes asked of a socket per read.
 const READ_BYTES: usize = 64 * 1024;
 /// Reads of one socket per round before the others get their turn.
@@ -83,19 +85,26 @@ struct Gateway<'a> {
     next_id: u64,
     config: &'a Config,
     shared: &'a Shared,
-    queue: &'a SyncSender<Vec<Inbound>>,
     /// Commands of this round, for the sequencer.
     commands: Vec<Inbound>,
     chunk: Vec<u8>,
 }
 
-/// Runs the gateway on the calling thread until `shutdown`; then logs every
-/// session out, lets them take what is queued for them (bounded), and
-/// returns.
-pub(crate) fn run(listener: std::net::TcpListener, config: &Config, shared: &Shared, queue: &SyncSender<Vec<Inbound>>, shutdown: &AtomicBool) -> Result<(), ServeError> {
-    let poll = Poll::new().map_err(error)?;
-    let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(error)?);
-    let _ = shared.waker.set(waker);
+/// Runs the gateway, and with it the sequencer, on the calling thread
+/// until `shutdown`; then logs every session out, lets them take what is
+/// queued for them (bounded), and returns. Each round: wait for sockets
+/// (or a wake-up), take the FIX gateway's queued commands and what every
+/// readable connection sent, apply them all as one batch, hand out the
+/// reports of every batch the journal has made durable, and write.
+pub(crate) fn run(
+    poll: Poll,
+    listener: std::net::TcpListener,
+    config: &Config,
+    shared: &Shared,
+    inbound: &Receiver<Vec<Inbound>>,
+    sequencer: &mut Sequencer<'_>,
+    shutdown: &AtomicBool,
+) -> Result<(), ServeError> {
     listener.set_nonblocking(true).map_err(error)?;
     let mut listener = TcpListener::from_std(listener);
     poll.registry().register(&mut listener, LISTENER, Interest::READABLE).map_err(error)?;
@@ -107,7 +116,6 @@ pub(crate) fn run(listener: std::net::TcpListener, config: &Config, shared: &Sha
         next_id: 0,
         config,
         shared,
-        queue,
         commands: Vec::new(),
         chunk: vec![0u8; READ_BYTES],
     };
@@ -118,21 +126,20 @@ pub(crate) fn run(listener: std::net::TcpListener, config: &Config, shared: &Sha
             gateway.begin_shutdown();
             stopping = Some(Instant::now());
         }
-        if let Some(since) = stopping {
-            if gateway.conns.is_empty() || since.elapsed() > CLOSE_GRACE {
-                let tokens: Vec<Token> = gateway.conns.keys().copied().collect();
-                for token in tokens {
-                    gateway.close(token, "server shutting down".into());
-                }
-                return Ok(());
+        if let Some(since) = stopping
+            && ((gateway.conns.is_empty() && sequencer.idle()) || since.elapsed() > CLOSE_GRACE)
+        {
+            let tokens: Vec<Token> = gateway.conns.keys().copied().collect();
+            for token in tokens {
+                gateway.close(token, "server shutting down".into());
             }
+            return Ok(());
         }
         let timeout = if gateway.unread.is_empty() { TICK } else { Duration::ZERO };
-        if let Err(e) = gateway.poll.poll(&mut events, Some(timeout)) {
-            if e.kind() != ErrorKind::Interrupted {
+        if let Err(e) = gateway.poll.poll(&mut events, Some(timeout))
+            && e.kind() != ErrorKind::Interrupted {
                 return Err(error(format!("epoll: {e}")));
             }
-        }
         for event in events.iter() {
             match event.token() {
                 LISTENER => gateway.accept_all(stopping.is_some()),
@@ -147,10 +154,17 @@ pub(crate) fn run(listener: std::net::TcpListener, config: &Config, shared: &Sha
                 }
             }
         }
-        gateway.deliver_outbox();
+        // Commands: the FIX gateway's first (queued earlier), then this
+        // round's reads, in one batch.
+        while let Ok(items) = inbound.try_recv() {
+            gateway.commands.extend(items);
+        }
         gateway.read_ready();
-        gateway.hand_over()?;
+        sequencer.apply(&mut gateway.commands)?;
+        sequencer.release()?;
+        gateway.deliver_outbox();
         gateway.reap();
+        sequencer.tick();
     }
 }
 
@@ -266,18 +280,6 @@ impl Gateway<'_> {
             }
             self.flush(token);
         }
-    }
-
-    /// Hands this round's commands to the sequencer (blocking while its
-    /// queue is full).
-    fn hand_over(&mut self) -> Result<(), ServeError> {
-        if self.commands.is_empty() {
-            return Ok(());
-        }
-        if self.queue.send(std::mem::take(&mut self.commands)).is_err() {
-            return Err(error("the sequencer has stopped"));
-        }
-        Ok(())
     }
 
     /// Moves what the sequencer left for each connection into its buffer

@@ -27,15 +27,11 @@ use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
+use std::sync::mpsc::{SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// Commands the sequencer takes into one batch (one group commit).
-const MAX_BATCH: usize = 4_096;
-/// How often blocked loops look at the shutdown flag.
-const POLL: Duration = Duration::from_millis(50);
 
 #[derive(Debug)]
 pub struct ServeError(pub String);
@@ -146,8 +142,6 @@ pub(crate) struct Shared {
     pub(crate) seqs: Mutex<HashMap<AccountId, History>>,
     pub(crate) connections: AtomicUsize,
     commands: AtomicU64,
-    /// Set when the sequencer has stopped (normally or on an I/O error).
-    sequencer_stopped: AtomicBool,
 }
 
 pub(crate) fn log(line: &str) {
@@ -183,14 +177,18 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
         log(&format!("warning: {warning}"));
     }
     let mut engine = recovered.engine;
-    // Readers hand over what one socket read held, as one batch; the
-    // journal's writer drops an empty batch in after each group commit, so
-    // the sequencer waits for new commands and acknowledgements in one
-    // place and keeps appending while a sync runs.
+    let shared = Arc::new(Shared::default());
+    // The gateway's poll, made first so that the journal's writer and the
+    // FIX readers can wake it.
+    let poll = mio::Poll::new().map_err(error)?;
+    let waker = Arc::new(mio::Waker::new(poll.registry(), gateway::WAKER).map_err(error)?);
+    let _ = shared.waker.set(waker.clone());
+    // The FIX gateway's commands come through this bounded queue (its
+    // readers block when it is full: backpressure).
     let (queue, inbound) = sync_channel::<Vec<Inbound>>(config.limits.queue.max(1));
-    let waker = queue.clone();
+    let ack_waker = waker.clone();
     let on_ack = crossbook_journal::write::AckHook(Arc::new(move |_| {
-        let _ = waker.try_send(Vec::new());
+        let _ = ack_waker.wake();
     }));
     let journal_config = JournalConfig { durability, on_ack: Some(on_ack), ..JournalConfig::default() };
     let mut journal = Journal::open(&config.data_dir, journal_config, &recovered.end).map_err(error)?;
@@ -210,7 +208,6 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
     let listener = TcpListener::bind(&config.listen).map_err(|e| error(format!("listening on {}: {e}", config.listen)))?;
     let address = listener.local_addr().map_err(error)?;
 
-    let shared = Arc::new(Shared::default());
     let gateway = if config.fix.listen.is_empty() {
         None
     } else {
@@ -222,47 +219,37 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
         log(&format!("rebuilt {replayable} execution reports of {} accounts from the journal", histories.len()));
     }
     *shared.seqs.lock().unwrap_or_else(|e| e.into_inner()) = histories;
-    let sequencer = {
-        let shared = shared.clone();
-        let shutdown = shutdown.clone();
-        let data_dir = config.data_dir.clone();
-        let snapshot_every = config.snapshot_every;
-        let gateway = gateway.clone();
-        let open_orders = config.limits.open_orders;
-        let snapshot_now = snapshot_now.clone();
-        thread::Builder::new()
-            .name("sequencer".into())
-            .spawn(move || {
-                let settings = Settings { data_dir: &data_dir, snapshot_every, open_orders, gateway: gateway.as_deref(), snapshot_now: &snapshot_now };
-                let result = sequence(engine, journal, inbound, shared.clone(), shutdown.clone(), settings);
-                shared.sequencer_stopped.store(true, Ordering::Release);
-                if let Err(e) = &result {
-                    // Nothing more can be made durable: stop the venue.
-                    log(&format!("sequencer stopped: {e}"));
-                    shutdown.store(true, Ordering::Release);
-                }
-                result
-            })
-            .map_err(error)?
+    let settings = Settings {
+        data_dir: &config.data_dir,
+        snapshot_every: config.snapshot_every,
+        open_orders: config.limits.open_orders,
+        gateway: gateway.as_deref(),
+        snapshot_now: &snapshot_now,
     };
+    let mut sequencer = Sequencer::new(engine, journal, &shared, settings)?;
     if let Some(gateway) = &gateway {
-        gateway.start(queue.clone(), shutdown.clone()).map_err(error)?;
+        let wake = waker.clone();
+        gateway.start(queue.clone(), Arc::new(move || drop(wake.wake())), shutdown.clone()).map_err(error)?;
     }
     log(&format!("listening on {address}"));
     listening(address);
-    let served = gateway::run(listener, &config, &shared, &queue, &shutdown);
-    if let Err(e) = &served {
-        log(&format!("gateway stopped: {e}"));
-        shutdown.store(true, Ordering::Release);
-    }
+    let served = gateway::run(poll, listener, &config, &shared, &inbound, &mut sequencer, &shutdown);
     if let Some(gateway) = &gateway {
         gateway.stop();
     }
+    if let Err(e) = &served {
+        // Nothing more can be made durable, or the gateway failed: stop
+        // the venue (what the journal holds is safe).
+        log(&format!("serving stopped: {e}"));
+        shutdown.store(true, Ordering::Release);
+    }
     drop(queue);
-    let summary = match sequencer.join() {
-        Ok(result) => result?,
-        Err(_) => return Err(error("the sequencer thread panicked")),
-    };
+    let mut leftover = Vec::new();
+    while let Ok(items) = inbound.try_recv() {
+        leftover.extend(items);
+    }
+    served?;
+    let summary = sequencer.finish(leftover)?;
     log(&format!("stopped at seq {}", summary.seq));
     Ok(summary)
 }
@@ -380,152 +367,165 @@ fn open_order_refusal(p: &crossbook_engine::PlaceOrder) -> Addressed {
     Addressed { account: p.account, report }
 }
 
-/// The sequencer: batch, journal, apply; dispatch each batch's reports once
-/// the journal has made it durable.
-fn sequence(
-    mut engine: Engine,
-    mut journal: Journal,
-    inbound: Receiver<Vec<Inbound>>,
-    shared: Arc<Shared>,
-    shutdown: Arc<AtomicBool>,
-    settings: Settings<'_>,
-) -> Result<Summary, ServeError> {
-    let mut builder = ReportBuilder::from_engine(&engine);
-    let mut batch: Vec<Inbound> = Vec::with_capacity(MAX_BATCH);
-    let mut events: Vec<Event> = Vec::new();
-    // Batches applied but not yet durable. The sequencer goes on applying
-    // while the journal syncs; reports leave only once the journal
-    // acknowledges their batch.
-    let mut waiting: std::collections::VecDeque<Waiting> = std::collections::VecDeque::new();
-    let mut commands = 0u64;
-    let mut last_log = Instant::now();
-    let mut logged = 0u64;
-    let mut last_snapshot = engine.seq();
-    let mut disconnected = false;
-    if let Some(gateway) = settings.gateway {
-        gateway.set_engine_seq(engine.seq());
+/// The sequencer: journals and applies commands in the order they come,
+/// and hands out each batch's reports once the journal holds it durably.
+/// It runs on the gateway's thread (`gateway.rs` calls it every round), so
+/// an order costs no hand-off between threads on its way in or out; the
+/// journal's writer syncs on its own thread and wakes the gateway when a
+/// group commit is done.
+pub(crate) struct Sequencer<'a> {
+    engine: Engine,
+    journal: Journal,
+    builder: ReportBuilder,
+    events: Vec<Event>,
+    /// Batches applied but not yet durable, oldest first.
+    waiting: std::collections::VecDeque<Waiting>,
+    commands: u64,
+    last_log: Instant,
+    logged: u64,
+    last_snapshot: u64,
+    snapshotter: Snapshotter,
+    settings: Settings<'a>,
+    shared: &'a Shared,
+}
+
+impl<'a> Sequencer<'a> {
+    fn new(engine: Engine, journal: Journal, shared: &'a Shared, settings: Settings<'a>) -> Result<Sequencer<'a>, ServeError> {
+        if let Some(gateway) = settings.gateway {
+            gateway.set_engine_seq(engine.seq());
+        }
+        let snapshotter = Snapshotter::start(settings.data_dir.to_path_buf(), engine.seq()).map_err(error)?;
+        Ok(Sequencer {
+            builder: ReportBuilder::from_engine(&engine),
+            last_snapshot: engine.seq(),
+            engine,
+            journal,
+            events: Vec::new(),
+            waiting: std::collections::VecDeque::new(),
+            commands: 0,
+            last_log: Instant::now(),
+            logged: 0,
+            snapshotter,
+            settings,
+            shared,
+        })
     }
-    let snapshotter = Snapshotter::start(settings.data_dir.to_path_buf(), engine.seq()).map_err(error)?;
-    loop {
-        batch.clear();
-        // Blocks until commands arrive or the journal acknowledges more
-        // (its writer wakes this queue), whichever comes first.
-        match inbound.recv_timeout(POLL) {
-            Ok(first) => batch.extend(first),
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => disconnected = true,
+
+    /// Journals and applies `batch` (emptied); its reports wait for the
+    /// journal.
+    pub(crate) fn apply(&mut self, batch: &mut Vec<Inbound>) -> Result<(), ServeError> {
+        if batch.is_empty() {
+            return Ok(());
         }
-        while batch.len() < MAX_BATCH {
-            match inbound.try_recv() {
-                Ok(next) => batch.extend(next),
-                Err(std::sync::mpsc::TryRecvError::Empty) => break,
-                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                    disconnected = true;
-                    break;
-                }
+        let mut done = Waiting { last_seq: 0, reports: Vec::new(), refused: Vec::new(), fix_events: Vec::new(), answered: Vec::with_capacity(batch.len()) };
+        for item in batch.drain(..) {
+            done.answered.push(item.in_flight.clone());
+            if let Command::Place(p) = &item.command
+                && item.annex.is_none()
+                && self.builder.open_orders_of(p.account) >= self.settings.open_orders
+            {
+                done.refused.push(open_order_refusal(p));
+                continue;
             }
+            let seq = self.engine.seq() + 1;
+            self.journal.append_with(seq, &item.command, item.annex.as_deref()).map_err(error)?;
+            self.events.clear();
+            self.engine.apply(&item.command, &mut self.events);
+            let first_report = done.reports.len();
+            self.builder.reports(&item.command, &self.events, &mut done.reports);
+            if let Some(gateway) = self.settings.gateway
+                && gateway.wants(item.annex.is_some(), &done.reports[first_report..])
+            {
+                let annex = item.annex.as_deref().and_then(fix::venue::Annex::decode);
+                done.fix_events.push(fix::venue::FixEvent { seq, command: item.command, annex, reports: done.reports[first_report..].to_vec() });
+            }
+            self.commands += 1;
         }
-        if !batch.is_empty() {
-            let mut done = Waiting { last_seq: 0, reports: Vec::new(), refused: Vec::new(), fix_events: Vec::new(), answered: Vec::with_capacity(batch.len()) };
-            for item in &batch {
-                done.answered.push(item.in_flight.clone());
-                if let Command::Place(p) = &item.command
-                    && item.annex.is_none()
-                    && builder.open_orders_of(p.account) >= settings.open_orders
+        self.journal.publish().map_err(error)?;
+        self.shared.commands.store(self.commands, Ordering::Release);
+        if let Some(gateway) = self.settings.gateway {
+            gateway.set_engine_seq(self.engine.seq());
+        }
+        done.last_seq = self.engine.seq();
+        self.waiting.push_back(done);
+        Ok(())
+    }
+
+    /// Hands out the reports of every batch the journal now holds.
+    pub(crate) fn release(&mut self) -> Result<(), ServeError> {
+        let Some(target) = self.waiting.front().map(|w| w.last_seq) else {
+            return Ok(());
+        };
+        // Does not wait; reports a failed journal.
+        let acked = self.journal.wait_acked(target, Duration::ZERO).map_err(error)?;
+        self.snapshotter.durable.store(acked, Ordering::Release);
+        while self.waiting.front().is_some_and(|w| w.last_seq <= acked) {
+            if let Some(done) = self.waiting.pop_front() {
+                dispatch(&done.reports, &done.refused, self.shared);
+                if let Some(gateway) = self.settings.gateway
+                    && !done.fix_events.is_empty()
                 {
-                    done.refused.push(open_order_refusal(p));
-                    continue;
+                    gateway.deliver(done.fix_events);
                 }
-                let seq = engine.seq() + 1;
-                journal.append_with(seq, &item.command, item.annex.as_deref()).map_err(error)?;
-                events.clear();
-                engine.apply(&item.command, &mut events);
-                let first_report = done.reports.len();
-                builder.reports(&item.command, &events, &mut done.reports);
-                if let Some(gateway) = settings.gateway
-                    && gateway.wants(item.annex.is_some(), &done.reports[first_report..])
-                {
-                    let annex = item.annex.as_deref().and_then(fix::venue::Annex::decode);
-                    done.fix_events.push(fix::venue::FixEvent { seq, command: item.command, annex, reports: done.reports[first_report..].to_vec() });
+                for counter in done.answered {
+                    counter.done();
                 }
             }
-            journal.publish().map_err(error)?;
-            commands += batch.len() as u64;
-            shared.commands.store(commands, Ordering::Release);
-            if let Some(gateway) = settings.gateway {
-                gateway.set_engine_seq(engine.seq());
-            }
-            done.last_seq = engine.seq();
-            waiting.push_back(done);
         }
-        let requested = settings.snapshot_now.swap(false, Ordering::AcqRel);
-        if requested || (settings.snapshot_every > 0 && engine.seq() - last_snapshot >= settings.snapshot_every) {
+        Ok(())
+    }
+
+    /// Whether every batch applied is out.
+    pub(crate) fn idle(&self) -> bool {
+        self.waiting.is_empty()
+    }
+
+    /// Snapshots (due or asked for) and the periodic throughput line.
+    pub(crate) fn tick(&mut self) {
+        let requested = self.settings.snapshot_now.swap(false, Ordering::AcqRel);
+        let seq = self.engine.seq();
+        if requested || (self.settings.snapshot_every > 0 && seq - self.last_snapshot >= self.settings.snapshot_every) {
             // Encoded here (quick), written and synced by the snapshotter,
             // once the journal holds everything it covers. If the last one
             // is still being written, this one is skipped: the next comes
             // `snapshot_every` commands later (or ask again).
-            if snapshotter.is_free() {
+            if self.snapshotter.is_free() {
                 let mut state = Vec::new();
-                engine.encode_state(&mut state);
-                snapshotter.offer(engine.seq(), state);
+                self.engine.encode_state(&mut state);
+                self.snapshotter.offer(seq, state);
                 if requested {
-                    log(&format!("snapshot requested: writing one at seq {}", engine.seq()));
+                    log(&format!("snapshot requested: writing one at seq {seq}"));
                 }
             } else if requested {
                 log("snapshot requested: the previous one is still being written; ask again");
             }
-            last_snapshot = engine.seq();
+            self.last_snapshot = seq;
         }
-        if let Some(target) = waiting.front().map(|w| w.last_seq) {
-            // Does not wait; reports a failed journal.
-            let acked = journal.wait_acked(target, Duration::ZERO).map_err(error)?;
-            snapshotter.durable.store(acked, Ordering::Release);
-            while waiting.front().is_some_and(|w| w.last_seq <= acked) {
-                if let Some(done) = waiting.pop_front() {
-                    dispatch(&done.reports, &done.refused, &shared);
-                    if let Some(gateway) = settings.gateway
-                        && !done.fix_events.is_empty()
-                    {
-                        gateway.deliver(done.fix_events);
-                    }
-                    for counter in done.answered {
-                        counter.done();
-                    }
-                }
-            }
-        }
-        if last_log.elapsed() >= Duration::from_secs(5) {
-            let rate = (commands - logged) as f64 / last_log.elapsed().as_secs_f64();
-            log(&format!("throughput commands={commands} per_s={rate:.0} seq={}", engine.seq()));
-            last_log = Instant::now();
-            logged = commands;
-        }
-        let quiet = batch.is_empty() && waiting.is_empty();
-        if quiet && (disconnected || (shutdown.load(Ordering::Acquire) && shared.connections.load(Ordering::Acquire) == 0)) {
-            break;
+        if self.last_log.elapsed() >= Duration::from_secs(5) {
+            let rate = (self.commands - self.logged) as f64 / self.last_log.elapsed().as_secs_f64();
+            log(&format!("throughput commands={} per_s={rate:.0} seq={seq}", self.commands));
+            self.last_log = Instant::now();
+            self.logged = self.commands;
         }
     }
-    // Drain anything still queued, then make it all durable.
-    while let Ok(items) = inbound.try_recv() {
-        for item in items {
-            journal.append_with(engine.seq() + 1, &item.command, item.annex.as_deref()).map_err(error)?;
-            events.clear();
-            engine.apply(&item.command, &mut events);
-            commands += 1;
+
+    /// Applies what is left, makes it all durable, writes a snapshot.
+    fn finish(mut self, leftover: Vec<Inbound>) -> Result<Summary, ServeError> {
+        let mut leftover = leftover;
+        self.apply(&mut leftover)?;
+        let stats = self.journal.close().map_err(error)?;
+        if stats.syncs > 0 {
+            log(&format!(
+                "journal: {} group commits, fdatasync {:.0} us on average, {:.1} commands per group",
+                stats.syncs,
+                stats.average_sync_micros(),
+                stats.average_group()
+            ));
         }
+        self.snapshotter.stop()?;
+        write_snapshot(self.settings.data_dir, &self.engine, KEEP_SNAPSHOTS).map_err(error)?;
+        Ok(Summary { seq: self.engine.seq(), commands: self.commands })
     }
-    let stats = journal.close().map_err(error)?;
-    if stats.syncs > 0 {
-        log(&format!(
-            "journal: {} group commits, fdatasync {:.0} us on average, {:.1} commands per group",
-            stats.syncs,
-            stats.average_sync_micros(),
-            stats.average_group()
-        ));
-    }
-    snapshotter.stop()?;
-    write_snapshot(settings.data_dir, &engine, 2).map_err(error)?;
-    Ok(Summary { seq: engine.seq(), commands })
 }
 
 /// Every account's session history as it stood when the process stopped:
@@ -604,8 +604,4 @@ fn dispatch(reports: &[Addressed], refused: &[Addressed], shared: &Shared) {
     drop(outbox);
     drop(sessions);
     drop(seqs);
-    // Reports to write, and in-flight counts lowered: the gateway has work.
-    if let Some(waker) = shared.waker.get() {
-        let _ = waker.wake();
-    }
 }

@@ -264,7 +264,7 @@ impl Gateway {
     }
 
     /// Starts the acceptor, reporter and timer threads.
-    pub(crate) fn start(self: &Arc<Self>, queue: SyncSender<Vec<crate::Inbound>>, shutdown: Arc<AtomicBool>) -> Result<SocketAddr, String> {
+    pub(crate) fn start(self: &Arc<Self>, queue: SyncSender<Vec<crate::Inbound>>, wake: Arc<dyn Fn() + Send + Sync>, shutdown: Arc<AtomicBool>) -> Result<SocketAddr, String> {
         let listener = TcpListener::bind(&self.config.listen).map_err(|e| format!("FIX: listening on {}: {e}", self.config.listen))?;
         listener.set_nonblocking(true).map_err(|e| e.to_string())?;
         let address = listener.local_addr().map_err(|e| e.to_string())?;
@@ -285,7 +285,7 @@ impl Gateway {
             .spawn(move || {
                 while !shutdown.load(Ordering::Acquire) {
                     match listener.accept() {
-                        Ok((stream, peer)) => gateway.accept(stream, peer, queue.clone(), shutdown.clone()),
+                        Ok((stream, peer)) => gateway.accept(stream, peer, queue.clone(), wake.clone(), shutdown.clone()),
                         Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(5)),
                         Err(e) => log(&format!("FIX accept failed: {e}")),
                     }
@@ -338,7 +338,7 @@ impl Gateway {
         }
     }
 
-    fn accept(self: &Arc<Self>, stream: TcpStream, peer: SocketAddr, queue: SyncSender<Vec<crate::Inbound>>, shutdown: Arc<AtomicBool>) {
+    fn accept(self: &Arc<Self>, stream: TcpStream, peer: SocketAddr, queue: SyncSender<Vec<crate::Inbound>>, wake: Arc<dyn Fn() + Send + Sync>, shutdown: Arc<AtomicBool>) {
         let id = self.next_connection.fetch_add(1, Ordering::AcqRel) + 1;
         let _ = stream.set_nodelay(true);
         let _ = stream.set_nonblocking(false);
@@ -354,7 +354,7 @@ impl Gateway {
         }
         let gateway = self.clone();
         let spawned = thread::Builder::new().name(format!("fix-conn-{id}")).spawn(move || {
-            let reason = gateway.read_loop(stream, id, out, &queue, &shutdown);
+            let reason = gateway.read_loop(stream, id, out, &queue, &*wake, &shutdown);
             log(&format!("FIX disconnect connection={id} peer={peer} reason={reason}"));
         });
         if spawned.is_err() {
@@ -362,7 +362,7 @@ impl Gateway {
         }
     }
 
-    fn read_loop(&self, mut stream: TcpStream, id: u64, out: SyncSender<Out>, queue: &SyncSender<Vec<crate::Inbound>>, shutdown: &AtomicBool) -> String {
+    fn read_loop(&self, mut stream: TcpStream, id: u64, out: SyncSender<Out>, queue: &SyncSender<Vec<crate::Inbound>>, wake: &dyn Fn(), shutdown: &AtomicBool) -> String {
         let _ = stream.set_read_timeout(Some(POLL));
         let max = self.config.max_message.max(256);
         let mut buffer: Vec<u8> = Vec::with_capacity(8192);
@@ -431,6 +431,7 @@ impl Gateway {
                 if queue.send(batch).is_err() {
                     break 'connection "server stopping".into();
                 }
+                wake();
             }
             if let Some(why) = closed {
                 break 'connection why;
