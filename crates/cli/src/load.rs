@@ -41,7 +41,13 @@ pub struct Options {
     /// sequence number each saw (for crash tests).
     pub last_seen_out: Option<std::path::PathBuf>,
     pub protocol: Protocol,
+    /// Stop sending after this many orders in all (and at the latest after
+    /// `duration`).
+    pub count: Option<u64>,
 }
+
+/// The workloads `crossbook load` can drive (`--workload`).
+pub const WORKLOADS: &[&str] = &["cross-rest"];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protocol {
@@ -322,9 +328,12 @@ impl Client {
 
     /// Writes everything due now (a window's worth, or what the schedule
     /// says) in one write.
-    fn send(&mut self, now: Instant, start: Instant, interval: Option<Duration>, window: u64, out: &mut Vec<u8>) {
+    fn send(&mut self, now: Instant, start: Instant, interval: Option<Duration>, window: u64, quota: u64, out: &mut Vec<u8>) {
         out.clear();
         loop {
+            if self.next >= quota {
+                break;
+            }
             let planned = match interval {
                 Some(interval) => {
                     let due = self.due(start, interval);
@@ -396,16 +405,25 @@ impl Client {
 /// due, then waits (ppoll) for replies on all of them, no longer than the
 /// next order is due. One thread, so that the load generator costs the
 /// server (on the same two cores) as little as it can.
-fn drive(mut clients: Vec<Client>, options: &Options, start: Instant) -> Vec<Tally> {
+/// Returns each session's tally and how long sending lasted.
+fn drive(mut clients: Vec<Client>, options: &Options, start: Instant) -> (Vec<Tally>, Duration) {
     use std::os::fd::AsRawFd;
     let interval = options.rate.map(|rate| Duration::from_secs_f64(options.connections as f64 / rate));
     let end = start + options.duration;
+    // Orders per session.
+    let quota = options.count.map_or(u64::MAX, |count| count.div_ceil(options.connections.max(1)));
+    let mut sent_by: Option<Instant> = None;
     let keep = options.acked_out.is_some();
     let mut out: Vec<u8> = Vec::with_capacity(READ_BYTES);
     let mut chunk = vec![0u8; READ_BYTES];
     let mut fds: Vec<libc::pollfd> = clients.iter().map(|c| libc::pollfd { fd: c.stream.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
     loop {
         let now = Instant::now();
+        if sent_by.is_none() && clients.iter().all(|c| c.broken || c.next >= quota) {
+            sent_by = Some(now);
+        }
+        // Sending stops at the duration's end or once the count is sent.
+        let end = sent_by.map_or(end, |t| t.min(end));
         let waiting = clients.iter().any(|c| !c.broken && !c.pending.is_empty());
         if now >= end && (!waiting || now >= end + DRAIN) {
             break;
@@ -415,7 +433,7 @@ fn drive(mut clients: Vec<Client>, options: &Options, start: Instant) -> Vec<Tal
         }
         if now < end {
             for client in clients.iter_mut().filter(|c| !c.broken) {
-                client.send(now, start, interval, options.window, &mut out);
+                client.send(now, start, interval, options.window, quota, &mut out);
             }
         }
         let wait = match interval {
@@ -437,13 +455,15 @@ fn drive(mut clients: Vec<Client>, options: &Options, start: Instant) -> Vec<Tal
             }
         }
     }
-    clients
+    let sending = sent_by.map_or(end, |t| t.min(end)).saturating_duration_since(start);
+    let tallies = clients
         .into_iter()
         .map(|mut c| {
             c.tally.unanswered = c.pending.len() as u64;
             c.tally
         })
-        .collect()
+        .collect();
+    (tallies, sending)
 }
 
 /// ppoll(2) on `fds` for at most `timeout`: a high-resolution timer (a
@@ -527,7 +547,7 @@ pub fn run(options: Options) -> Result<()> {
     }
     let clients: Vec<Client> = streams.into_iter().enumerate().map(|(index, (stream, wire))| Client::new(stream, wire, index as u64)).collect();
     let start = Instant::now();
-    let tallies = drive(clients, &options, start);
+    let (tallies, sending) = drive(clients, &options, start);
     let mut ack = histogram();
     let mut fill = histogram();
     let (mut sent, mut acked, mut rejected, mut fills, mut cancels, mut errors, mut unanswered) = (0, 0, 0, 0, 0, 0, 0);
@@ -546,7 +566,6 @@ pub fn run(options: Options) -> Result<()> {
         unanswered += tally.unanswered;
         accepted.extend(tally.accepted);
     }
-    let sending = options.duration;
     if let Some(path) = &options.last_seen_out {
         std::fs::write(path, &last_seen).with_context(|| format!("writing {}", path.display()))?;
     }
@@ -561,6 +580,7 @@ pub fn run(options: Options) -> Result<()> {
     let report = serde_json::json!({
         "protocol": if options.protocol == Protocol::Fix { "fix" } else { "binary" },
         "connections": options.connections,
+        "workload": WORKLOADS[0],
         "mode": if options.rate.is_some() { "open" } else { "closed" },
         "target_rate": options.rate,
         "window": options.window,

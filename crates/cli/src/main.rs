@@ -97,6 +97,14 @@ enum Cmd {
         /// `binary` (docs/protocol.md) or `fix` (docs/fix.md).
         #[arg(long, default_value = "binary")]
         protocol: String,
+        /// What to send (docs/benchmarks.md): `cross-rest`, limit orders
+        /// around a mid, half resting, half crossing, resting depth bounded.
+        #[arg(long, default_value = "cross-rest")]
+        workload: String,
+        /// Stop after this many orders in all (and at the latest after
+        /// --duration).
+        #[arg(long)]
+        count: Option<u64>,
         #[arg(long, default_value_t = 4)]
         connections: u64,
         /// Seconds of sending.
@@ -213,11 +221,17 @@ fn real_main() -> Result<()> {
         }
         Cmd::Recover { journal } => journaled::recover(&journal),
         Cmd::Serve { config, listen, data, fix_listen } => serve(config, listen, data, fix_listen),
-        Cmd::Load { address, protocol, connections, duration, rate, window, json, acked_out, last_seen_out } => load::run(load::Options {
+        Cmd::Load { address, protocol, workload, count, connections, duration, rate, window, json, acked_out, last_seen_out } => load::run(load::Options {
             protocol: match protocol.as_str() {
                 "binary" => load::Protocol::Binary,
                 "fix" => load::Protocol::Fix,
                 other => bail!("--protocol must be binary or fix, not {other:?}"),
+            },
+            count: {
+                if !load::WORKLOADS.contains(&workload.as_str()) {
+                    bail!("unknown load workload {workload:?}; known: {}", load::WORKLOADS.join(", "));
+                }
+                count
             },
             address: address.unwrap_or_else(|| if protocol == "fix" { "127.0.0.1:7701".into() } else { "127.0.0.1:7700".into() }),
             connections,
