@@ -29,7 +29,9 @@ pub struct Limits {
     pub max_connections: usize,
     /// Largest frame accepted (bytes after the length field).
     pub max_frame: usize,
-    /// Commands waiting for the sequencer before readers stop reading.
+    /// Batches of commands (one per socket read) the FIX readers may have
+    /// waiting for the sequencer before they stop reading. Binary-protocol
+    /// commands need no queue: the sequencer runs on the gateway's thread.
     pub queue: usize,
     /// Commands one session may have in flight (sent, not yet answered)
     /// before its connection stops being read.

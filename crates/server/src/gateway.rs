@@ -1,20 +1,19 @@
 //! The binary-protocol gateway: one thread, one epoll (via mio) for every
 //! connection. It accepts, reads and decodes frames, logs sessions in,
-//! hands each round's commands to the sequencer in one batch, and writes
-//! the reports the sequencer leaves in the outbox.
+//! gives each round's commands to the sequencer (which runs on this same
+//! thread, `Sequencer` in lib.rs) in one batch, and writes the reports the
+//! sequencer leaves in the outbox.
 //!
 //! One thread rather than two per connection: on a machine with few cores
 //! the hand-offs and wake-ups of many threads cost more than the work
 //! (a reader thread per connection woke once per order; this thread wakes
 //! once per round of ready sockets).
 //!
-//! Bounds: a connection's input buffer holds at most one frame plus one
-//! read; its output buffer at most `MAX_OUTBUF` (past that the client is
-//! dropped as one that does not read its reports); a connection with
-//! `limits.in_flight` commands unanswered is not read until the sequencer
-//! answers some; the sequencer's queue is bounded (the gateway blocks on
-//! it: backpressure on every connection at once, which is what a full
-//! sequencer means).
+//! Bounds: a connection's input buffer holds at most one frame plus
+//! `READS_PER_ROUND` reads; its output buffer at most `MAX_OUTBUF` (past
+//! that the client is dropped as one that does not read its reports); a
+//! connection with `limits.in_flight` commands unanswered is not read
+//! until the journal has made some durable and their reports are out.
 
 use crate::config::{Config, keys_match};
 use crate::{InFlight, Inbound, Sequencer, ServeError, Session, Shared, error, log};
@@ -434,7 +433,7 @@ fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, shared: &Sha
                     }
                 }
                 if let Some(&(oldest, _)) = history.frames.front()
-                    && last_seen + 1 < oldest
+                    && last_seen.saturating_add(1) < oldest
                 {
                     log(&format!("account {claimed} asked for reports from {} but only {oldest}.. are kept", last_seen + 1));
                 }

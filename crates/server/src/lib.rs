@@ -3,16 +3,15 @@
 //! Threads and queues (docs/ARCHITECTURE.md has the picture):
 //!
 //! - the **gateway** (the caller's thread, `gateway.rs`): one epoll over
-//!   every binary-protocol connection; it decodes frames, logs sessions in,
-//!   and hands each round's commands to the sequencer through one bounded
-//!   queue (`limits.queue` batches; it blocks when the queue is full:
-//!   backpressure), and writes the reports the sequencer leaves it;
-//! - one **sequencer** takes everything queued, journals it (group
-//!   commit), applies it to the engine, and once the journal has made a
-//!   batch durable hands its execution reports to the gateway (and to the
-//!   FIX gateway, `fix/`);
-//! - the journal's **writer** (and, in async mode, **syncer**), the
-//!   **snapshotter**, and the FIX gateway's threads.
+//!   every binary-protocol connection, and the **sequencer** (`Sequencer`)
+//!   on the same thread: each round it reads every ready socket, takes what
+//!   the FIX readers queued (`limits.queue` batches; they block when it is
+//!   full: backpressure), journals and applies it all as one batch, hands
+//!   out the reports of every batch the journal has made durable (to the
+//!   binary sessions, and to the FIX gateway's reporter), and writes;
+//! - the journal's **writer** (it wakes the gateway after each group
+//!   commit) and, in async mode, **syncer**; the **snapshotter**; and the
+//!   FIX gateway's threads (`fix/`).
 
 pub mod config;
 pub mod fix;

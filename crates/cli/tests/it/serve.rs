@@ -464,3 +464,40 @@ fn kill_9_under_load_loses_no_acknowledged_order() {
     assert!(server.terminate().success());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The limits: an account's open orders (the next is refused with reason
+/// 100, unsequenced, before it reaches the engine), and connections (one
+/// more is told `server_busy` and closed), on the binary and FIX ports.
+#[test]
+fn limits_on_open_orders_and_connections() {
+    let dir = temp_dir("limits");
+    let config = dir.join("crossbook.toml");
+    let text = CONFIG.replacen("snapshot_every = 0\n", "snapshot_every = 0\n\n[limits]\nmax_connections = 2\nopen_orders = 2\n", 1);
+    std::fs::write(&config, text).unwrap();
+    let server = spawn(&["--config", config.to_str().unwrap(), "--data", dir.join("data").to_str().unwrap()]);
+    let (mut alice, _) = Client::login(&server.address, 1, "alice");
+    for cid in 1..=2 {
+        alice.send(&limit(cid, Side::Buy, 90, 1, TimeInForce::Gtc));
+        assert_eq!(alice.report().kind, ReportKind::Accepted);
+    }
+    alice.send(&limit(3, Side::Buy, 90, 1, TimeInForce::Gtc));
+    let refused = alice.report();
+    assert_eq!((refused.kind, refused.reason, refused.seq, refused.cid), (ReportKind::Rejected, 100, 0, 3));
+    // A cancel makes room again; the numbered stream went on undisturbed.
+    alice.send(&ClientMessage::Cancel { order: 0 });
+    let _ = alice.report();
+    let (mut bob, _) = Client::login(&server.address, 2, "bob");
+    // Two connections are the limit: a third is refused.
+    let mut third = Client::connect(&server.address);
+    assert_eq!(third.recv(), Some(ServerMessage::Error { reason: ProtocolError::ServerBusy }));
+    assert_eq!(third.recv(), None);
+    server.expect_log("connection limit 2");
+    // FIX counts its own connections against the same limit.
+    let fix: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(&server.fix_address).unwrap()).collect();
+    server.expect_log("refused FIX connection");
+    drop(fix);
+    bob.send(&ClientMessage::Heartbeat);
+    assert_eq!(bob.recv(), Some(ServerMessage::Heartbeat));
+    assert!(server.terminate().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -41,6 +41,8 @@ const OUTBOUND_MESSAGES: usize = 8_192;
 /// How often the timer looks at every session.
 const TICK: Duration = Duration::from_millis(200);
 const POLL: Duration = Duration::from_millis(50);
+/// How long a new connection has to send its Logon.
+const LOGON_WAIT: Duration = Duration::from_secs(10);
 /// Events queued for the reporter.
 const REPORT_QUEUE: usize = 65_536;
 
@@ -108,6 +110,9 @@ pub struct Gateway {
     next_connection: AtomicU64,
     /// The engine's last sequence number, as the sequencer last said.
     engine_seq: AtomicU64,
+    /// Open connections, and the most there may be.
+    connections: AtomicU64,
+    max_connections: u64,
 }
 
 fn session_config(fix: &FixConfig, comp_id: &str) -> SessionConfig {
@@ -167,6 +172,8 @@ impl Gateway {
             reports: Mutex::new(None),
             next_connection: AtomicU64::new(0),
             engine_seq: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
+            max_connections: config.limits.max_connections as u64,
         }))
     }
 
@@ -340,6 +347,14 @@ impl Gateway {
 
     fn accept(self: &Arc<Self>, stream: TcpStream, peer: SocketAddr, queue: SyncSender<Vec<crate::Inbound>>, wake: Arc<dyn Fn() + Send + Sync>, shutdown: Arc<AtomicBool>) {
         let id = self.next_connection.fetch_add(1, Ordering::AcqRel) + 1;
+        // Each connection costs two threads: bounded like the binary
+        // gateway's (`limits.max_connections`), refused without a word.
+        if self.connections.load(Ordering::Acquire) >= self.max_connections {
+            log(&format!("refused FIX connection {id} from {peer}: connection limit {}", self.max_connections));
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+        self.connections.fetch_add(1, Ordering::AcqRel);
         let _ = stream.set_nodelay(true);
         let _ = stream.set_nonblocking(false);
         let Ok(write_half) = stream.try_clone() else {
@@ -355,6 +370,7 @@ impl Gateway {
         let gateway = self.clone();
         let spawned = thread::Builder::new().name(format!("fix-conn-{id}")).spawn(move || {
             let reason = gateway.read_loop(stream, id, out, &queue, &*wake, &shutdown);
+            gateway.connections.fetch_sub(1, Ordering::AcqRel);
             log(&format!("FIX disconnect connection={id} peer={peer} reason={reason}"));
         });
         if spawned.is_err() {
@@ -371,9 +387,14 @@ impl Gateway {
         let mut bound: Option<String> = None;
         let in_flight = crate::InFlight::new();
         let mut frames: Vec<Vec<u8>> = Vec::new();
+        let connected = std::time::Instant::now();
         let reason = 'connection: loop {
             if shutdown.load(Ordering::Acquire) {
                 break 'connection "server shutting down".to_string();
+            }
+            if bound.is_none() && connected.elapsed() > LOGON_WAIT {
+                let _ = out.try_send(Out::Close);
+                break 'connection format!("no Logon within {} s", LOGON_WAIT.as_secs());
             }
             match stream.read(&mut chunk) {
                 Ok(0) => break 'connection "closed by the counterparty".into(),

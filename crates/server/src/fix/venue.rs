@@ -434,7 +434,7 @@ fn ord_rej_reason(reason: Option<crossbook_engine::RejectReason>) -> &'static st
     use crossbook_engine::RejectReason::*;
     match reason {
         Some(UnknownInstrument | InvalidInstrument) => "1",
-        Some(UnknownAccount) => "4",
+        Some(UnknownAccount) => "15",
         Some(DuplicateClientOrderId) => "6",
         Some(InvalidQuantity) => "13",
         _ => "99",
