@@ -142,7 +142,15 @@ pub struct FixBook {
     next_cid: u64,
     /// Orders known or pending per account (for the open-order limit).
     open: HashMap<AccountId, usize>,
+    /// The last `SEEN_CL_ORD_IDS` ClOrdIDs of new orders, open or not: a
+    /// ClOrdID is used once (a resent order that was already taken must
+    /// not trade twice). Rebuilt from the journal's annexes on start.
+    seen: std::collections::HashSet<(AccountId, String)>,
+    seen_order: std::collections::VecDeque<(AccountId, String)>,
 }
+
+/// ClOrdIDs remembered for duplicate detection.
+pub const SEEN_CL_ORD_IDS: usize = 1_000_000;
 
 /// One command and what it caused, as the FIX side needs it.
 pub struct FixEvent {
@@ -203,8 +211,17 @@ impl FixBook {
     pub fn follow(&mut self, event: &FixEvent, instruments: &[FixInstrument], now: &str) -> Vec<Outgoing> {
         let mut out = Vec::new();
         if let (Command::Place(place), Some(annex)) = (&event.command, &event.annex) {
-            if self.pending.remove(&(place.account, annex.cl_ord_id.clone())).is_some() {
+            let key = (place.account, annex.cl_ord_id.clone());
+            if self.pending.remove(&key).is_some() {
                 self.count(place.account, -1);
+            }
+            if self.seen.insert(key.clone()) {
+                self.seen_order.push_back(key);
+                if self.seen_order.len() > SEEN_CL_ORD_IDS
+                    && let Some(old) = self.seen_order.pop_front()
+                {
+                    self.seen.remove(&old);
+                }
             }
             if place.cid > FIX_CID_BASE {
                 self.next_cid = self.next_cid.max(place.cid + 1);
@@ -533,8 +550,8 @@ impl VenueApp<'_> {
             return self.reject_order(message, "99", "ClOrdID longer than 60 characters", outbox);
         }
         let key = (self.account, cl_ord_id.clone());
-        if self.book.by_cl_ord_id.contains_key(&key) || self.book.pending.contains_key(&key) {
-            return self.reject_order(message, "6", "duplicate ClOrdID: an open order has it", outbox);
+        if self.book.by_cl_ord_id.contains_key(&key) || self.book.pending.contains_key(&key) || self.book.seen.contains(&key) {
+            return self.reject_order(message, "6", "duplicate ClOrdID: an order with it was already taken", outbox);
         }
         let open = self.book.open.get(&self.account).copied().unwrap_or(0);
         if open >= self.max_open_orders {
