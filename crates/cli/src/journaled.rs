@@ -55,10 +55,12 @@ pub fn run(commands: &PathBuf, dir: &Path, config: JournalConfig, snapshot_every
     eprintln!("seq {}", engine.seq());
     eprintln!("state-sha256 {}", state_hash(&engine));
     eprintln!(
-        "commands {count} in {elapsed:.3} s ({:.0}/s); fsyncs {} averaging {:.1} us, {:.1} commands per group commit (largest {})",
+        "commands {count} in {elapsed:.3} s ({:.0}/s); fsyncs {} averaging {:.1} us (p99 {} us, max {} us), {:.1} commands per group commit (largest {})",
         count as f64 / elapsed.max(1e-9),
         stats.syncs,
         stats.average_sync_micros(),
+        stats.sync_micros.quantile(0.99),
+        stats.sync_micros.max(),
         stats.average_group(),
         stats.largest_group
     );

@@ -515,9 +515,13 @@ impl<'a> Sequencer<'a> {
         let stats = self.journal.close().map_err(error)?;
         if stats.syncs > 0 {
             log(&format!(
-                "journal: {} group commits, fdatasync {:.0} us on average, {:.1} commands per group",
+                "journal: {} group commits, fdatasync {:.0} us on average (p50 {} p99 {} p99.9 {} max {} us), {:.1} commands per group",
                 stats.syncs,
                 stats.average_sync_micros(),
+                stats.sync_micros.quantile(0.5),
+                stats.sync_micros.quantile(0.99),
+                stats.sync_micros.quantile(0.999),
+                stats.sync_micros.max(),
                 stats.average_group()
             ));
         }

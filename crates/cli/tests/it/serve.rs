@@ -135,6 +135,20 @@ impl Server {
     }
 }
 
+impl Server {
+    /// Stops the server with SIGTERM; how it exited, and the log lines not
+    /// yet read (up to the end of its standard error).
+    pub(crate) fn terminate_with_log(mut self) -> (std::process::ExitStatus, Vec<String>) {
+        let log = std::mem::replace(&mut self.log, channel().1);
+        let status = self.terminate();
+        let mut lines = Vec::new();
+        while let Ok(line) = log.recv_timeout(Duration::from_secs(10)) {
+            lines.push(line);
+        }
+        (status, lines)
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -499,5 +513,31 @@ fn limits_on_open_orders_and_connections() {
     bob.send(&ClientMessage::Heartbeat);
     assert_eq!(bob.recv(), Some(ServerMessage::Heartbeat));
     assert!(server.terminate().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_idle_session_leaves_the_server_asleep() {
+    // The gateway sleeps in epoll until a socket, the journal or the FIX
+    // gateway wakes it. A connection left marked for reading after its
+    // commands were answered once made every round skip that sleep: one
+    // core spent on a busy loop, taken from the journal and the clients.
+    let dir = temp_dir("idle");
+    let server = start(&dir);
+    let (mut alice, _) = Client::login(&server.address, 1, "alice");
+    alice.send(&limit(1, Side::Buy, 90, 1, TimeInForce::Gtc));
+    assert_eq!(alice.report().kind, ReportKind::Accepted);
+    std::thread::sleep(Duration::from_millis(1500));
+    alice.send(&ClientMessage::Heartbeat);
+    assert_eq!(alice.recv(), Some(ServerMessage::Heartbeat));
+    let (status, lines) = server.terminate_with_log();
+    assert!(status.success());
+    let rounds: u64 = lines
+        .iter()
+        .find_map(|line| line.strip_prefix("gateway: ")?.strip_suffix(" polling rounds")?.parse().ok())
+        .expect("the server logs its polling rounds when it stops");
+    // About 20 a second while idle (one per 50 ms tick) plus one per
+    // message; a busy loop makes hundreds of thousands.
+    assert!(rounds < 1_000, "{rounds} polling rounds for 2 seconds of an idle session");
     let _ = std::fs::remove_dir_all(&dir);
 }
