@@ -44,6 +44,13 @@ pub struct JournalConfig {
     /// after each group commit, so that a caller can wait for new commands
     /// and acknowledgements in one place.
     pub on_ack: Option<AckHook>,
+    /// Sync mode: hand each record to an idle writer as soon as it is
+    /// appended, so its sync starts at once. Right for a caller that
+    /// acknowledges command by command (`crossbook run`). A caller that
+    /// acknowledges a batch only once all of it is durable (the server)
+    /// turns it off and calls [`Journal::publish`] after the batch: a sync
+    /// started on the batch's first record would make it wait for two.
+    pub eager: bool,
 }
 
 /// See [`JournalConfig::on_ack`].
@@ -58,7 +65,7 @@ impl std::fmt::Debug for AckHook {
 
 impl Default for JournalConfig {
     fn default() -> Self {
-        JournalConfig { durability: Durability::Sync, segment_bytes: 64 << 20, on_ack: None }
+        JournalConfig { durability: Durability::Sync, segment_bytes: 64 << 20, on_ack: None, eager: true }
     }
 }
 
@@ -372,7 +379,7 @@ impl Journal {
             poisoned: AtomicBool::new(false),
             writer_idle: AtomicBool::new(false),
         });
-        let eager = config.durability == Durability::Sync;
+        let eager = config.eager && config.durability == Durability::Sync;
         let syncer = match config.durability {
             Durability::Async { interval } => {
                 let file = segment.file.try_clone().map_err(io(format!("cloning {}", segment.path.display())))?;

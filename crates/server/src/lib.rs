@@ -189,7 +189,9 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
     let on_ack = crossbook_journal::write::AckHook(Arc::new(move |_| {
         let _ = ack_waker.wake();
     }));
-    let journal_config = JournalConfig { durability, on_ack: Some(on_ack), ..JournalConfig::default() };
+    // A round's batch is published whole and released whole (see
+    // `Sequencer::apply`): no eager hand-off of its first records.
+    let journal_config = JournalConfig { durability, on_ack: Some(on_ack), eager: false, ..JournalConfig::default() };
     let mut journal = Journal::open(&config.data_dir, journal_config, &recovered.end).map_err(error)?;
     if engine.seq() == 0 {
         let mut events = Vec::new();

@@ -260,6 +260,32 @@ fn after_a_failed_write_the_journal_refuses_all_work() {
     assert_eq!(journal.acked(), 0, "nothing was acknowledged");
 }
 
+/// The server releases a batch only once all of it is durable, so it turns
+/// the eager hand-off off: the batch's records reach the writer together
+/// when it publishes, and one sync covers them all (with the hand-off on,
+/// an idle writer would start syncing the first record alone, and the
+/// batch would wait for two syncs).
+#[test]
+fn without_eager_hand_off_a_published_batch_is_one_group_commit() {
+    let dir = TempDir::new("batch");
+    let recovered = recover(&dir.0).unwrap();
+    let config = JournalConfig { eager: false, ..JournalConfig::default() };
+    let mut journal = Journal::open(&dir.0, config, &recovered.end).unwrap();
+    // Let the writer thread start and wait for work (it is idle).
+    std::thread::sleep(Duration::from_millis(50));
+    for seq in 1..=5 {
+        journal.append(seq, &Command::OpenAccount { account: seq }).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(journal.acked(), 0, "nothing reaches the writer before publish");
+    assert_eq!(journal.stats().syncs, 0);
+    journal.publish().unwrap();
+    assert_eq!(journal.wait_acked(5, Duration::from_secs(30)).unwrap(), 5);
+    let stats = journal.close().unwrap();
+    assert_eq!((stats.syncs, stats.records, stats.largest_group), (1, 5, 5), "one fdatasync for the batch");
+    assert_eq!(recover(&dir.0).unwrap().engine.seq(), 5);
+}
+
 /// `crossbook run --journal` killed with SIGKILL at random moments: every
 /// acknowledged command survives, and the state equals an in-memory replay
 /// of exactly what was recovered.
