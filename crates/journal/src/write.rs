@@ -91,7 +91,13 @@ impl Syncer {
                 }
                 if thread_dirty.swap(false, Ordering::AcqRel) {
                     let file = thread_file.lock().unwrap_or_else(|e| e.into_inner());
-                    if let Err(e) = file.sync_data() {
+                    let started = Instant::now();
+                    let synced = file.sync_data();
+                    drop(file);
+                    if synced.is_ok() {
+                        shared.lock().stats.record_sync(started.elapsed().as_nanos() as u64);
+                    }
+                    if let Err(e) = synced {
                         // An fsync error is never retried: poison the journal.
                         let mut pending = shared.lock();
                         pending.error.get_or_insert(format!("fdatasync (async mode): {e}"));
@@ -136,11 +142,17 @@ pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> J
 /// Group-commit figures.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CommitStats {
-    pub syncs: u64,
+    /// Batches written (one `write` each, after the segment's turn).
+    pub writes: u64,
+    /// Records written.
     pub records: u64,
-    pub sync_nanos: u64,
+    /// The most records one write carried.
     pub largest_group: u64,
-    /// How long each group commit's `fdatasync` took.
+    /// `fdatasync`s: one per group commit in sync mode, the periodic ones
+    /// (and the last, at close) in async mode.
+    pub syncs: u64,
+    pub sync_nanos: u64,
+    /// How long each of those `fdatasync`s took.
     pub sync_micros: SyncHistogram,
 }
 
@@ -183,8 +195,17 @@ impl SyncHistogram {
     }
 
     pub fn record(&mut self, micros: u64) {
+        self.record_n(micros, 1);
+    }
+
+    /// Records `count` samples of the same value (a batch's commands that
+    /// all waited as long).
+    pub fn record_n(&mut self, micros: u64, count: u32) {
+        if count == 0 {
+            return;
+        }
         let bucket = Self::bucket(micros);
-        self.counts[bucket] = self.counts[bucket].saturating_add(1);
+        self.counts[bucket] = self.counts[bucket].saturating_add(count);
         self.max = self.max.max(micros);
     }
 
@@ -223,8 +244,14 @@ impl SyncHistogram {
 }
 
 impl CommitStats {
+    /// Records per write: per group commit, in sync mode.
     pub fn average_group(&self) -> f64 {
-        if self.syncs == 0 { 0.0 } else { self.records as f64 / self.syncs as f64 }
+        if self.writes == 0 { 0.0 } else { self.records as f64 / self.writes as f64 }
+    }
+    fn record_sync(&mut self, nanos: u64) {
+        self.syncs += 1;
+        self.sync_nanos += nanos;
+        self.sync_micros.record(nanos / 1000);
     }
     pub fn average_sync_micros(&self) -> f64 {
         if self.syncs == 0 { 0.0 } else { self.sync_nanos as f64 / self.syncs as f64 / 1000.0 }
@@ -588,12 +615,13 @@ impl Writer {
                             (hook.0)(last_seq);
                         }
                     }
-                    if let Some(nanos) = sync_nanos {
-                        pending.stats.syncs += 1;
-                        pending.stats.sync_nanos += nanos;
-                        pending.stats.sync_micros.record(nanos / 1000);
+                    if !batch.is_empty() {
+                        pending.stats.writes += 1;
                         pending.stats.records += records;
                         pending.stats.largest_group = pending.stats.largest_group.max(records);
+                    }
+                    if let Some(nanos) = sync_nanos {
+                        pending.stats.record_sync(nanos);
                     }
                 }
                 Err(error) => {

@@ -19,7 +19,7 @@ mod gateway;
 
 use config::Config;
 use crossbook_engine::{AccountId, Command, Engine, Event};
-use crossbook_journal::{Durability, Journal, JournalConfig, recover, write_snapshot};
+use crossbook_journal::{Durability, Journal, JournalConfig, SyncHistogram, recover, write_snapshot};
 use crossbook_protocol::reports::{Addressed, ReportBuilder};
 use crossbook_protocol::*;
 use std::collections::HashMap;
@@ -340,6 +340,8 @@ struct Settings<'a> {
 /// gateway gets, and the in-flight counters to lower once it is out.
 struct Waiting {
     last_seq: u64,
+    /// When the round that read the batch applied it.
+    applied_at: Instant,
     reports: Vec<Addressed>,
     refused: Vec<Addressed>,
     fix_events: Vec<fix::venue::FixEvent>,
@@ -381,6 +383,10 @@ pub(crate) struct Sequencer<'a> {
     events: Vec<Event>,
     /// Batches applied but not yet durable, oldest first.
     waiting: std::collections::VecDeque<Waiting>,
+    /// Per command, from the round that applied it to the release of its
+    /// reports (the journal's wait included), logged at shutdown: the
+    /// server's own share of a client's order-to-acknowledgement latency.
+    residence: SyncHistogram,
     commands: u64,
     last_log: Instant,
     logged: u64,
@@ -403,6 +409,7 @@ impl<'a> Sequencer<'a> {
             journal,
             events: Vec::new(),
             waiting: std::collections::VecDeque::new(),
+            residence: SyncHistogram::default(),
             commands: 0,
             last_log: Instant::now(),
             logged: 0,
@@ -418,7 +425,7 @@ impl<'a> Sequencer<'a> {
         if batch.is_empty() {
             return Ok(());
         }
-        let mut done = Waiting { last_seq: 0, reports: Vec::new(), refused: Vec::new(), fix_events: Vec::new(), answered: Vec::with_capacity(batch.len()) };
+        let mut done = Waiting { last_seq: 0, applied_at: Instant::now(), reports: Vec::new(), refused: Vec::new(), fix_events: Vec::new(), answered: Vec::with_capacity(batch.len()) };
         for item in batch.drain(..) {
             done.answered.push(item.in_flight.clone());
             if let Command::Place(p) = &item.command
@@ -463,6 +470,8 @@ impl<'a> Sequencer<'a> {
         while self.waiting.front().is_some_and(|w| w.last_seq <= acked) {
             if let Some(done) = self.waiting.pop_front() {
                 dispatch(&done.reports, &done.refused, self.shared);
+                let count = u32::try_from(done.answered.len()).unwrap_or(u32::MAX);
+                self.residence.record_n(done.applied_at.elapsed().as_micros() as u64, count);
                 if let Some(gateway) = self.settings.gateway
                     && !done.fix_events.is_empty()
                 {
@@ -515,16 +524,31 @@ impl<'a> Sequencer<'a> {
         let mut leftover = leftover;
         self.apply(&mut leftover)?;
         let stats = self.journal.close().map_err(error)?;
-        if stats.syncs > 0 {
+        if stats.writes > 0 || stats.syncs > 0 {
+            let h = &stats.sync_micros;
             log(&format!(
-                "journal: {} group commits, fdatasync {:.0} us on average (p50 {} p99 {} p99.9 {} max {} us), {:.1} commands per group",
+                "journal: {} writes, {:.1} commands each on average (largest {}); {} fdatasyncs, {:.0} us on average (p50 {} p99 {} p99.9 {} max {} us)",
+                stats.writes,
+                stats.average_group(),
+                stats.largest_group,
                 stats.syncs,
                 stats.average_sync_micros(),
-                stats.sync_micros.quantile(0.5),
-                stats.sync_micros.quantile(0.99),
-                stats.sync_micros.quantile(0.999),
-                stats.sync_micros.max(),
-                stats.average_group()
+                h.quantile(0.5),
+                h.quantile(0.99),
+                h.quantile(0.999),
+                h.max()
+            ));
+        }
+        let h = &self.residence;
+        if h.count() > 0 {
+            log(&format!(
+                "in the server: {} commands, applied to reports released p50 {} p90 {} p99 {} p99.9 {} max {} us",
+                h.count(),
+                h.quantile(0.5),
+                h.quantile(0.9),
+                h.quantile(0.99),
+                h.quantile(0.999),
+                h.max()
             ));
         }
         self.snapshotter.stop()?;

@@ -282,8 +282,31 @@ fn without_eager_hand_off_a_published_batch_is_one_group_commit() {
     journal.publish().unwrap();
     assert_eq!(journal.wait_acked(5, Duration::from_secs(30)).unwrap(), 5);
     let stats = journal.close().unwrap();
-    assert_eq!((stats.syncs, stats.records, stats.largest_group), (1, 5, 5), "one fdatasync for the batch");
+    assert_eq!((stats.writes, stats.syncs, stats.records, stats.largest_group), (1, 1, 5, 5), "one write and one fdatasync for the batch");
     assert_eq!(recover(&dir.0).unwrap().engine.seq(), 5);
+}
+
+/// In async mode a write is the acknowledgement and the syncs come on an
+/// interval from another thread: both are counted, apart.
+#[test]
+fn async_mode_counts_its_writes_and_its_periodic_syncs() {
+    let dir = TempDir::new("async-stats");
+    let recovered = recover(&dir.0).unwrap();
+    let config = JournalConfig { durability: Durability::Async { interval: Duration::from_millis(5) }, ..JournalConfig::default() };
+    let mut journal = Journal::open(&dir.0, config, &recovered.end).unwrap();
+    for seq in 1..=3 {
+        journal.append(seq, &Command::OpenAccount { account: seq }).unwrap();
+    }
+    journal.publish().unwrap();
+    assert_eq!(journal.wait_acked(3, Duration::from_secs(30)).unwrap(), 3);
+    // The periodic sync picks the write up within a few intervals.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while journal.stats().syncs == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let stats = journal.close().unwrap();
+    assert_eq!((stats.writes, stats.records, stats.largest_group), (1, 3, 3));
+    assert!(stats.syncs >= 1 && stats.sync_micros.count() == stats.syncs, "{stats:?}");
 }
 
 /// `crossbook run --journal` killed with SIGKILL at random moments: every

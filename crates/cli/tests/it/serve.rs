@@ -539,5 +539,16 @@ fn an_idle_session_leaves_the_server_asleep() {
     // About 20 a second while idle (one per 50 ms tick) plus one per
     // message; a busy loop makes hundreds of thousands.
     assert!(rounds < 1_000, "{rounds} polling rounds for 2 seconds of an idle session");
+    // The shutdown figures count what was served (one order) and, in sync
+    // mode, one fdatasync per write (the demo set-up's and the order's).
+    let served = lines.iter().find_map(|line| line.strip_prefix("in the server: ")).expect("the server logs its own latency");
+    assert!(served.starts_with("1 commands, applied to reports released p50 "), "{served}");
+    let journal = lines.iter().find_map(|line| line.strip_prefix("journal: ")).expect("the server logs its journal figures");
+    let count = |word: &str| -> u64 {
+        let before = &journal[..journal.find(word).unwrap_or_else(|| panic!("{journal}"))];
+        before.trim_end().rsplit([' ', ';']).next().and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{journal}"))
+    };
+    assert!(count(" writes,") >= 1, "{journal}");
+    assert_eq!(count(" writes,"), count(" fdatasyncs,"), "{journal}");
     let _ = std::fs::remove_dir_all(&dir);
 }
