@@ -59,7 +59,7 @@ pub fn run(commands: &PathBuf, dir: &Path, config: JournalConfig, snapshot_every
         count as f64 / elapsed.max(1e-9),
         stats.syncs,
         stats.average_sync_micros(),
-        stats.sync_micros.quantile(0.99),
+        stats.sync_micros.value_at_quantile(0.99),
         stats.sync_micros.max(),
         stats.average_group(),
         stats.largest_group

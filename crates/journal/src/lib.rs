@@ -13,7 +13,7 @@ pub mod read;
 pub mod write;
 
 pub use read::{Corruption, JournalEnd, TornTail, scan};
-pub use write::{CommitStats, Durability, Journal, JournalConfig, JournalError, SyncHistogram, sync_dir};
+pub use write::{CommitStats, Durability, Journal, JournalConfig, JournalError, micros_histogram, sync_dir};
 
 use crossbook_engine::Engine;
 use format::*;

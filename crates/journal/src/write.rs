@@ -24,6 +24,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use hdrhistogram::Histogram;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Durability {
     /// Nothing is acknowledged before the record holding it is on disk
@@ -140,7 +142,7 @@ pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> J
 }
 
 /// Group-commit figures.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct CommitStats {
     /// Batches written (one `write` each, after the segment's turn).
     pub writes: u64,
@@ -152,94 +154,19 @@ pub struct CommitStats {
     /// (and the last, at close) in async mode.
     pub syncs: u64,
     pub sync_nanos: u64,
-    /// How long each of those `fdatasync`s took.
-    pub sync_micros: SyncHistogram,
+    /// How long each of those `fdatasync`s took, in microseconds.
+    pub sync_micros: Histogram<u64>,
 }
 
-/// A fixed-size histogram of durations in microseconds, log-linear: exact
-/// below 8 µs, then eight buckets per power of two (within 12.5%), up to
-/// 2^31 µs. No allocation, so the journal's writer can keep one.
-#[derive(Clone, Copy, Debug)]
-pub struct SyncHistogram {
-    counts: [u32; SyncHistogram::BUCKETS],
-    max: u64,
+/// A histogram of durations in microseconds, from 1 µs to over an hour,
+/// within 1%.
+pub fn micros_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 1 << 32, 2).expect("valid histogram bounds")
 }
 
-impl Default for SyncHistogram {
+impl Default for CommitStats {
     fn default() -> Self {
-        SyncHistogram { counts: [0; SyncHistogram::BUCKETS], max: 0 }
-    }
-}
-
-impl SyncHistogram {
-    const BUCKETS: usize = 8 + 29 * 8;
-
-    fn bucket(micros: u64) -> usize {
-        let v = micros.min((1 << 32) - 1);
-        if v < 8 {
-            return v as usize;
-        }
-        let exponent = 63 - v.leading_zeros() as usize;
-        let sub = ((v >> (exponent - 3)) & 7) as usize;
-        8 + (exponent - 3) * 8 + sub
-    }
-
-    /// The largest value that falls in `bucket`.
-    fn upper(bucket: usize) -> u64 {
-        if bucket < 8 {
-            return bucket as u64;
-        }
-        let exponent = (bucket - 8) / 8 + 3;
-        let sub = ((bucket - 8) % 8) as u64;
-        ((8 + sub + 1) << (exponent - 3)) - 1
-    }
-
-    pub fn record(&mut self, micros: u64) {
-        self.record_n(micros, 1);
-    }
-
-    /// Records `count` samples of the same value (a batch's commands that
-    /// all waited as long).
-    pub fn record_n(&mut self, micros: u64, count: u32) {
-        if count == 0 {
-            return;
-        }
-        let bucket = Self::bucket(micros);
-        self.counts[bucket] = self.counts[bucket].saturating_add(count);
-        self.max = self.max.max(micros);
-    }
-
-    pub fn count(&self) -> u64 {
-        self.counts.iter().map(|&c| u64::from(c)).sum()
-    }
-
-    pub fn max(&self) -> u64 {
-        self.max
-    }
-
-    /// The value at or below which `quantile` (0 to 1) of the samples lie,
-    /// rounded up to its bucket's upper end (never above the maximum).
-    pub fn quantile(&self, quantile: f64) -> u64 {
-        let total = self.count();
-        if total == 0 {
-            return 0;
-        }
-        let rank = ((quantile.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
-        let mut seen = 0;
-        for (bucket, &count) in self.counts.iter().enumerate() {
-            seen += u64::from(count);
-            if seen >= rank {
-                return Self::upper(bucket).min(self.max);
-            }
-        }
-        self.max
-    }
-
-    pub fn merge(&mut self, other: &SyncHistogram) {
-        for (mine, theirs) in self.counts.iter_mut().zip(other.counts.iter()) {
-            *mine = mine.saturating_add(*theirs);
-        }
-        self.max = self.max.max(other.max);
+        CommitStats { writes: 0, records: 0, largest_group: 0, syncs: 0, sync_nanos: 0, sync_micros: micros_histogram() }
     }
 }
 
@@ -251,7 +178,7 @@ impl CommitStats {
     fn record_sync(&mut self, nanos: u64) {
         self.syncs += 1;
         self.sync_nanos += nanos;
-        self.sync_micros.record(nanos / 1000);
+        self.sync_micros.saturating_record(nanos / 1000);
     }
     pub fn average_sync_micros(&self) -> f64 {
         if self.syncs == 0 { 0.0 } else { self.sync_nanos as f64 / self.syncs as f64 / 1000.0 }
@@ -542,8 +469,9 @@ impl Journal {
         }
     }
 
+    /// The figures so far (a copy).
     pub fn stats(&self) -> CommitStats {
-        self.shared.lock().stats
+        self.shared.lock().stats.clone()
     }
 
     /// Flushes, syncs and stops the writer.
@@ -560,7 +488,7 @@ impl Journal {
         if let Some(handle) = self.writer.take() {
             let _ = handle.join();
         }
-        self.shared.lock().stats
+        std::mem::take(&mut self.shared.lock().stats)
     }
 }
 
@@ -743,45 +671,5 @@ impl Writer {
                 Ok(None)
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::SyncHistogram;
-
-    #[test]
-    fn histogram_buckets_cover_their_values_within_an_eighth() {
-        let mut previous = 0;
-        for micros in (0..100_000u64).chain([1 << 20, (1 << 31) + 12_345, (1 << 32) - 1]) {
-            let bucket = SyncHistogram::bucket(micros);
-            assert!(bucket >= previous, "buckets rise with the value ({micros})");
-            previous = bucket;
-            let upper = SyncHistogram::upper(bucket);
-            assert!(upper >= micros, "{micros} is above its bucket's end {upper}");
-            assert!(upper - micros <= micros / 8, "{micros}: bucket end {upper} is more than 12.5% off");
-        }
-        assert_eq!(SyncHistogram::bucket(u64::MAX), SyncHistogram::BUCKETS - 1);
-    }
-
-    #[test]
-    fn histogram_quantiles() {
-        let mut histogram = SyncHistogram::default();
-        assert_eq!(histogram.quantile(0.99), 0);
-        for micros in 1..=1000 {
-            histogram.record(micros);
-        }
-        assert_eq!(histogram.count(), 1000);
-        assert_eq!(histogram.max(), 1000);
-        assert_eq!(histogram.quantile(1.0), 1000);
-        let median = histogram.quantile(0.5);
-        assert!((500..=500 + 500 / 8).contains(&median), "median {median}");
-        let p99 = histogram.quantile(0.99);
-        assert!((990..=1000).contains(&p99), "p99 {p99}");
-        let mut other = SyncHistogram::default();
-        other.record(5_000_000);
-        histogram.merge(&other);
-        assert_eq!(histogram.max(), 5_000_000);
-        assert_eq!(histogram.count(), 1001);
     }
 }

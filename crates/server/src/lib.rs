@@ -19,7 +19,7 @@ mod gateway;
 
 use config::Config;
 use crossbook_engine::{AccountId, Command, Engine, Event};
-use crossbook_journal::{Durability, Journal, JournalConfig, SyncHistogram, recover, write_snapshot};
+use crossbook_journal::{Durability, Journal, JournalConfig, micros_histogram, recover, write_snapshot};
 use crossbook_protocol::reports::{Addressed, ReportBuilder};
 use crossbook_protocol::*;
 use std::collections::HashMap;
@@ -386,7 +386,7 @@ pub(crate) struct Sequencer<'a> {
     /// Per command, from the round that applied it to the release of its
     /// reports (the journal's wait included), logged at shutdown: the
     /// server's own share of a client's order-to-acknowledgement latency.
-    residence: SyncHistogram,
+    residence: hdrhistogram::Histogram<u64>,
     commands: u64,
     last_log: Instant,
     logged: u64,
@@ -409,7 +409,7 @@ impl<'a> Sequencer<'a> {
             journal,
             events: Vec::new(),
             waiting: std::collections::VecDeque::new(),
-            residence: SyncHistogram::default(),
+            residence: micros_histogram(),
             commands: 0,
             last_log: Instant::now(),
             logged: 0,
@@ -470,8 +470,8 @@ impl<'a> Sequencer<'a> {
         while self.waiting.front().is_some_and(|w| w.last_seq <= acked) {
             if let Some(done) = self.waiting.pop_front() {
                 dispatch(&done.reports, &done.refused, self.shared);
-                let count = u32::try_from(done.answered.len()).unwrap_or(u32::MAX);
-                self.residence.record_n(done.applied_at.elapsed().as_micros() as u64, count);
+                let micros = done.applied_at.elapsed().as_micros() as u64;
+                self.residence.saturating_record_n(micros, done.answered.len() as u64);
                 if let Some(gateway) = self.settings.gateway
                     && !done.fix_events.is_empty()
                 {
@@ -533,21 +533,21 @@ impl<'a> Sequencer<'a> {
                 stats.largest_group,
                 stats.syncs,
                 stats.average_sync_micros(),
-                h.quantile(0.5),
-                h.quantile(0.99),
-                h.quantile(0.999),
+                h.value_at_quantile(0.5),
+                h.value_at_quantile(0.99),
+                h.value_at_quantile(0.999),
                 h.max()
             ));
         }
         let h = &self.residence;
-        if h.count() > 0 {
+        if h.len() > 0 {
             log(&format!(
                 "in the server: {} commands, applied to reports released p50 {} p90 {} p99 {} p99.9 {} max {} us",
-                h.count(),
-                h.quantile(0.5),
-                h.quantile(0.9),
-                h.quantile(0.99),
-                h.quantile(0.999),
+                h.len(),
+                h.value_at_quantile(0.5),
+                h.value_at_quantile(0.9),
+                h.value_at_quantile(0.99),
+                h.value_at_quantile(0.999),
                 h.max()
             ));
         }

@@ -306,7 +306,7 @@ fn async_mode_counts_its_writes_and_its_periodic_syncs() {
     }
     let stats = journal.close().unwrap();
     assert_eq!((stats.writes, stats.records, stats.largest_group), (1, 3, 3));
-    assert!(stats.syncs >= 1 && stats.sync_micros.count() == stats.syncs, "{stats:?}");
+    assert!(stats.syncs >= 1 && stats.sync_micros.len() == stats.syncs, "{stats:?}");
 }
 
 /// `crossbook run --journal` killed with SIGKILL at random moments: every

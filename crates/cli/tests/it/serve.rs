@@ -133,9 +133,7 @@ impl Server {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-}
 
-impl Server {
     /// Stops the server with SIGTERM; how it exited, and the log lines not
     /// yet read (up to the end of its standard error).
     pub(crate) fn terminate_with_log(mut self) -> (std::process::ExitStatus, Vec<String>) {
