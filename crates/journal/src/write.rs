@@ -270,8 +270,9 @@ fn create_segment(dir: &Path, first_seq: u64, chain_seed: u32) -> Result<Segment
 }
 
 impl Segment {
-    /// Makes sure `extra` more bytes fit before the zeros run out: writes
-    /// and syncs the next `PREALLOCATE_BYTES` of zeros when they would not.
+    /// Makes sure `extra` more bytes fit in the space reserved: reserves
+    /// (`posix_fallocate`) and syncs the next `PREALLOCATE_BYTES` when they
+    /// would not.
     fn reserve(&mut self, extra: u64) -> Result<(), JournalError> {
         use std::os::fd::AsRawFd;
         if self.size + extra <= self.allocated {
