@@ -96,17 +96,17 @@ impl Syncer {
                     let started = Instant::now();
                     let synced = file.sync_data();
                     drop(file);
-                    if synced.is_ok() {
-                        shared.lock().stats.record_sync(started.elapsed().as_nanos() as u64);
-                    }
-                    if let Err(e) = synced {
-                        // An fsync error is never retried: poison the journal.
-                        let mut pending = shared.lock();
-                        pending.error.get_or_insert(format!("fdatasync (async mode): {e}"));
-                        shared.poisoned.store(true, Ordering::Release);
-                        drop(pending);
-                        shared.progress.notify_all();
-                        return;
+                    let mut pending = shared.lock();
+                    match synced {
+                        Ok(()) => pending.stats.record_sync(started.elapsed().as_nanos() as u64),
+                        Err(e) => {
+                            // An fsync error is never retried: poison the journal.
+                            pending.error.get_or_insert(format!("fdatasync (async mode): {e}"));
+                            shared.poisoned.store(true, Ordering::Release);
+                            drop(pending);
+                            shared.progress.notify_all();
+                            return;
+                        }
                     }
                 }
             }
@@ -543,8 +543,6 @@ impl Writer {
                         if let Some(hook) = &self.config.on_ack {
                             (hook.0)(last_seq);
                         }
-                    }
-                    if !batch.is_empty() {
                         pending.stats.writes += 1;
                         pending.stats.records += records;
                         pending.stats.largest_group = pending.stats.largest_group.max(records);
