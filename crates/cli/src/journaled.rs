@@ -34,9 +34,12 @@ pub fn run(commands: &PathBuf, dir: &Path, config: JournalConfig, snapshot_every
         events.clear();
         engine.apply(command, &mut events);
         if snapshot_every > 0 && seq % snapshot_every == 0 {
-            // A snapshot never gets ahead of the durable journal.
-            journal.flush()?;
-            write_snapshot(dir, &engine, keep)?;
+            // A snapshot never gets ahead of the durable journal (in async
+            // mode too: the journal syncs now), and names the record it
+            // continues.
+            journal.sync()?;
+            let chain = journal.watch().chain_at(seq).context("the checksum of the last record written")?;
+            write_snapshot(dir, &engine, chain, keep)?;
         }
         let acked = journal.acked();
         if acked > printed {
@@ -94,7 +97,7 @@ pub fn snapshot(dir: &Path, keep: usize) -> Result<()> {
     for warning in &recovered.warnings {
         eprintln!("warning: {warning}");
     }
-    let path = crossbook_journal::write_snapshot(dir, &recovered.engine, keep)?;
+    let path = crossbook_journal::write_snapshot(dir, &recovered.engine, recovered.end.last_crc, keep)?;
     println!("snapshot {} seq {}", path.display(), recovered.engine.seq());
     eprintln!("state-sha256 {}", crossbook_journal::state_hash(&recovered.engine));
     Ok(())

@@ -18,9 +18,11 @@ pub const MAX_ANNEX: usize = 128;
 pub const MAX_PAYLOAD: usize = MAX_COMMAND_BYTES + 1 + MAX_ANNEX;
 
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"XBSNAPSH";
-pub const SNAPSHOT_VERSION: u32 = 1;
-/// magic 8 | version u32 | seq u64 | payload_len u64 | payload | crc u32
-pub const SNAPSHOT_HEADER_BYTES: usize = 28;
+/// Version 2 names the journal record it continues (`chain`); version 1
+/// snapshots, which cannot, are never used (`docs/journal.md`).
+pub const SNAPSHOT_VERSION: u32 = 2;
+/// magic 8 | version u32 | seq u64 | chain u32 | state_len u64 | state | crc u32
+pub const SNAPSHOT_HEADER_BYTES: usize = 32;
 
 pub fn segment_name(first_seq: u64) -> String {
     format!("segment-{first_seq:020}.xbj")
@@ -217,11 +219,23 @@ pub fn decode_record(bytes: &[u8], previous: u32) -> Result<RecordView<'_>, Reco
     decode_record_at(bytes, 0, previous)
 }
 
-pub fn encode_snapshot(seq: u64, state: &[u8]) -> Vec<u8> {
+/// What a snapshot says it is: the state after command `seq`, continuing
+/// the journal whose record `seq` has the checksum `chain` (0 for seq 0).
+/// The chained checksum depends on every record before it, so a journal
+/// that holds a record `seq` with this checksum holds the very history the
+/// state was built from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotHeader {
+    pub seq: u64,
+    pub chain: u32,
+}
+
+pub fn encode_snapshot(header: SnapshotHeader, state: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(SNAPSHOT_HEADER_BYTES + state.len() + 4);
     out.extend_from_slice(SNAPSHOT_MAGIC);
     out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
-    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&header.seq.to_le_bytes());
+    out.extend_from_slice(&header.chain.to_le_bytes());
     out.extend_from_slice(&(state.len() as u64).to_le_bytes());
     out.extend_from_slice(state);
     let crc = crc32c::crc32c(&out);
@@ -229,28 +243,52 @@ pub fn encode_snapshot(seq: u64, state: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The sequence number and state bytes of a snapshot file, checked.
-pub fn decode_snapshot(bytes: &[u8]) -> Result<(u64, &[u8]), String> {
-    if bytes.len() < SNAPSHOT_HEADER_BYTES + 4 {
-        return Err(format!("truncated ({} bytes)", bytes.len()));
+/// Why a snapshot file cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotError {
+    /// Damaged, truncated, or not a snapshot.
+    Damaged(String),
+    /// A format that does not name the journal record it continues.
+    Unbound { version: u32 },
+}
+
+impl std::fmt::Display for SnapshotError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SnapshotError::Damaged(what) => f.write_str(what),
+            SnapshotError::Unbound { version } => {
+                write!(f, "snapshot format version {version} does not name the journal record it continues")
+            }
+        }
     }
-    if &bytes[0..8] != SNAPSHOT_MAGIC {
-        return Err("not a snapshot (bad magic)".into());
+}
+
+/// The header and state bytes of a snapshot file, checked.
+pub fn decode_snapshot(bytes: &[u8]) -> Result<(SnapshotHeader, &[u8]), SnapshotError> {
+    let damaged = |what: String| SnapshotError::Damaged(what);
+    if bytes.len() < 12 || &bytes[0..8] != SNAPSHOT_MAGIC {
+        return Err(damaged("not a snapshot (bad magic)".into()));
     }
     let body = &bytes[..bytes.len() - 4];
-    if crc32c::crc32c(body) != u32_at(bytes, bytes.len() - 4) {
-        return Err("checksum mismatch".into());
+    if bytes.len() < 16 || crc32c::crc32c(body) != u32_at(bytes, bytes.len() - 4) {
+        return Err(damaged("checksum mismatch".into()));
     }
     let version = u32_at(bytes, 8);
+    if version == 1 {
+        return Err(SnapshotError::Unbound { version });
+    }
     if version != SNAPSHOT_VERSION {
-        return Err(format!("unsupported snapshot version {version}"));
+        return Err(damaged(format!("unsupported snapshot version {version}")));
     }
-    let seq = u64_at(bytes, 12);
-    let len = u64_at(bytes, 20);
+    if bytes.len() < SNAPSHOT_HEADER_BYTES + 4 {
+        return Err(damaged(format!("truncated ({} bytes)", bytes.len())));
+    }
+    let header = SnapshotHeader { seq: u64_at(bytes, 12), chain: u32_at(bytes, 20) };
+    let len = u64_at(bytes, 24);
     if len != (body.len() - SNAPSHOT_HEADER_BYTES) as u64 {
-        return Err(format!("length field {len} disagrees with the file size"));
+        return Err(damaged(format!("length field {len} disagrees with the file size")));
     }
-    Ok((seq, &body[SNAPSHOT_HEADER_BYTES..]))
+    Ok((header, &body[SNAPSHOT_HEADER_BYTES..]))
 }
 
 #[cfg(test)]
@@ -290,12 +328,23 @@ mod tests {
         let mut bad = header;
         bad[17] ^= 1;
         assert!(parse_segment_header(&bad).is_err());
-        let file = encode_snapshot(9, b"state");
-        assert_eq!(decode_snapshot(&file), Ok((9, &b"state"[..])));
+        let header = SnapshotHeader { seq: 9, chain: 0xdead_beef };
+        let file = encode_snapshot(header, b"state");
+        assert_eq!(decode_snapshot(&file), Ok((header, &b"state"[..])));
         let mut bad = file.clone();
         bad[30] ^= 4;
         assert!(decode_snapshot(&bad).is_err());
         assert!(decode_snapshot(&file[..file.len() - 1]).is_err());
+        for cut in 0..file.len() {
+            assert!(decode_snapshot(&file[..cut]).is_err(), "cut at {cut}");
+        }
+        // A version 1 file (no chain) is recognised and refused as such.
+        let mut old = file.clone();
+        old[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let crc = crc32c::crc32c(&old[..old.len() - 4]);
+        let at = old.len() - 4;
+        old[at..].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(decode_snapshot(&old), Err(SnapshotError::Unbound { version: 1 }));
     }
 
     #[test]

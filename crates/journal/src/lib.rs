@@ -12,8 +12,9 @@ pub mod format;
 pub mod read;
 pub mod write;
 
-pub use read::{Corruption, JournalEnd, TornTail, scan};
-pub use write::{CommitStats, Durability, Journal, JournalConfig, JournalError, micros_histogram, sync_dir};
+pub use read::{Corruption, JournalEnd, TornTail, scan, scan_chained};
+pub use format::{SnapshotError, SnapshotHeader};
+pub use write::{CommitStats, Durability, DurableWatch, Journal, JournalConfig, JournalError, micros_histogram, sync_dir};
 
 use crossbook_engine::Engine;
 use format::*;
@@ -32,20 +33,26 @@ pub fn state_hash(engine: &Engine) -> String {
 
 /// Writes a snapshot of `engine` into `dir` (temporary file, sync, rename,
 /// sync the directory) and removes all but the newest `keep` snapshots.
-pub fn write_snapshot(dir: &Path, engine: &Engine, keep: usize) -> Result<PathBuf, JournalError> {
+/// `chain` is the checksum of the journal record at `engine.seq()`
+/// ([`write::DurableWatch::chain_at`], or [`JournalEnd::last_crc`] right
+/// after recovery): the snapshot is bound to that record. The caller must
+/// write only what the journal holds durably (`docs/journal.md`).
+pub fn write_snapshot(dir: &Path, engine: &Engine, chain: u32, keep: usize) -> Result<PathBuf, JournalError> {
     let mut state = Vec::new();
     engine.encode_state(&mut state);
-    write_snapshot_state(dir, engine.seq(), &state, keep)
+    write_snapshot_state(dir, SnapshotHeader { seq: engine.seq(), chain }, &state, keep)
 }
 
 /// [`write_snapshot`] of a state already encoded (`Engine::encode_state`)
-/// at sequence number `seq`: the encoding is quick and must happen on the
-/// engine's thread; the writing and syncing can happen on another.
-pub fn write_snapshot_state(dir: &Path, seq: u64, state: &[u8], keep: usize) -> Result<PathBuf, JournalError> {
-    let bytes = encode_snapshot(seq, state);
-    let path = dir.join(snapshot_name(seq));
+/// at `header.seq`: the encoding is quick and must happen on the engine's
+/// thread; the writing and syncing can happen on another. A failure
+/// removes the temporary file (best effort) and leaves every snapshot
+/// that was there.
+pub fn write_snapshot_state(dir: &Path, header: SnapshotHeader, state: &[u8], keep: usize) -> Result<PathBuf, JournalError> {
+    let bytes = encode_snapshot(header, state);
+    let path = dir.join(snapshot_name(header.seq));
     let temporary = path.with_extension("xbs.tmp");
-    {
+    let written = (|| {
         let mut file = OpenOptions::new()
             .write(true)
             .create(true)
@@ -54,8 +61,13 @@ pub fn write_snapshot_state(dir: &Path, seq: u64, state: &[u8], keep: usize) -> 
             .map_err(write::io(format!("creating {}", temporary.display())))?;
         file.write_all(&bytes).map_err(write::io(format!("writing {}", temporary.display())))?;
         file.sync_all().map_err(write::io(format!("syncing {}", temporary.display())))?;
+        drop(file);
+        std::fs::rename(&temporary, &path).map_err(write::io(format!("renaming {}", temporary.display())))
+    })();
+    if let Err(error) = written {
+        let _ = std::fs::remove_file(&temporary);
+        return Err(error);
     }
-    std::fs::rename(&temporary, &path).map_err(write::io(format!("renaming {}", temporary.display())))?;
     sync_dir(dir)?;
     let all = read::snapshots(dir).map_err(write::io(format!("listing {}", dir.display())))?;
     for (_, old) in all.into_iter().skip(keep.max(1)) {
@@ -64,15 +76,21 @@ pub fn write_snapshot_state(dir: &Path, seq: u64, state: &[u8], keep: usize) -> 
     Ok(path)
 }
 
-/// Loads and checks one snapshot file.
-pub fn load_snapshot(path: &Path) -> Result<Engine, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
-    let (seq, state) = decode_snapshot(&bytes)?;
-    let engine = Engine::decode_state(state).map_err(|e| e.to_string())?;
-    if engine.seq() != seq {
-        return Err(format!("header says seq {seq}, state says {}", engine.seq()));
+/// Loads and checks one snapshot file: checksum, format, state decoding,
+/// the full invariant check, and that its name, header and state agree on
+/// the sequence number.
+pub fn load_snapshot(path: &Path) -> Result<(SnapshotHeader, Engine), SnapshotError> {
+    let damaged = SnapshotError::Damaged;
+    let bytes = std::fs::read(path).map_err(|e| damaged(format!("cannot read: {e}")))?;
+    let (header, state) = decode_snapshot(&bytes)?;
+    if numbered(path, "snapshot-", ".xbs").is_some_and(|named| named != header.seq) {
+        return Err(damaged(format!("named for seq {} but its header says {}", numbered(path, "snapshot-", ".xbs").unwrap_or(0), header.seq)));
     }
-    Ok(engine)
+    let engine = Engine::decode_state(state).map_err(|e| damaged(e.to_string()))?;
+    if engine.seq() != header.seq {
+        return Err(damaged(format!("header says seq {}, state says {}", header.seq, engine.seq())));
+    }
+    Ok((header, engine))
 }
 
 /// What recovery rebuilt, and how.
@@ -84,8 +102,12 @@ pub struct Recovered {
     /// Commands replayed from the journal on top of it.
     pub replayed: u64,
     /// Things that were wrong but recoverable (a torn tail truncated, a bad
-    /// snapshot skipped), one line each.
+    /// snapshot skipped, one that does not belong set aside), one line
+    /// each.
     pub warnings: Vec<String>,
+    /// Snapshots that do not belong to this journal, and the names they
+    /// were set aside under (never looked at again).
+    pub set_aside: Vec<(PathBuf, PathBuf)>,
 }
 
 #[derive(Debug)]
@@ -105,47 +127,96 @@ impl std::fmt::Display for RecoveryError {
 
 impl std::error::Error for RecoveryError {}
 
+/// Names a set-aside snapshot may take (`.set-aside`, `.set-aside-2`, ...).
+const SET_ASIDE_NAMES: u32 = 1000;
+
+/// Renames a snapshot that does not belong to the journal out of the way
+/// for good (recovery lists only `snapshot-N.xbs`), and syncs the
+/// directory so that the rename survives a crash.
+fn set_aside(dir: &Path, path: &Path) -> Result<PathBuf, JournalError> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    for n in 1..=SET_ASIDE_NAMES {
+        let target = path.with_file_name(if n == 1 { format!("{name}.set-aside") } else { format!("{name}.set-aside-{n}") });
+        if target.exists() {
+            continue;
+        }
+        std::fs::rename(path, &target).map_err(write::io(format!("setting aside {}", path.display())))?;
+        sync_dir(dir)?;
+        return Ok(target);
+    }
+    Err(JournalError::Io {
+        context: format!("setting aside {}", path.display()),
+        source: std::io::Error::other(format!("{SET_ASIDE_NAMES} set-aside names already taken")),
+    })
+}
+
 /// Rebuilds the state from `dir` (created if missing): the newest snapshot
-/// that checks out (older ones, or the journal from the start, as fallback)
-/// plus every journal record after it. A torn tail is truncated; corruption
-/// anywhere else is an error naming file, offset and sequence number.
+/// that checks out *and belongs to this journal* (its record's checksum is
+/// the journal's), older ones or the journal from the start as fallback,
+/// plus every journal record after it. A snapshot ahead of the journal or
+/// naming another record is set aside for good; a torn tail is truncated;
+/// corruption anywhere else is an error naming file, offset and sequence
+/// number.
 pub fn recover(dir: &Path) -> Result<Recovered, RecoveryError> {
-    std::fs::create_dir_all(dir).map_err(|e| RecoveryError::Io(write::io(format!("creating {}", dir.display()))(e)))?;
+    let io_error = |what: String| move |e: std::io::Error| RecoveryError::Io(write::io(what)(e));
+    std::fs::create_dir_all(dir).map_err(io_error(format!("creating {}", dir.display())))?;
     let mut warnings = Vec::new();
-    let candidates = read::snapshots(dir).map_err(|e| RecoveryError::Io(write::io(format!("listing {}", dir.display()))(e)))?;
+    let mut set_asides = Vec::new();
+    let candidates = read::snapshots(dir).map_err(io_error(format!("listing {}", dir.display())))?;
     let mut candidates: Vec<Option<(u64, PathBuf)>> = candidates.into_iter().map(Some).collect();
     candidates.push(None);
     for candidate in candidates {
-        let (mut engine, from) = match &candidate {
-            Some((seq, path)) => match load_snapshot(path) {
-                Ok(engine) => (engine, *seq),
-                Err(why) => {
+        let mut put_aside = |path: &Path, why: String| -> Result<(), RecoveryError> {
+            let target = set_aside(dir, path).map_err(RecoveryError::Io)?;
+            warnings.push(format!(
+                "snapshot {} does not belong to this journal ({why}): set aside as {}, never to be used",
+                path.display(),
+                target.display()
+            ));
+            set_asides.push((path.to_path_buf(), target));
+            Ok(())
+        };
+        let (mut engine, header) = match &candidate {
+            Some((_, path)) => match load_snapshot(path) {
+                Ok((header, engine)) => (engine, header),
+                Err(why @ SnapshotError::Unbound { .. }) => {
+                    put_aside(path, why.to_string())?;
+                    continue;
+                }
+                Err(SnapshotError::Damaged(why)) => {
                     warnings.push(format!("snapshot {} is unusable ({why}); trying an older one", path.display()));
                     continue;
                 }
             },
-            None => (Engine::new(), 0),
+            None => (Engine::new(), SnapshotHeader { seq: 0, chain: 0 }),
         };
-        let (end, replayed) = replay(dir, &mut engine, from)?;
-        if end.last_seq < from {
-            let path = candidate.as_ref().map(|(_, p)| p.display().to_string()).unwrap_or_default();
-            warnings.push(format!(
-                "snapshot {path} is ahead of the journal (journal ends at seq {}); trying an older one",
-                end.last_seq
-            ));
+        let path = candidate.as_ref().map(|(_, p)| p.clone()).unwrap_or_default();
+        let (end, replayed) = match replay(dir, &mut engine, header)? {
+            Replay::Done { end, replayed } => (end, replayed),
+            Replay::Mismatch { found } => {
+                put_aside(
+                    &path,
+                    format!("it continues record {} with checksum {:08x}, the journal's record {} has {found:08x}", header.seq, header.chain, header.seq),
+                )?;
+                continue;
+            }
+        };
+        if end.last_seq < header.seq {
+            put_aside(&path, format!("it is ahead of the journal: seq {}, the journal ends at seq {}", header.seq, end.last_seq))?;
             continue;
         }
         if let Some(torn) = &end.torn {
             truncate_torn_tail(dir, torn).map_err(RecoveryError::Io)?;
             warnings.push(format!(
-                "torn tail truncated: {} at offset {} (seq {} was never acknowledged: {})",
+                "torn tail truncated: {} at offset {} (seq {} on: written but never synced, so never acknowledged in sync mode: {})",
                 torn.file.display(),
                 torn.offset,
                 torn.seq,
                 torn.what
             ));
         }
-        return Ok(Recovered { engine, end, snapshot: candidate.map(|(seq, _)| seq), replayed, warnings });
+        let snapshot = candidate.map(|(seq, _)| seq);
+        return Ok(Recovered { engine, end, snapshot, replayed, warnings, set_aside: set_asides });
     }
     unreachable!("the last candidate (no snapshot) always returns")
 }
@@ -153,18 +224,34 @@ pub fn recover(dir: &Path) -> Result<Recovered, RecoveryError> {
 /// Commands handed from the reading thread to the applying one at a time.
 const REPLAY_BATCH: usize = 4096;
 
-/// Applies every journal record after `from` to `engine`. One thread reads,
-/// checks and decodes the journal while this one applies, so recovery runs
-/// at close to the engine's own speed.
-fn replay(dir: &Path, engine: &mut Engine, from: u64) -> Result<(JournalEnd, u64), RecoveryError> {
+enum Replay {
+    Done { end: JournalEnd, replayed: u64 },
+    /// The journal's record at the snapshot's sequence number is another
+    /// one (this checksum): nothing was applied.
+    Mismatch { found: u32 },
+}
+
+/// Applies every journal record after `from.seq` to `engine`, once the
+/// record at `from.seq` has shown it is the one the snapshot continues.
+/// One thread reads, checks and decodes the journal while this one
+/// applies, so recovery runs at close to the engine's own speed.
+fn replay(dir: &Path, engine: &mut Engine, from: SnapshotHeader) -> Result<Replay, RecoveryError> {
     let (sender, receiver) = std::sync::mpsc::sync_channel::<Vec<crossbook_engine::Command>>(4);
     let reader_dir = dir.to_path_buf();
     let reader = std::thread::Builder::new()
         .name("journal-reader".into())
         .spawn(move || {
             let mut batch = Vec::with_capacity(REPLAY_BATCH);
-            let result = scan(&reader_dir, |seq, payload| {
-                if seq <= from {
+            let mut mismatch = None;
+            let result = read::scan_chained(&reader_dir, |seq, payload, crc| {
+                if seq < from.seq {
+                    return Ok(());
+                }
+                if seq == from.seq {
+                    if crc != from.chain {
+                        mismatch = Some(crc);
+                        return Err("the snapshot does not continue this record".into());
+                    }
                     return Ok(());
                 }
                 batch.push(crate::format::split_payload(payload)?.0);
@@ -177,7 +264,7 @@ fn replay(dir: &Path, engine: &mut Engine, from: u64) -> Result<(JournalEnd, u64
             if result.is_ok() && !batch.is_empty() {
                 let _ = sender.send(batch);
             }
-            result
+            (result, mismatch)
         })
         .map_err(|e| RecoveryError::Io(write::io("starting the journal reader thread")(e)))?;
     let mut events = Vec::new();
@@ -189,11 +276,15 @@ fn replay(dir: &Path, engine: &mut Engine, from: u64) -> Result<(JournalEnd, u64
         }
         replayed += batch.len() as u64;
     }
-    let end = match reader.join() {
-        Ok(result) => result.map_err(RecoveryError::Corruption)?,
+    let (result, mismatch) = match reader.join() {
+        Ok(outcome) => outcome,
         Err(_) => panic!("the journal reader thread panicked"),
     };
-    Ok((end, replayed))
+    if let Some(found) = mismatch {
+        return Ok(Replay::Mismatch { found });
+    }
+    let end = result.map_err(RecoveryError::Corruption)?;
+    Ok(Replay::Done { end, replayed })
 }
 
 fn truncate_torn_tail(dir: &Path, torn: &TornTail) -> Result<(), JournalError> {
@@ -212,7 +303,12 @@ fn truncate_torn_tail(dir: &Path, torn: &TornTail) -> Result<(), JournalError> {
 pub enum Problem {
     Corruption(Corruption),
     TornTail(TornTail),
+    /// A snapshot that is damaged or cannot be loaded.
     BadSnapshot { file: PathBuf, what: String },
+    /// A sound snapshot that does not belong to this journal: ahead of its
+    /// end, naming another record, or of a format that names none.
+    /// Recovery would set it aside.
+    ForeignSnapshot { file: PathBuf, what: String },
 }
 
 impl std::fmt::Display for Problem {
@@ -228,15 +324,34 @@ impl std::fmt::Display for Problem {
                 t.what
             ),
             Problem::BadSnapshot { file, what } => write!(f, "bad snapshot: {}: {what}", file.display()),
+            Problem::ForeignSnapshot { file, what } => {
+                write!(f, "snapshot does not belong to this journal: {}: {what}; recovery would set it aside", file.display())
+            }
         }
     }
 }
 
-/// Checks every record and snapshot in `dir` without changing anything.
+/// Checks every record and snapshot in `dir` without changing anything,
+/// including that every snapshot continues a record this journal holds.
 /// Returns what was found and the problems, each with its exact place.
 pub fn verify(dir: &Path) -> (Option<JournalEnd>, Vec<Problem>) {
     let mut problems = Vec::new();
-    let end = match scan(dir, |_, payload| crate::format::split_payload(payload).map(|_| ())) {
+    let snapshots = match read::snapshots(dir) {
+        Ok(found) => found,
+        Err(e) => {
+            problems.push(Problem::BadSnapshot { file: dir.to_path_buf(), what: format!("cannot list: {e}") });
+            Vec::new()
+        }
+    };
+    // The records snapshots name, and their checksums in the journal.
+    let mut wanted: std::collections::BTreeMap<u64, Option<u32>> = snapshots.iter().map(|(seq, _)| (*seq, None)).collect();
+    wanted.insert(0, Some(0));
+    let end = match read::scan_chained(dir, |seq, payload, crc| {
+        if let Some(slot) = wanted.get_mut(&seq) {
+            *slot = Some(crc);
+        }
+        crate::format::split_payload(payload).map(|_| ())
+    }) {
         Ok(end) => {
             if let Some(torn) = &end.torn {
                 problems.push(Problem::TornTail(torn.clone()));
@@ -252,15 +367,31 @@ pub fn verify(dir: &Path) -> (Option<JournalEnd>, Vec<Problem>) {
             None
         }
     };
-    match read::snapshots(dir) {
-        Ok(found) => {
-            for (_, path) in found {
-                if let Err(what) = load_snapshot(&path) {
-                    problems.push(Problem::BadSnapshot { file: path, what });
-                }
+    for (_, path) in snapshots {
+        let header = match load_snapshot(&path) {
+            Ok((header, _)) => header,
+            Err(why @ SnapshotError::Unbound { .. }) => {
+                problems.push(Problem::ForeignSnapshot { file: path, what: why.to_string() });
+                continue;
             }
+            Err(SnapshotError::Damaged(what)) => {
+                problems.push(Problem::BadSnapshot { file: path, what });
+                continue;
+            }
+        };
+        let foreign = |what: String| Problem::ForeignSnapshot { file: path.clone(), what };
+        match (wanted.get(&header.seq).copied().flatten(), &end) {
+            (Some(crc), _) if crc == header.chain => {}
+            (Some(crc), _) => problems.push(foreign(format!(
+                "it continues record {} with checksum {:08x}, the journal's record {} has {crc:08x}",
+                header.seq, header.chain, header.seq
+            ))),
+            (None, Some(end)) => {
+                problems.push(foreign(format!("it is ahead of the journal: seq {}, the journal ends at seq {}", header.seq, end.last_seq)))
+            }
+            // The journal is damaged before the record: named above.
+            (None, None) => {}
         }
-        Err(e) => problems.push(Problem::BadSnapshot { file: dir.to_path_buf(), what: format!("cannot list: {e}") }),
     }
     (end, problems)
 }

@@ -61,6 +61,27 @@ fn valid_record_after(bytes: &[u8], from: usize) -> bool {
     (start..=bytes.len() - RECORD_OVERHEAD - 1).any(|at| decode_record(&bytes[at..], u32_at(bytes, at - 4)).is_ok())
 }
 
+/// Whether the record at `bytes[at..]`, whole (its length sane and all its
+/// bytes there) but failing its checksum, is followed by a whole record
+/// that verifies when chained from what the damaged record's checksum
+/// should be. Then the damaged record's own checksum field was hit (a
+/// flipped bit in stored history), not a write torn by a crash: a torn
+/// write leaves nothing whole after it, so a later record that chains from
+/// this one proves it was complete, and (in sync mode) acknowledged.
+fn whole_record_chains_after(bytes: &[u8], at: usize, previous: u32) -> bool {
+    let rest = &bytes[at..];
+    if rest.len() < RECORD_OVERHEAD {
+        return false;
+    }
+    let len = u32_at(rest, 0) as usize;
+    if len == 0 || len > MAX_PAYLOAD || rest.len() < RECORD_OVERHEAD + len {
+        return false;
+    }
+    let size = RECORD_OVERHEAD + len;
+    let should_be = record_crc(previous, &rest[..size - 4]);
+    at + size < bytes.len() && decode_record_at(bytes, at + size, should_be).is_ok()
+}
+
 /// Whether everything from `at` on is zero: the space a writer reserved
 /// ahead of its records (`write::PREALLOCATE_BYTES`), so the clean end of
 /// the journal, not a damaged record.
@@ -138,6 +159,12 @@ pub fn check_later_segments(dir: &Path, after: &Path) -> Vec<Corruption> {
 /// each valid record. A `visit` error is reported as corruption at that
 /// record.
 pub fn scan(dir: &Path, mut visit: impl FnMut(u64, &[u8]) -> Result<(), String>) -> Result<JournalEnd, Corruption> {
+    scan_chained(dir, |seq, payload, _| visit(seq, payload))
+}
+
+/// [`scan`], with each record's chained checksum: `visit(seq, payload,
+/// crc)`. A snapshot names the checksum of the record it continues.
+pub fn scan_chained(dir: &Path, mut visit: impl FnMut(u64, &[u8], u32) -> Result<(), String>) -> Result<JournalEnd, Corruption> {
     let segments = list(dir, "segment-", ".xbj").map_err(|e| Corruption {
         file: dir.to_path_buf(),
         offset: 0,
@@ -184,7 +211,7 @@ pub fn scan(dir: &Path, mut visit: impl FnMut(u64, &[u8]) -> Result<(), String>)
         while at < bytes.len() {
             match decode_record_at(&bytes, at, chain) {
                 Ok(record) if record.seq == expected => {
-                    visit(record.seq, record.payload).map_err(|what| corrupt(at, expected, what))?;
+                    visit(record.seq, record.payload, record.crc).map_err(|what| corrupt(at, expected, what))?;
                     chain = record.crc;
                     end.last_seq = expected;
                     end.records += 1;
@@ -207,7 +234,8 @@ pub fn scan(dir: &Path, mut visit: impl FnMut(u64, &[u8]) -> Result<(), String>)
                         let len = u32_at(rest, 0) as usize;
                         len > 0 && len <= MAX_PAYLOAD && rest.len() >= RECORD_OVERHEAD + len && u64_at(rest, 4) != expected
                     };
-                    if is_last && !out_of_order && !valid_record_after(&bytes, at) {
+                    let chained_after = whole_record_chains_after(&bytes, at, chain);
+                    if is_last && !out_of_order && !chained_after && !valid_record_after(&bytes, at) {
                         end.torn = Some(TornTail {
                             file: path.clone(),
                             offset: at as u64,
@@ -221,6 +249,8 @@ pub fn scan(dir: &Path, mut visit: impl FnMut(u64, &[u8]) -> Result<(), String>)
                     }
                     let what = if out_of_order {
                         format!("{error}; the record there says seq {}", u64_at(rest, 4))
+                    } else if chained_after {
+                        format!("{error} in a whole record followed by a whole record that chains from it: its checksum field is damaged")
                     } else {
                         format!("{error}, and valid records follow")
                     };
@@ -265,7 +295,7 @@ fn fast_segment(
     expected: &mut u64,
     chain: &mut u32,
     end: &mut JournalEnd,
-    visit: &mut impl FnMut(u64, &[u8]) -> Result<(), String>,
+    visit: &mut impl FnMut(u64, &[u8], u32) -> Result<(), String>,
 ) -> Result<Fast, Corruption> {
     let corrupt = |offset: usize, seq: u64, what: String| Corruption { file: path.to_path_buf(), offset: offset as u64, seq, what };
     let mut file = File::open(path).map_err(|e| corrupt(0, *expected, format!("cannot open: {e}")))?;
@@ -297,7 +327,7 @@ fn fast_segment(
         while at < buffer.len() {
             match decode_record_at(&buffer, at, *chain) {
                 Ok(record) if record.seq == *expected => {
-                    visit(record.seq, record.payload).map_err(|what| corrupt(base + at, *expected, what))?;
+                    visit(record.seq, record.payload, record.crc).map_err(|what| corrupt(base + at, *expected, what))?;
                     *chain = record.crc;
                     end.last_seq = *expected;
                     end.records += 1;

@@ -19,7 +19,7 @@ use crate::format::MAX_ANNEX;
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -74,41 +74,73 @@ impl Default for JournalConfig {
 /// Async mode's periodic `fdatasync`, on a thread of its own so that writes
 /// (and so acknowledgements) never wait behind a sync.
 struct Syncer {
-    /// The segment being written (replaced when a new one starts).
+    /// The segment being written (replaced when a new one starts). The
+    /// syncer reads `Shared::written` under this lock, before it syncs, so
+    /// what it then calls durable was written to the file it syncs; the
+    /// writer holds the lock for a whole batch that moves to a new segment.
     file: Arc<Mutex<File>>,
     dirty: Arc<AtomicBool>,
     handle: JoinHandle<()>,
 }
 
 impl Syncer {
+    /// Syncs at most `interval` after the previous sync *started* (a
+    /// deadline, not a sleep after each sync, so a slow sync does not widen
+    /// the window), or at once when asked (`Shared::sync_requested`).
     fn start(file: File, interval: Duration, shared: Arc<Shared>) -> std::io::Result<Syncer> {
         let file = Arc::new(Mutex::new(file));
         let dirty = Arc::new(AtomicBool::new(false));
         let (thread_file, thread_dirty) = (file.clone(), dirty.clone());
         let handle = std::thread::Builder::new().name("journal-syncer".into()).spawn(move || {
+            let mut next = Instant::now() + interval;
             loop {
-                std::thread::sleep(interval);
-                if shared.lock().closed {
-                    return;
-                }
-                if thread_dirty.swap(false, Ordering::AcqRel) {
-                    let file = thread_file.lock().unwrap_or_else(|e| e.into_inner());
-                    let started = Instant::now();
-                    let synced = file.sync_data();
-                    drop(file);
+                {
                     let mut pending = shared.lock();
-                    match synced {
-                        Ok(()) => pending.stats.record_sync(started.elapsed().as_nanos() as u64),
-                        Err(e) => {
-                            // An fsync error is never retried: poison the journal.
-                            pending.error.get_or_insert(format!("fdatasync (async mode): {e}"));
-                            shared.poisoned.store(true, Ordering::Release);
-                            drop(pending);
-                            shared.progress.notify_all();
+                    loop {
+                        if pending.closed {
                             return;
                         }
+                        let now = Instant::now();
+                        if now >= next || shared.sync_requested.load(Ordering::Acquire) {
+                            break;
+                        }
+                        pending = shared.syncer_wake.wait_timeout(pending, next - now).unwrap_or_else(|e| e.into_inner()).0;
                     }
                 }
+                let started = Instant::now();
+                next = started + interval;
+                shared.sync_requested.store(false, Ordering::Release);
+                if !thread_dirty.swap(false, Ordering::AcqRel) {
+                    // Nothing new: what was written is already durable.
+                    shared.progress.notify_all();
+                    continue;
+                }
+                let file = thread_file.lock().unwrap_or_else(|e| e.into_inner());
+                let covers = shared.written.load(Ordering::Acquire);
+                let oldest = shared.oldest_unsynced_nanos.swap(0, Ordering::AcqRel);
+                let synced = file.sync_data();
+                drop(file);
+                let mut pending = shared.lock();
+                match synced {
+                    Ok(()) => {
+                        shared.durable.fetch_max(covers, Ordering::AcqRel);
+                        pending.stats.record_sync(started.elapsed().as_nanos() as u64);
+                        if oldest > 0 {
+                            let exposed = shared.clock_nanos().saturating_sub(oldest);
+                            pending.stats.write_to_sync_micros.saturating_record(exposed / 1000);
+                        }
+                    }
+                    Err(e) => {
+                        // An fsync error is never retried: poison the journal.
+                        pending.error.get_or_insert(format!("fdatasync (async mode): {e}"));
+                        shared.poisoned.store(true, Ordering::Release);
+                        drop(pending);
+                        shared.progress.notify_all();
+                        return;
+                    }
+                }
+                drop(pending);
+                shared.progress.notify_all();
             }
         })?;
         Ok(Syncer { file, dirty, handle })
@@ -156,6 +188,10 @@ pub struct CommitStats {
     pub sync_nanos: u64,
     /// How long each of those `fdatasync`s took, in microseconds.
     pub sync_micros: Histogram<u64>,
+    /// Async mode: for each periodic sync, how long the oldest write it
+    /// covered had been acknowledged (written) before the sync completed,
+    /// in microseconds: the window a power cut could take back.
+    pub write_to_sync_micros: Histogram<u64>,
 }
 
 /// A histogram of durations in microseconds, from 1 µs to over an hour,
@@ -166,7 +202,15 @@ pub fn micros_histogram() -> Histogram<u64> {
 
 impl Default for CommitStats {
     fn default() -> Self {
-        CommitStats { writes: 0, records: 0, largest_group: 0, syncs: 0, sync_nanos: 0, sync_micros: micros_histogram() }
+        CommitStats {
+            writes: 0,
+            records: 0,
+            largest_group: 0,
+            syncs: 0,
+            sync_nanos: 0,
+            sync_micros: micros_histogram(),
+            write_to_sync_micros: micros_histogram(),
+        }
     }
 }
 
@@ -203,10 +247,26 @@ struct Shared {
     work: Condvar,
     /// Signals appenders and flushers: progress, room, or an error.
     progress: Condvar,
+    /// Wakes the async syncer before its deadline (a sync asked for, or
+    /// closing).
+    syncer_wake: Condvar,
+    sync_requested: AtomicBool,
+    /// The highest sequence number acknowledged: synced (sync mode) or
+    /// written (async mode).
     acked: AtomicU64,
+    /// The highest sequence number written to a segment.
+    written: AtomicU64,
+    /// The highest sequence number a completed `fdatasync` covers: what a
+    /// power cut cannot take back. Equal to `acked` in sync mode.
+    durable: AtomicU64,
+    /// Async mode: when (`clock_nanos`) the oldest write not yet covered
+    /// by a sync was made; 0 when there is none.
+    oldest_unsynced_nanos: AtomicU64,
+    clock: Instant,
     poisoned: AtomicBool,
     /// The writer is idle, waiting for records: hand them over at once.
     writer_idle: AtomicBool,
+    chains: ChainRing,
 }
 
 impl Shared {
@@ -214,6 +274,95 @@ impl Shared {
         // A panic in the writer thread poisons the mutex; the state inside
         // is still consistent (plain buffers and counters).
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Nanoseconds since the journal opened, never 0.
+    fn clock_nanos(&self) -> u64 {
+        self.clock.elapsed().as_nanos() as u64 + 1
+    }
+
+    fn error(&self) -> Option<JournalError> {
+        if self.poisoned.load(Ordering::Acquire) {
+            let why = self.lock().error.clone().unwrap_or_default();
+            return Some(JournalError::Poisoned(why));
+        }
+        None
+    }
+}
+
+/// Records whose checksums stay readable after they are written: enough
+/// for a snapshot offered now to find the checksum of its record once the
+/// journal has made it durable (the writer takes at most
+/// `MAX_PENDING_COMMANDS + STAGING_COMMANDS` records at a time).
+const CHAIN_RING: u64 = 1 << 20;
+
+/// The chained checksums of the most recent `CHAIN_RING` records, by
+/// sequence number, written by the writer thread as it encodes them and
+/// read by whoever writes a snapshot (which names the checksum of the
+/// record it continues). A seqlock in spirit: `encoding` is raised before
+/// slots are overwritten and `encoded` after, so a reader that saw a slot
+/// can tell whether it was overwritten meanwhile.
+struct ChainRing {
+    crcs: Box<[AtomicU32]>,
+    encoding: AtomicU64,
+    encoded: AtomicU64,
+}
+
+impl ChainRing {
+    fn new(last_seq: u64, last_crc: u32) -> ChainRing {
+        let crcs: Box<[AtomicU32]> = (0..CHAIN_RING).map(|_| AtomicU32::new(0)).collect();
+        crcs[(last_seq % CHAIN_RING) as usize].store(last_crc, Ordering::SeqCst);
+        ChainRing { crcs, encoding: AtomicU64::new(last_seq), encoded: AtomicU64::new(last_seq) }
+    }
+
+    fn get(&self, seq: u64) -> Option<u32> {
+        if seq > self.encoded.load(Ordering::SeqCst) {
+            return None;
+        }
+        let crc = self.crcs[(seq % CHAIN_RING) as usize].load(Ordering::SeqCst);
+        if self.encoding.load(Ordering::SeqCst) >= seq + CHAIN_RING {
+            return None;
+        }
+        Some(crc)
+    }
+}
+
+/// A handle on a journal's progress for other threads (a snapshot writer):
+/// what is durable, and the checksum of a record.
+#[derive(Clone)]
+pub struct DurableWatch {
+    shared: Arc<Shared>,
+}
+
+impl DurableWatch {
+    /// The highest sequence number a completed `fdatasync` covers.
+    pub fn durable(&self) -> u64 {
+        self.shared.durable.load(Ordering::Acquire)
+    }
+
+    /// Waits until `seq` is durable or `timeout` passes; returns what is
+    /// durable then. An error if the journal failed (it never will be).
+    pub fn wait_durable(&self, seq: u64, timeout: Duration) -> Result<u64, JournalError> {
+        let deadline = Instant::now() + timeout;
+        let mut pending = self.shared.lock();
+        loop {
+            if let Some(why) = &pending.error {
+                return Err(JournalError::Poisoned(why.clone()));
+            }
+            let durable = self.shared.durable.load(Ordering::Acquire);
+            let now = Instant::now();
+            if durable >= seq || now >= deadline || pending.closed {
+                return Ok(durable);
+            }
+            pending = self.shared.progress.wait_timeout(pending, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// The chained checksum of record `seq`, if it has been written and is
+    /// still among the last `CHAIN_RING` written (or is the record the
+    /// journal was opened after).
+    pub fn chain_at(&self, seq: u64) -> Option<u32> {
+        self.shared.chains.get(seq)
     }
 }
 
@@ -234,6 +383,21 @@ pub struct Journal {
 /// Staged commands past which `append` hands them to the writer even while
 /// it is busy.
 const STAGING_COMMANDS: usize = 8192;
+
+/// Reserves the blocks of `length` bytes of `file` from `offset` without
+/// changing its size (`fallocate` with `FALLOC_FL_KEEP_SIZE`): appends into
+/// that range then cannot fail for want of space. The FIX session stores
+/// keep a reserve so that the Logout telling a counterparty why the venue
+/// stops can be recorded on a disk that is full.
+pub fn reserve_blocks(file: &File, offset: u64, length: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid open file descriptor, a non-negative range.
+    let failed = unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, offset as libc::off_t, length as libc::off_t) };
+    if failed != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
 
 /// Syncs a directory so that a created, renamed or removed entry in it is
 /// durable.
@@ -307,6 +471,13 @@ impl Journal {
         let segment = match &end.tail {
             Some((path, valid_len)) => {
                 let mut file = OpenOptions::new().write(true).open(path).map_err(io(format!("opening {}", path.display())))?;
+                // After a crash of the process in async mode, the records
+                // recovery read may still be only in the page cache: sync
+                // them before anything (a snapshot) is built on them as
+                // durable. (Earlier segments were synced when they ended.)
+                if file.metadata().is_ok_and(|m| m.is_file()) {
+                    file.sync_data().map_err(io(format!("fdatasync {}", path.display())))?;
+                }
                 file.seek(SeekFrom::Start(*valid_len)).map_err(io(format!("seeking in {}", path.display())))?;
                 let allocated = file.metadata().map_err(io(format!("reading {}", path.display())))?.len().max(*valid_len);
                 Segment { file, path: path.clone(), size: *valid_len, allocated }
@@ -330,9 +501,16 @@ impl Journal {
             }),
             work: Condvar::new(),
             progress: Condvar::new(),
+            syncer_wake: Condvar::new(),
+            sync_requested: AtomicBool::new(false),
             acked: AtomicU64::new(end.last_seq),
+            written: AtomicU64::new(end.last_seq),
+            durable: AtomicU64::new(end.last_seq),
+            oldest_unsynced_nanos: AtomicU64::new(0),
+            clock: Instant::now(),
             poisoned: AtomicBool::new(false),
             writer_idle: AtomicBool::new(false),
+            chains: ChainRing::new(end.last_seq, end.last_crc),
         });
         let eager = config.eager && config.durability == Durability::Sync;
         let syncer = match config.durability {
@@ -359,11 +537,10 @@ impl Journal {
     }
 
     fn check(&self) -> Result<(), JournalError> {
-        if self.shared.poisoned.load(Ordering::Acquire) {
-            let why = self.shared.lock().error.clone().unwrap_or_default();
-            return Err(JournalError::Poisoned(why));
+        match self.shared.error() {
+            Some(error) => Err(error),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Queues the record of command `seq` (which must follow the last one).
@@ -431,9 +608,44 @@ impl Journal {
         self.shared.acked.load(Ordering::Acquire)
     }
 
+    /// Why the journal refuses work, once a write or sync has failed.
+    pub fn failure(&self) -> Option<JournalError> {
+        self.shared.error()
+    }
+
     /// The highest sequence number appended.
     pub fn appended(&self) -> u64 {
         self.appended
+    }
+
+    /// The highest sequence number a completed `fdatasync` covers: equal
+    /// to [`Journal::acked`] in sync mode, behind it in async mode.
+    pub fn durable(&self) -> u64 {
+        self.shared.durable.load(Ordering::Acquire)
+    }
+
+    /// A handle for other threads: durability and record checksums.
+    pub fn watch(&self) -> DurableWatch {
+        DurableWatch { shared: self.shared.clone() }
+    }
+
+    /// Waits until everything appended is durable (in async mode, asks for
+    /// a sync now rather than at the next interval); returns the sequence
+    /// number.
+    pub fn sync(&mut self) -> Result<u64, JournalError> {
+        let target = self.flush()?;
+        let mut pending = self.shared.lock();
+        loop {
+            if let Some(why) = &pending.error {
+                return Err(JournalError::Poisoned(why.clone()));
+            }
+            if self.shared.durable.load(Ordering::Acquire) >= target {
+                return Ok(target);
+            }
+            self.shared.sync_requested.store(true, Ordering::Release);
+            self.shared.syncer_wake.notify_all();
+            pending = self.shared.progress.wait_timeout(pending, Duration::from_millis(100)).unwrap_or_else(|e| e.into_inner()).0;
+        }
     }
 
     /// Waits until everything appended is acknowledged.
@@ -479,13 +691,19 @@ impl Journal {
     pub fn close(mut self) -> Result<CommitStats, JournalError> {
         let result = self.flush();
         let stats = self.stop();
-        result.map(|_| stats)
+        // The last sync happens as the writer stops: its failure counts.
+        result?;
+        match self.shared.error() {
+            Some(error) => Err(error),
+            None => Ok(stats),
+        }
     }
 
     fn stop(&mut self) -> CommitStats {
         let _ = self.publish();
         self.shared.lock().closed = true;
         self.shared.work.notify_one();
+        self.shared.syncer_wake.notify_all();
         if let Some(handle) = self.writer.take() {
             let _ = handle.join();
         }
@@ -530,11 +748,15 @@ impl Writer {
             };
             self.shared.progress.notify_all();
             let result = if batch.is_empty() {
-                if closing { self.sync_if_dirty() } else { Ok(None) }
+                Ok(None)
             } else {
                 self.encode(&batch, &annexes, first_seq, &mut encoded);
-                self.commit(&encoded, first_seq, last_seq)
+                self.commit(&encoded, last_seq)
             };
+            // A clean close leaves no zeros ahead of the end, and everything
+            // synced; a failure there fails the close like any other. (That
+            // last sync is not counted among the group commits.)
+            let result = result.and_then(|synced| if closing { self.close_segment().map(|_| synced) } else { Ok(synced) });
             match result {
                 Ok(sync_nanos) => {
                     let mut pending = self.shared.lock();
@@ -557,31 +779,38 @@ impl Writer {
                     self.shared.poisoned.store(true, Ordering::Release);
                     drop(pending);
                     self.shared.progress.notify_all();
+                    self.shared.syncer_wake.notify_all();
                     return;
                 }
             }
             self.shared.progress.notify_all();
             batch.clear();
             annexes.clear();
-            if closing && batch.is_empty() {
-                // A clean close leaves no zeros ahead of the end.
-                if self.segment.trim().is_ok() {
-                    self.dirty = true;
+            if closing && self.shared.lock().commands.is_empty() {
+                if let Some(syncer) = self.syncer.take() {
+                    self.shared.syncer_wake.notify_all();
+                    let _ = syncer.handle.join();
                 }
-                let _ = self.sync_if_dirty();
-                if self.shared.lock().commands.is_empty() {
-                    if let Some(syncer) = self.syncer.take() {
-                        let _ = syncer.handle.join();
-                    }
-                    return;
-                }
+                return;
             }
         }
     }
 
-    /// Encodes a batch of commands as chained records.
+    /// Trims the zeros written ahead and syncs what is not synced yet.
+    fn close_segment(&mut self) -> Result<Option<u64>, JournalError> {
+        if self.segment.allocated > self.segment.size {
+            self.segment.trim()?;
+            self.dirty = true;
+        }
+        self.sync_if_dirty()
+    }
+
+    /// Encodes a batch of commands as chained records, and leaves each
+    /// record's checksum in the ring ([`DurableWatch::chain_at`]).
     fn encode(&self, batch: &[Command], annexes: &[(u64, Vec<u8>)], first_seq: u64, out: &mut Vec<u8>) {
         out.clear();
+        let chains = &self.shared.chains;
+        chains.encoding.store(first_seq + batch.len() as u64 - 1, Ordering::SeqCst);
         let mut chain = self.last_crc;
         let mut annexes = annexes.iter().peekable();
         for (offset, command) in batch.iter().enumerate() {
@@ -597,10 +826,13 @@ impl Writer {
             let len = (out.len() - start - 12) as u32;
             out[start..start + 4].copy_from_slice(&len.to_le_bytes());
             chain = seal_record(out, start, chain);
+            chains.crcs[(seq % CHAIN_RING) as usize].store(chain, Ordering::SeqCst);
         }
+        chains.encoded.store(first_seq + batch.len() as u64 - 1, Ordering::SeqCst);
     }
 
-    fn write_chunk(&mut self, chunk: &[u8]) -> Result<(), JournalError> {
+    /// Writes whole records ending with record `last_seq`.
+    fn write_chunk(&mut self, chunk: &[u8], last_seq: u64) -> Result<(), JournalError> {
         if chunk.is_empty() {
             return Ok(());
         }
@@ -609,12 +841,16 @@ impl Writer {
         self.segment.size += chunk.len() as u64;
         self.last_crc = u32_at(chunk, chunk.len() - 4);
         self.dirty = true;
+        self.shared.written.store(last_seq, Ordering::Release);
         if let Some(syncer) = &self.syncer {
+            let _ = self.shared.oldest_unsynced_nanos.compare_exchange(0, self.shared.clock_nanos(), Ordering::AcqRel, Ordering::Acquire);
             syncer.dirty.store(true, Ordering::Release);
         }
         Ok(())
     }
 
+    /// Syncs the segment if anything was written since its last sync; all
+    /// written so far is then durable.
     fn sync_if_dirty(&mut self) -> Result<Option<u64>, JournalError> {
         if !self.dirty {
             return Ok(None);
@@ -622,13 +858,23 @@ impl Writer {
         let started = Instant::now();
         self.segment.file.sync_data().map_err(io(format!("fdatasync {}", self.segment.path.display())))?;
         self.dirty = false;
+        self.shared.durable.fetch_max(self.shared.written.load(Ordering::Acquire), Ordering::AcqRel);
         Ok(Some(started.elapsed().as_nanos() as u64))
     }
 
-    /// Writes one batch of whole records, starting a new segment at a record
-    /// boundary whenever the current one is full, and, in sync mode, syncs
-    /// it.
-    fn commit(&mut self, batch: &[u8], _first_seq: u64, _last_seq: u64) -> Result<Option<u64>, JournalError> {
+    /// Writes one batch of whole records (the last one `last_seq`),
+    /// starting a new segment at a record boundary whenever the current one
+    /// is full, and, in sync mode, syncs it.
+    fn commit(&mut self, batch: &[u8], last_seq: u64) -> Result<Option<u64>, JournalError> {
+        // Async mode: while this batch moves to a new segment, the syncer
+        // must not sync the old file on the strength of records written to
+        // the new one; it waits for the lock (once per segment).
+        let syncer_file = self.syncer.as_ref().map(|syncer| syncer.file.clone());
+        let crossing = self.segment.size + batch.len() as u64 >= self.config.segment_bytes;
+        let mut syncer_guard = match &syncer_file {
+            Some(file) if crossing => Some(file.lock().unwrap_or_else(|e| e.into_inner())),
+            _ => None,
+        };
         let mut new_segment = false;
         let mut written = 0usize;
         let mut at = 0usize;
@@ -637,19 +883,19 @@ impl Writer {
                 && self.segment.size + (at - written) as u64 > SEGMENT_HEADER_BYTES as u64
             {
                 // Close this segment at the record boundary `at`.
-                self.write_chunk(&batch[written..at])?;
+                let next_seq = u64_at(batch, at + 4);
+                self.write_chunk(&batch[written..at], next_seq - 1)?;
                 written = at;
                 self.segment.trim()?;
                 self.dirty = true;
                 self.sync_if_dirty()?;
-                let next_seq = u64_at(batch, at + 4);
                 self.segment = create_segment(&self.dir, next_seq, self.last_crc)?;
                 self.dirty = true;
                 new_segment = true;
             }
             at += RECORD_OVERHEAD + u32_at(batch, at) as usize;
         }
-        self.write_chunk(&batch[written..])?;
+        self.write_chunk(&batch[written..], last_seq)?;
         match self.config.durability {
             Durability::Sync => {
                 let synced = self.sync_if_dirty()?;
@@ -661,12 +907,15 @@ impl Writer {
             Durability::Async { .. } => {
                 if new_segment {
                     self.segment.file.sync_data().map_err(io(format!("fdatasync {}", self.segment.path.display())))?;
+                    self.dirty = false;
                     sync_dir(&self.dir)?;
-                    if let Some(syncer) = &self.syncer {
-                        let clone = self.segment.file.try_clone().map_err(io(format!("cloning {}", self.segment.path.display())))?;
-                        *syncer.file.lock().unwrap_or_else(|e| e.into_inner()) = clone;
+                    self.shared.durable.fetch_max(last_seq, Ordering::AcqRel);
+                    let clone = self.segment.file.try_clone().map_err(io(format!("cloning {}", self.segment.path.display())))?;
+                    if let Some(guard) = syncer_guard.as_mut() {
+                        **guard = clone;
                     }
                 }
+                drop(syncer_guard);
                 Ok(None)
             }
         }

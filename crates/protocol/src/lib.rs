@@ -29,6 +29,10 @@ pub enum ProtocolError {
     AlreadyLoggedIn = 8,
     /// The server takes no more connections (its limit, or shutting down).
     ServerBusy = 9,
+    /// The server can no longer make commands durable (a journal write or
+    /// sync failed: a full disk, say) and stops; it acknowledges nothing
+    /// more.
+    JournalFailed = 10,
 }
 
 impl ProtocolError {
@@ -38,7 +42,7 @@ impl ProtocolError {
 
     pub fn from_code(code: u8) -> Option<ProtocolError> {
         use ProtocolError::*;
-        [BadLength, UnsupportedVersion, UnknownType, BadValue, FrameTooLong, NotLoggedIn, BadCredentials, AlreadyLoggedIn, ServerBusy]
+        [BadLength, UnsupportedVersion, UnknownType, BadValue, FrameTooLong, NotLoggedIn, BadCredentials, AlreadyLoggedIn, ServerBusy, JournalFailed]
             .into_iter()
             .find(|e| e.code() == code)
     }
@@ -54,6 +58,7 @@ impl ProtocolError {
             ProtocolError::BadCredentials => "bad_credentials",
             ProtocolError::AlreadyLoggedIn => "already_logged_in",
             ProtocolError::ServerBusy => "server_busy",
+            ProtocolError::JournalFailed => "journal_failed",
         }
     }
 }

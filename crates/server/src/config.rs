@@ -16,6 +16,9 @@ pub struct Config {
     pub durability: String,
     /// Snapshot every this many commands (0: only at shutdown).
     pub snapshot_every: u64,
+    /// A new journal segment starts once the current one reaches this many
+    /// bytes (docs/journal.md).
+    pub segment_bytes: u64,
     pub limits: Limits,
     pub fix: FixConfig,
     pub assets: Vec<AssetConfig>,
@@ -157,6 +160,7 @@ impl Default for Config {
             data_dir: PathBuf::from("data"),
             durability: "sync".into(),
             snapshot_every: 100_000,
+            segment_bytes: 64 << 20,
             limits: Limits::default(),
             fix: FixConfig::default(),
             assets: vec![AssetConfig { id: 1, name: "BTC".into() }, AssetConfig { id: 2, name: "USD".into() }],

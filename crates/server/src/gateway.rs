@@ -42,6 +42,9 @@ const READS_PER_ROUND: usize = 4;
 const MAX_OUTBUF: usize = 16 << 20;
 /// How long a closing connection may take to take its last bytes.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
+/// How long connections are given to take their last bytes when the venue
+/// stops on a failure.
+const FAIL_GRACE: Duration = Duration::from_secs(2);
 /// How often the loop looks at the shutdown flag.
 const TICK: Duration = Duration::from_millis(50);
 
@@ -169,9 +172,15 @@ pub(crate) fn run(
             gateway.commands.extend(items);
         }
         gateway.read_ready();
-        sequencer.apply(&mut gateway.commands)?;
-        sequencer.release()?;
+        let round = sequencer.apply(&mut gateway.commands);
+        // Reports of what the journal made durable go out even when this
+        // round failed (those commands are safe).
+        let released = sequencer.release();
         gateway.deliver_outbox();
+        if let Err(failure) = round.and(released) {
+            gateway.fail(&failure);
+            return Err(failure);
+        }
         gateway.reap();
         sequencer.tick();
     }
@@ -378,6 +387,33 @@ impl Gateway<'_> {
         log(&format!("disconnect connection={} peer={} reason={reason}", conn.id, conn.peer));
     }
 
+    /// The venue cannot go on (the journal failed): every connection is
+    /// told why (`journal_failed`), given up to `FAIL_GRACE` to take what is
+    /// queued for it, and closed.
+    fn fail(&mut self, why: &ServeError) {
+        log(&format!("stopping: {why}; telling {} connections", self.conns.len()));
+        let _ = self.poll.registry().deregister(&mut self.listener);
+        let tokens: Vec<Token> = self.conns.keys().copied().collect();
+        for &token in &tokens {
+            if let Some(conn) = self.conns.get_mut(&token) {
+                conn.queue(&ServerMessage::Error { reason: ProtocolError::JournalFailed });
+                conn.close_after("the journal failed".into());
+            }
+            self.flush(token);
+        }
+        let deadline = Instant::now() + FAIL_GRACE;
+        let mut events = Events::with_capacity(256);
+        while Instant::now() < deadline && self.conns.values().any(|c| !c.outbuf.is_empty()) {
+            let _ = self.poll.poll(&mut events, Some(Duration::from_millis(10)));
+            for &token in &tokens {
+                self.flush(token);
+            }
+        }
+        for token in tokens {
+            self.close(token, "the journal failed".into());
+        }
+    }
+
     fn begin_shutdown(&mut self) {
         log("shutting down: no new connections; draining");
         let _ = self.poll.registry().deregister(&mut self.listener);
@@ -439,6 +475,14 @@ fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, shared: &Sha
             let history = seqs.get(&claimed);
             let next_seq = history.map_or(0, |h| h.last) + 1;
             conn.queue(&ServerMessage::LoginAccepted { seq: 0, account: claimed, next_seq });
+            if last_seen != u64::MAX && last_seen >= next_seq {
+                // Only an async-mode power cut does this (docs/protocol.md):
+                // the client saw reports of commands the journal lost.
+                log(&format!(
+                    "account {claimed} saw reports up to {last_seen} but the history ends at {}: reports {next_seq}..={last_seen} were taken back with their commands",
+                    next_seq - 1
+                ));
+            }
             let mut replayed = 0;
             if let Some(history) = history {
                 for (seq, frame) in &history.frames {

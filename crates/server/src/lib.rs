@@ -19,7 +19,7 @@ mod gateway;
 
 use config::Config;
 use crossbook_engine::{AccountId, Command, Engine, Event};
-use crossbook_journal::{Durability, Journal, JournalConfig, micros_histogram, recover, write_snapshot};
+use crossbook_journal::{Durability, DurableWatch, Journal, JournalConfig, micros_histogram, recover, write_snapshot};
 use crossbook_protocol::reports::{Addressed, ReportBuilder};
 use crossbook_protocol::*;
 use std::collections::HashMap;
@@ -191,7 +191,10 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
     }));
     // A round's batch is published whole and released whole (see
     // `Sequencer::apply`): no eager hand-off of its first records.
-    let journal_config = JournalConfig { durability, on_ack: Some(on_ack), eager: false, ..JournalConfig::default() };
+    if config.segment_bytes < 4096 {
+        return Err(error(format!("segment_bytes must be at least 4096, not {}", config.segment_bytes)));
+    }
+    let journal_config = JournalConfig { durability, on_ack: Some(on_ack), eager: false, segment_bytes: config.segment_bytes };
     let mut journal = Journal::open(&config.data_dir, journal_config, &recovered.end).map_err(error)?;
     if engine.seq() == 0 {
         let mut events = Vec::new();
@@ -212,7 +215,7 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
     let gateway = if config.fix.listen.is_empty() {
         None
     } else {
-        Some(fix::Gateway::open(&config, durability == Durability::Sync).map_err(error)?)
+        Some(fix::Gateway::open(&config, durability == Durability::Sync, engine.seq()).map_err(error)?)
     };
     let histories = rebuild_histories(&config.data_dir, engine.seq(), gateway.as_deref()).map_err(error)?;
     let replayable: usize = histories.values().map(|h| h.frames.len()).sum();
@@ -236,7 +239,8 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
     listening(address);
     let served = gateway::run(poll, listener, &config, &shared, &inbound, &mut sequencer, &shutdown);
     if let Some(gateway) = &gateway {
-        gateway.stop();
+        let failure = served.as_ref().err().map(|e| format!("the venue is stopping: {e}"));
+        gateway.stop(failure.as_deref());
     }
     if let Err(e) = &served {
         // Nothing more can be made durable, or the gateway failed: stop
@@ -256,17 +260,20 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
 }
 
 /// Writes snapshots off the sequencer's thread: the sequencer encodes the
-/// state (quick) and offers it; this thread waits until the journal holds
-/// every command the state covers (a snapshot is never ahead of the
-/// journal), writes it, syncs it, and prunes older ones. One at a time: an
-/// offer made while one is being written is declined, and made again later.
+/// state (quick) and offers it; this thread waits until the journal has
+/// *synced* every command the state covers (in async mode too: a snapshot
+/// is never ahead of what a power cut leaves), binds it to the checksum of
+/// its last record, writes it, syncs it, and prunes older ones. One at a
+/// time: an offer made while one is being written is declined, and made
+/// again later. A failed write (a full disk, say) removes its temporary
+/// file and is logged; the next one is tried when it is due.
 struct Snapshotter {
     offers: SyncSender<(u64, Vec<u8>)>,
-    /// The journal's acknowledged sequence number, as the sequencer saw it.
-    durable: Arc<AtomicU64>,
-    failed: Arc<Mutex<Option<String>>>,
     /// 1 while a snapshot is being written.
     busy: Arc<AtomicU64>,
+    /// Set when the server stops: a snapshot still waiting for the journal
+    /// gives up (the final one is written after the journal closes).
+    stopping: Arc<AtomicBool>,
     handle: thread::JoinHandle<()>,
 }
 
@@ -274,29 +281,21 @@ struct Snapshotter {
 const KEEP_SNAPSHOTS: usize = 2;
 
 impl Snapshotter {
-    fn start(dir: std::path::PathBuf, durable_seq: u64) -> Result<Snapshotter, String> {
+    fn start(dir: std::path::PathBuf, journal: DurableWatch) -> Result<Snapshotter, ServeError> {
         let (offers, receive) = sync_channel::<(u64, Vec<u8>)>(1);
-        let durable = Arc::new(AtomicU64::new(durable_seq));
-        let failed = Arc::new(Mutex::new(None));
         let busy = Arc::new(AtomicU64::new(0));
-        let (thread_durable, thread_failed, thread_busy) = (durable.clone(), failed.clone(), busy.clone());
+        let stopping = Arc::new(AtomicBool::new(false));
+        let (thread_busy, thread_stopping) = (busy.clone(), stopping.clone());
         let handle = thread::Builder::new()
             .name("snapshotter".into())
             .spawn(move || {
                 while let Ok((seq, state)) = receive.recv() {
-                    while thread_durable.load(Ordering::Acquire) < seq {
-                        thread::sleep(Duration::from_millis(1));
-                    }
-                    if let Err(e) = crossbook_journal::write_snapshot_state(&dir, seq, &state, KEEP_SNAPSHOTS) {
-                        log(&format!("snapshot at seq {seq} failed: {e}"));
-                        *thread_failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
-                        return;
-                    }
+                    write_when_durable(&dir, &journal, seq, &state, &thread_stopping);
                     thread_busy.store(0, Ordering::Release);
                 }
             })
-            .map_err(|e| e.to_string())?;
-        Ok(Snapshotter { offers, durable, failed, busy, handle })
+            .map_err(|e| ServeError(format!("starting the snapshotter thread: {e}")))?;
+        Ok(Snapshotter { offers, busy, stopping, handle })
     }
 
     fn is_free(&self) -> bool {
@@ -311,16 +310,35 @@ impl Snapshotter {
         }
     }
 
-    /// Waits for the snapshot being written (the journal is closed, so
-    /// everything is durable) and reports a failure.
-    fn stop(self) -> Result<(), ServeError> {
-        self.durable.store(u64::MAX, Ordering::Release);
+    /// Lets the snapshot being written finish (one still waiting for the
+    /// journal gives up) and stops the thread.
+    fn stop(self) {
+        self.stopping.store(true, Ordering::Release);
         drop(self.offers);
         let _ = self.handle.join();
-        match self.failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            Some(why) => Err(error(format!("writing a snapshot: {why}"))),
-            None => Ok(()),
+    }
+}
+
+/// The snapshotter's work for one offer: wait until the journal has synced
+/// `seq`, then write the snapshot bound to that record. Failures are
+/// logged, never fatal: the journal holds everything the snapshot would.
+fn write_when_durable(dir: &Path, journal: &DurableWatch, seq: u64, state: &[u8], stopping: &AtomicBool) {
+    loop {
+        match journal.wait_durable(seq, Duration::from_millis(100)) {
+            Ok(durable) if durable >= seq => break,
+            Ok(_) if stopping.load(Ordering::Acquire) => return,
+            Ok(_) => {}
+            // The venue is stopping on the journal's failure (logged there).
+            Err(_) => return,
         }
+    }
+    let Some(chain) = journal.chain_at(seq) else {
+        log(&format!("snapshot at seq {seq} skipped: the journal no longer has its record's checksum at hand; the next one is taken when due"));
+        return;
+    };
+    let header = crossbook_journal::SnapshotHeader { seq, chain };
+    if let Err(e) = crossbook_journal::write_snapshot_state(dir, header, state, KEEP_SNAPSHOTS) {
+        log(&format!("snapshot at seq {seq} failed: {e}; its temporary file is removed, the snapshots before it are kept, and the next one is tried when due"));
     }
 }
 
@@ -401,7 +419,7 @@ impl<'a> Sequencer<'a> {
         if let Some(gateway) = settings.gateway {
             gateway.set_engine_seq(engine.seq());
         }
-        let snapshotter = Snapshotter::start(settings.data_dir.to_path_buf(), engine.seq()).map_err(error)?;
+        let snapshotter = Snapshotter::start(settings.data_dir.to_path_buf(), journal.watch())?;
         Ok(Sequencer {
             builder: ReportBuilder::from_engine(&engine),
             last_snapshot: engine.seq(),
@@ -464,9 +482,10 @@ impl<'a> Sequencer<'a> {
         let Some(target) = self.waiting.front().map(|w| w.last_seq) else {
             return Ok(());
         };
-        // Does not wait; reports a failed journal.
-        let acked = self.journal.wait_acked(target, Duration::ZERO).map_err(error)?;
-        self.snapshotter.durable.store(acked, Ordering::Release);
+        // What the journal acknowledged before any failure is released
+        // first: those commands are durable, and their clients hear of them.
+        let acked = self.journal.acked();
+        let _ = target;
         while self.waiting.front().is_some_and(|w| w.last_seq <= acked) {
             if let Some(done) = self.waiting.pop_front() {
                 dispatch(&done.reports, &done.refused, self.shared);
@@ -482,7 +501,10 @@ impl<'a> Sequencer<'a> {
                 }
             }
         }
-        Ok(())
+        match self.journal.failure() {
+            Some(failure) => Err(error(failure)),
+            None => Ok(()),
+        }
     }
 
     /// Whether every batch applied is out.
@@ -523,6 +545,7 @@ impl<'a> Sequencer<'a> {
     fn finish(mut self, leftover: Vec<Inbound>) -> Result<Summary, ServeError> {
         let mut leftover = leftover;
         self.apply(&mut leftover)?;
+        let watch = self.journal.watch();
         let stats = self.journal.close().map_err(error)?;
         if stats.writes > 0 || stats.syncs > 0 {
             let h = &stats.sync_micros;
@@ -539,6 +562,16 @@ impl<'a> Sequencer<'a> {
                 h.max()
             ));
         }
+        let w = &stats.write_to_sync_micros;
+        if !w.is_empty() {
+            log(&format!(
+                "journal (async): acknowledged writes waited for the sync covering them p50 {} p99 {} max {} us (over {} syncs): what a power cut could have taken back",
+                w.value_at_quantile(0.5),
+                w.value_at_quantile(0.99),
+                w.max(),
+                w.len()
+            ));
+        }
         let h = &self.residence;
         if h.len() > 0 {
             log(&format!(
@@ -551,9 +584,20 @@ impl<'a> Sequencer<'a> {
                 h.max()
             ));
         }
-        self.snapshotter.stop()?;
-        write_snapshot(self.settings.data_dir, &self.engine, KEEP_SNAPSHOTS).map_err(error)?;
-        Ok(Summary { seq: self.engine.seq(), commands: self.commands })
+        self.snapshotter.stop();
+        // The journal is closed and synced: the snapshot continues its last
+        // record. Its failure (a full disk) costs the next start a longer
+        // replay, nothing else.
+        let seq = self.engine.seq();
+        let snapshot = match watch.chain_at(seq) {
+            Some(chain) => write_snapshot(self.settings.data_dir, &self.engine, chain, KEEP_SNAPSHOTS).map(|_| ()).map_err(|e| e.to_string()),
+            None => Err("the checksum of the journal's last record is not at hand".to_string()),
+        };
+        match snapshot {
+            Ok(()) => log(&format!("snapshot written at seq {seq}")),
+            Err(e) => log(&format!("warning: the shutdown snapshot at seq {seq} was not written ({e}); the journal holds everything, and the next start replays it")),
+        }
+        Ok(Summary { seq, commands: self.commands })
     }
 }
 

@@ -20,7 +20,7 @@ fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
-struct FixClient {
+pub(crate) struct FixClient {
     stream: TcpStream,
     buffer: Vec<u8>,
     comp_id: String,
@@ -28,7 +28,7 @@ struct FixClient {
 }
 
 impl FixClient {
-    fn connect(address: &str, comp_id: &str) -> FixClient {
+    pub(crate) fn connect(address: &str, comp_id: &str) -> FixClient {
         let stream = TcpStream::connect(address).unwrap();
         stream.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
         FixClient { stream, buffer: Vec::new(), comp_id: comp_id.into(), next_out: 1 }
@@ -49,7 +49,7 @@ impl FixClient {
         self.stream.write_all(&raw).unwrap();
     }
 
-    fn logon(&mut self, account: u64, key: &str) -> Message {
+    pub(crate) fn logon(&mut self, account: u64, key: &str) -> Message {
         let account = account.to_string();
         self.send("A", &[(98, "0"), (108, "30"), (553, &account), (554, key)]);
         let reply = self.recv().expect("a Logon reply");
@@ -58,7 +58,7 @@ impl FixClient {
     }
 
     /// The next message, or `None` after 10 s (or on close).
-    fn recv(&mut self) -> Option<Message> {
+    pub(crate) fn recv(&mut self) -> Option<Message> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match frame(&self.buffer, 1 << 20) {

@@ -12,27 +12,7 @@ use crossbook_workload::{Workload, generate};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command as Process, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("crossbook-{name}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        TempDir(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn live_hash(commands: &[Command]) -> String {
     let mut engine = Engine::new();
@@ -56,8 +36,9 @@ fn journal_run(dir: &Path, commands: &[Command], config: JournalConfig, snapshot
         events.clear();
         engine.apply(command, &mut events);
         if snapshot_every > 0 && seq.is_multiple_of(snapshot_every) {
-            journal.flush().unwrap();
-            write_snapshot(dir, &engine, 2).unwrap();
+            journal.sync().unwrap();
+            let chain = journal.watch().chain_at(seq).unwrap();
+            write_snapshot(dir, &engine, chain, 2).unwrap();
         }
     }
     journal.close().unwrap();
@@ -464,4 +445,130 @@ fn zeros_written_ahead_are_the_end_of_the_journal() {
     holed[offsets[100]..offsets[101]].fill(0);
     std::fs::write(dir.0.join(&name), &holed).unwrap();
     assert!(matches!(recover(&dir.0), Err(RecoveryError::Corruption(c)) if c.seq == 101));
+}
+
+/// The sequence: a snapshot is written at the journal's last
+/// record; that record is then torn (as a power cut can do to a record
+/// whose sync did not complete); recovery falls back to an older snapshot
+/// and sets the stale one aside; different commands are journaled under
+/// the sequence numbers it covered; the next recovery must still equal a
+/// fresh replay of the journal, never the stale snapshot plus the rest.
+#[test]
+fn a_snapshot_ahead_of_the_journal_is_set_aside_and_never_used_later() {
+    let first = generate(Workload::Mixed, 41, 6_000);
+    let dir = TempDir::new("stale");
+    journal_run(&dir.0, &first, JournalConfig::default(), 2_000);
+    let stale = dir.0.join(crossbook_journal::format::snapshot_name(6_000));
+    assert!(stale.exists());
+    // Tear the last record.
+    let segment = dir.0.join(crossbook_journal::format::segment_name(1));
+    let length = std::fs::metadata(&segment).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&segment).unwrap().set_len(length - 3).unwrap();
+    // verify names the snapshot before anything is changed.
+    let (_, problems) = verify(&dir.0);
+    assert!(problems.iter().any(|p| matches!(p, Problem::ForeignSnapshot { file, what } if *file == stale && what.contains("ahead"))), "{problems:?}");
+    let recovered = recover(&dir.0).unwrap();
+    assert_eq!((recovered.engine.seq(), recovered.snapshot), (5_999, Some(4_000)));
+    assert_eq!(recovered.set_aside.len(), 1, "{:?}", recovered.warnings);
+    assert!(!stale.exists(), "set aside under another name");
+    assert!(recovered.warnings.iter().any(|w| w.contains("does not belong") && w.contains("ahead of the journal")), "{:?}", recovered.warnings);
+    // Different commands under seq 6000 and on.
+    let mut second = first[..5_999].to_vec();
+    second.extend(generate(Workload::Mixed, 42, 9_000).into_iter().skip(5_999));
+    journal_run(&dir.0, &second, JournalConfig::default(), 0);
+    let recovered = recover(&dir.0).unwrap();
+    assert_eq!(recovered.engine.seq(), 9_000);
+    assert_eq!(state_hash(&recovered.engine), live_hash(&second), "the stale snapshot was used");
+    assert_eq!(recovered.snapshot, Some(4_000));
+    assert!(recovered.warnings.is_empty(), "set aside for good: {:?}", recovered.warnings);
+    assert!(verify(&dir.0).1.is_empty());
+}
+
+/// A snapshot at a sequence number the journal holds, but of another
+/// history (another journal's, copied in by mistake): its record's
+/// checksum is not the journal's, so it is set aside.
+#[test]
+fn a_snapshot_of_another_history_is_set_aside() {
+    let ours = generate(Workload::Mixed, 51, 5_000);
+    let theirs = generate(Workload::Mixed, 52, 5_000);
+    let dir = TempDir::new("foreign");
+    let other = TempDir::new("foreign-other");
+    journal_run(&dir.0, &ours, JournalConfig::default(), 0);
+    journal_run(&other.0, &theirs, JournalConfig::default(), 3_000);
+    let name = crossbook_journal::format::snapshot_name(3_000);
+    std::fs::copy(other.0.join(&name), dir.0.join(&name)).unwrap();
+    let (_, problems) = verify(&dir.0);
+    assert!(matches!(problems.as_slice(), [Problem::ForeignSnapshot { what, .. }] if what.contains("checksum")), "{problems:?}");
+    let output = Process::new(env!("CARGO_BIN_EXE_crossbook")).args(["journal", "verify", dir.0.to_str().unwrap()]).output().unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stdout).contains(&name), "{}", String::from_utf8_lossy(&output.stdout));
+    let recovered = recover(&dir.0).unwrap();
+    assert_eq!(recovered.snapshot, None);
+    assert_eq!(state_hash(&recovered.engine), live_hash(&ours));
+    assert_eq!(recovered.set_aside.len(), 1);
+    assert!(recovered.set_aside[0].1.to_string_lossy().ends_with(".xbs.set-aside"));
+    // A second such file at the same place gets a name of its own.
+    std::fs::copy(other.0.join(&name), dir.0.join(&name)).unwrap();
+    let recovered = recover(&dir.0).unwrap();
+    assert!(recovered.set_aside[0].1.to_string_lossy().ends_with(".xbs.set-aside-2"), "{:?}", recovered.set_aside);
+    // A snapshot of the old format names no record: set aside too.
+    let mut old = std::fs::read(other.0.join(&name)).unwrap();
+    old[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let at = old.len() - 4;
+    let crc = crc32c::crc32c(&old[..at]);
+    old[at..].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(dir.0.join(&name), &old).unwrap();
+    let recovered = recover(&dir.0).unwrap();
+    assert_eq!(recovered.set_aside.len(), 1, "{:?}", recovered.warnings);
+    assert!(recovered.warnings[0].contains("version 1"), "{:?}", recovered.warnings);
+    assert_eq!(state_hash(&recovered.engine), live_hash(&ours));
+}
+
+/// Damage to the checksum field of the second-to-last record is not a torn
+/// tail: the last record is whole and chains from what that checksum
+/// should be, so it was written after, and (in sync mode) acknowledged.
+/// Every byte of that record, checksum included, is refused with its
+/// place; the last record alone stays indistinguishable from a torn write.
+#[test]
+fn damage_before_a_whole_last_record_is_refused_not_truncated() {
+    let original = TempDir::new("crc-src");
+    let (_, segment, offsets) = one_segment(&original.0, 300);
+    let bytes = std::fs::read(&segment).unwrap();
+    let (record, last) = (offsets[298], offsets[299]);
+    for at in record..last {
+        for bit in [0x01u8, 0x80] {
+            let dir = TempDir::new("crc");
+            copy_dir(&original.0, &dir.0);
+            let mut damaged = bytes.clone();
+            damaged[at] ^= bit;
+            std::fs::write(dir.0.join(segment.file_name().unwrap()), &damaged).unwrap();
+            expect_refusal(&dir.0, record, 299);
+        }
+    }
+}
+
+/// Async mode: a write is acknowledged before the sync that covers it;
+/// `durable` trails `acked` until the syncer runs, `sync` closes the gap at
+/// once, and the wait of each acknowledged write for its sync is measured.
+#[test]
+fn async_mode_tells_durable_from_acknowledged() {
+    let dir = TempDir::new("async-durable");
+    let recovered = recover(&dir.0).unwrap();
+    let config = JournalConfig { durability: Durability::Async { interval: Duration::from_secs(3600) }, ..JournalConfig::default() };
+    let mut journal = Journal::open(&dir.0, config, &recovered.end).unwrap();
+    for seq in 1..=10 {
+        journal.append(seq, &Command::OpenAccount { account: seq }).unwrap();
+    }
+    assert_eq!(journal.flush().unwrap(), 10);
+    assert_eq!((journal.acked(), journal.durable()), (10, 0), "written, not yet synced (the interval is an hour)");
+    let watch = journal.watch();
+    assert_eq!(watch.chain_at(10).map(|_| ()), Some(()), "the checksum of a written record is at hand");
+    assert_eq!(watch.chain_at(11), None);
+    assert_eq!(journal.sync().unwrap(), 10);
+    assert_eq!(journal.durable(), 10);
+    let stats = journal.close().unwrap();
+    assert_eq!(stats.write_to_sync_micros.len(), 1, "one sync covered acknowledged writes");
+    // The checksum the ring gave is the journal's.
+    let end = crossbook_journal::scan(&dir.0, |_, _| Ok(())).unwrap();
+    assert_eq!(watch.chain_at(10), Some(end.last_crc));
 }

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
-const CONFIG: &str = r#"
+pub(crate) const CONFIG: &str = r#"
 listen = "127.0.0.1:0"
 durability = "sync"
 snapshot_every = 0
@@ -60,6 +60,8 @@ pub(crate) struct Server {
     /// The FIX acceptor's address.
     pub(crate) fix_address: String,
     log: Receiver<String>,
+    /// What the server logged up to `listening on`.
+    pub(crate) startup: Vec<String>,
 }
 
 pub(crate) fn start(dir: &Path) -> Server {
@@ -74,10 +76,17 @@ pub(crate) fn start_default(dir: &Path) -> Server {
 }
 
 fn spawn(args: &[&str]) -> Server {
+    spawn_with(args, &[])
+}
+
+/// `crossbook serve` with `args` (after `--fix-listen 127.0.0.1:0`) and
+/// extra environment variables.
+pub(crate) fn spawn_with(args: &[&str], envs: &[(&str, PathBuf)]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_crossbook"))
         .arg("serve")
         .args(["--fix-listen", "127.0.0.1:0"])
         .args(args)
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_os_str())))
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
@@ -93,14 +102,18 @@ fn spawn(args: &[&str]) -> Server {
     });
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut fix_address = String::new();
+    let mut startup = Vec::new();
     loop {
         let line = log.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("server never said where it listens");
         if let Some(rest) = line.strip_prefix("FIX 4.4 acceptor on ") {
             fix_address = rest.split_whitespace().next().unwrap_or_default().to_string();
         }
         if let Some(address) = line.strip_prefix("listening on ") {
-            return Server { child, address: address.to_string(), fix_address, log };
+            let address = address.to_string();
+            startup.push(line);
+            return Server { child, address, fix_address, log, startup };
         }
+        startup.push(line);
     }
 }
 
@@ -119,6 +132,24 @@ impl Server {
 
     pub(crate) fn child_id(&self) -> u32 {
         self.child.id()
+    }
+
+    /// SIGKILL, and wait for the process to be gone.
+    pub(crate) fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits up to `limit` for the process to end by itself.
+    pub(crate) fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
     }
 
     pub(crate) fn terminate(mut self) -> std::process::ExitStatus {
@@ -154,19 +185,19 @@ impl Drop for Server {
     }
 }
 
-struct Client {
-    stream: TcpStream,
+pub(crate) struct Client {
+    pub(crate) stream: TcpStream,
     buffer: Vec<u8>,
 }
 
 impl Client {
-    fn connect(address: &str) -> Client {
+    pub(crate) fn connect(address: &str) -> Client {
         let stream = TcpStream::connect(address).unwrap();
         stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         Client { stream, buffer: Vec::new() }
     }
 
-    fn login(address: &str, account: u64, key: &str) -> (Client, ServerMessage) {
+    pub(crate) fn login(address: &str, account: u64, key: &str) -> (Client, ServerMessage) {
         let mut client = Client::connect(address);
         let mut api_key = [0u8; API_KEY_BYTES];
         api_key[..key.len()].copy_from_slice(key.as_bytes());
@@ -175,14 +206,14 @@ impl Client {
         (client, reply)
     }
 
-    fn send(&mut self, message: &ClientMessage) {
+    pub(crate) fn send(&mut self, message: &ClientMessage) {
         let mut frame = Vec::new();
         encode_client(message, &mut frame);
         self.stream.write_all(&frame).unwrap();
     }
 
     /// The next message, or `None` once the server has closed.
-    fn recv(&mut self) -> Option<ServerMessage> {
+    pub(crate) fn recv(&mut self) -> Option<ServerMessage> {
         loop {
             if let Ok(Decoded::Message(message, used)) = decode_server(&self.buffer, 1 << 16) {
                 self.buffer.drain(..used);
@@ -208,7 +239,7 @@ impl Client {
     }
 }
 
-fn limit(cid: u64, side: Side, price: i64, qty: u64, tif: TimeInForce) -> ClientMessage {
+pub(crate) fn limit(cid: u64, side: Side, price: i64, qty: u64, tif: TimeInForce) -> ClientMessage {
     ClientMessage::NewOrder(NewOrder {
         cid,
         instrument: 1,

@@ -59,3 +59,23 @@ pub fn seeds(default: u64) -> Vec<u64> {
 pub fn commands_per_run(default: usize) -> usize {
     std::env::var("CROSSBOOK_COMMANDS").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
+
+/// A directory under the system's temporary directory, removed when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("crossbook-{name}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

@@ -124,7 +124,14 @@ fn session_config(fix: &FixConfig, comp_id: &str) -> SessionConfig {
 
 impl Gateway {
     /// Reads the dictionary and every session store under `<data>/fix`.
-    pub fn open(config: &Config, sync: bool) -> Result<Arc<Gateway>, String> {
+    ///
+    /// `journal_end` is the last command recovery found: a store whose
+    /// reports go further (an async-mode power cut took the commands
+    /// behind them back, with the reports) is rewound to it, so that the
+    /// commands journaled in their place are reported; the messages the
+    /// counterparty already has keep their MsgSeqNums, and numbering goes
+    /// on after them.
+    pub fn open(config: &Config, sync: bool, journal_end: u64) -> Result<Arc<Gateway>, String> {
         let fix = config.fix.clone();
         let echo = match fix.application.as_str() {
             "echo" => true,
@@ -145,7 +152,18 @@ impl Gateway {
         let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "fixstore")).collect();
         paths.sort();
         for path in paths {
-            let (store, restored) = Store::open(&path)?;
+            let (mut store, mut restored) = Store::open(&path)?;
+            if restored.through_seq > journal_end {
+                log(&format!(
+                    "FIX store {}: reports up to command {} but the journal ends at {}: those commands were taken back (async durability, power cut); reporting goes on from {}",
+                    path.display(),
+                    restored.through_seq,
+                    journal_end,
+                    journal_end
+                ));
+                store.rewind(journal_end)?;
+                restored.through_seq = journal_end;
+            }
             let Some(comp_id) = read_comp_id(&path) else {
                 return Err(format!("{}: no CompID file beside the store", path.display()));
             };
@@ -305,10 +323,23 @@ impl Gateway {
 
     /// Stops handing out reports and closes every connection after what it
     /// has queued.
-    pub fn stop(&self) {
+    ///
+    /// With `failure` (the venue stops because it cannot make commands
+    /// durable), every logged-on counterparty is first sent a Logout whose
+    /// Text (58) says why.
+    pub fn stop(&self, failure: Option<&str>) {
         self.reports.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let mut state = self.lock();
+        let mut guard = self.lock();
+        let state = &mut *guard;
         for session in state.sessions.values_mut() {
+            if let Some(why) = failure
+                && session.connection.is_some()
+            {
+                let mut actions = Vec::new();
+                let mut requests = Vec::new();
+                with_app(self, session, &mut state.book, &mut requests, |session, app| session.session.logout_and_drop(why, now_ms(), app, &mut actions));
+                session.finish(actions, self.sync);
+            }
             let _ = session.sync(true);
             if let Some(connection) = session.connection.take() {
                 let _ = connection.out.try_send(Out::Close);
@@ -489,8 +520,12 @@ impl Gateway {
         }
         if !state.sessions.contains_key(&comp_id) {
             let path = store::path_for(&self.dir, &comp_id);
-            std::fs::write(path.with_extension("compid"), comp_id.as_bytes()).map_err(|e| format!("writing {}: {e}", path.display()))?;
+            // The CompID file is durable before the store exists (a store
+            // without one would stop the next start), and both names are
+            // durable before anything is recorded in the store.
+            write_durably(&path.with_extension("compid"), comp_id.as_bytes())?;
             let (store, restored) = Store::open(&path)?;
+            crossbook_journal::sync_dir(&self.dir).map_err(|e| e.to_string())?;
             let session = Session::restore(session_config(&self.config, &comp_id), self.dictionary.clone(), restored.next_in, restored.next_out, restored.stored);
             let app = if self.echo { App::Echo(EchoApplication::default()) } else { App::Venue };
             state.sessions.insert(comp_id.clone(), FixSession { session, store, account: restored.account, connection: None, app, poisoned: None, through: restored.through_seq });
@@ -588,6 +623,16 @@ impl Gateway {
             with_app(self, session, &mut state.book, &mut requests, |session, app| session.session.disconnected(app));
         }
     }
+}
+
+/// Writes a new file and syncs it and its directory.
+fn write_durably(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
+    let context = |e: std::io::Error| format!("writing {}: {e}", path.display());
+    let mut file = std::fs::File::create(path).map_err(context)?;
+    file.write_all(bytes).map_err(context)?;
+    file.sync_all().map_err(context)?;
+    let dir = path.parent().unwrap_or(std::path::Path::new("."));
+    crossbook_journal::sync_dir(dir).map_err(|e| e.to_string())
 }
 
 fn read_comp_id(store: &std::path::Path) -> Option<String> {

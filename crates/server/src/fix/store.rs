@@ -19,6 +19,10 @@ const RESET: u8 = 1;
 const SENT: u8 = 2;
 const RECEIVED: u8 = 3;
 const BOUND: u8 = 4;
+/// The journal ends before the reports the store holds (an async-mode power
+/// cut took those commands back): reports go on from this engine sequence
+/// number, so the commands that take their place are reported too.
+const REWIND: u8 = 5;
 /// Largest record body (a stored message plus a little).
 const MAX_BODY: usize = 1 << 20;
 
@@ -41,7 +45,16 @@ pub struct Store {
     pending: Vec<u8>,
     /// Written since the last sync.
     dirty: bool,
+    /// The file's length, and how far its blocks are reserved
+    /// (`RESERVE_BYTES` ahead: a full disk still takes the last Logout).
+    length: u64,
+    reserved: u64,
 }
+
+/// Bytes reserved past the end of a store (without changing its size), so
+/// that the Logout telling a counterparty why the venue stops can be
+/// recorded, and so sent, when the disk is full.
+const RESERVE_BYTES: u64 = 64 << 10;
 
 fn record(kind: u8, body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(body.len() + 9);
@@ -89,7 +102,10 @@ impl Store {
                 }
             }
         }
-        Ok((Store { file, path: path.to_path_buf(), pending: Vec::new(), dirty: false }, restored))
+        let length = file.metadata().map_err(|e| format!("reading {}: {e}", path.display()))?.len();
+        let mut store = Store { file, path: path.to_path_buf(), pending: Vec::new(), dirty: false, length, reserved: length };
+        store.reserve();
+        Ok((store, restored))
     }
 
     pub fn path(&self) -> &Path {
@@ -109,8 +125,21 @@ impl Store {
         }
         self.dirty = true;
         let result = self.file.write_all(&self.pending).map_err(|e| format!("writing {}: {e}", self.path.display()));
+        self.length += self.pending.len() as u64;
         self.pending.clear();
+        self.reserve();
         result
+    }
+
+    /// Keeps `RESERVE_BYTES` reserved past the end once half of it is
+    /// used. A failure (a full disk) is not an error here: the reserve
+    /// already made is what it is for.
+    fn reserve(&mut self) {
+        if self.length + RESERVE_BYTES / 2 > self.reserved
+            && crossbook_journal::write::reserve_blocks(&self.file, self.length, RESERVE_BYTES).is_ok()
+        {
+            self.reserved = self.length + RESERVE_BYTES;
+        }
     }
 
     /// Records a session store operation; `engine_seq` is the command whose
@@ -137,6 +166,13 @@ impl Store {
         let mut body = account.to_le_bytes().to_vec();
         body.extend_from_slice(&seq.to_le_bytes());
         self.write(&record(BOUND, &body))
+    }
+
+    /// Records that the journal ends at `seq`, before reports this store
+    /// holds (see `REWIND`), and syncs it.
+    pub fn rewind(&mut self, seq: u64) -> Result<(), String> {
+        self.write(&record(REWIND, &seq.to_le_bytes()))?;
+        self.sync()
     }
 
     /// Makes everything recorded so far durable.
@@ -167,7 +203,7 @@ fn parse(bytes: &[u8]) -> Option<(u8, &[u8], usize)> {
 
 /// Whether a valid record starts anywhere after the first byte.
 fn later_record_is_valid(bytes: &[u8]) -> bool {
-    (1..bytes.len()).any(|at| parse(&bytes[at..]).is_some_and(|(kind, _, _)| (RESET..=BOUND).contains(&kind)))
+    (1..bytes.len()).any(|at| parse(&bytes[at..]).is_some_and(|(kind, _, _)| (RESET..=REWIND).contains(&kind)))
 }
 
 fn apply(restored: &mut Restored, kind: u8, body: &[u8]) -> Result<(), String> {
@@ -194,6 +230,7 @@ fn apply(restored: &mut Restored, kind: u8, body: &[u8]) -> Result<(), String> {
             restored.account = Some(u64_at(body, 0).ok_or("short Bound record")?);
             restored.through_seq = restored.through_seq.max(u64_at(body, 8).ok_or("short Bound record")?);
         }
+        REWIND => restored.through_seq = u64_at(body, 0).ok_or("short Rewind record")?,
         other => return Err(format!("unknown record kind {other}")),
     }
     Ok(())
@@ -221,6 +258,22 @@ mod tests {
             store.record(&StoreOp::Sent { seq: 2, app: Some(b"8=FIX.4.4".to_vec()) }, 41).expect("write");
             store.record(&StoreOp::Received { next_in: 5 }, 0).expect("write");
             store.sync().expect("sync");
+        }
+        {
+            // A rewind sets how far the reports go (not a maximum), and
+            // later reports raise it again.
+            let copy = path.with_extension("rewound");
+            std::fs::copy(&path, &copy).expect("copy");
+            let (mut store, restored) = Store::open(&copy).expect("open");
+            assert_eq!(restored.through_seq, 41);
+            store.rewind(30).expect("rewind");
+            drop(store);
+            let (mut store, restored) = Store::open(&copy).expect("open");
+            assert_eq!((restored.through_seq, restored.next_out), (30, 3));
+            store.record(&StoreOp::Sent { seq: 3, app: None }, 33).expect("write");
+            store.sync().expect("sync");
+            drop(store);
+            assert_eq!(Store::open(&copy).expect("open").1.through_seq, 33);
         }
         let full = std::fs::read(&path).expect("read");
         for cut in 0..20 {
