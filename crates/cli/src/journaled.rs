@@ -97,6 +97,10 @@ pub fn snapshot(dir: &Path, keep: usize) -> Result<()> {
     for warning in &recovered.warnings {
         eprintln!("warning: {warning}");
     }
+    // The records recovery read may be only in the page cache (a process
+    // that crashed in async mode): opening the journal syncs them, so the
+    // snapshot is never ahead of what a power cut leaves.
+    Journal::open(dir, JournalConfig::default(), &recovered.end).context("opening the journal")?.close().context("syncing the journal")?;
     let path = crossbook_journal::write_snapshot(dir, &recovered.engine, recovered.end.last_crc, keep)?;
     println!("snapshot {} seq {}", path.display(), recovered.engine.seq());
     eprintln!("state-sha256 {}", crossbook_journal::state_hash(&recovered.engine));

@@ -202,7 +202,19 @@ pub fn recover(dir: &Path) -> Result<Recovered, RecoveryError> {
             }
         };
         if end.last_seq < header.seq {
-            put_aside(&path, format!("it is ahead of the journal: seq {}, the journal ends at seq {}", header.seq, end.last_seq))?;
+            // A snapshot is written only once the journal has synced its
+            // sequence number: records past the journal's end up to it
+            // were durable, so they are named as lost.
+            put_aside(
+                &path,
+                format!(
+                    "it is ahead of the journal: seq {}, the journal ends at seq {}; records {}..={} were synced before the snapshot was written and are lost (damage to synced history, or a disk that lied about a sync)",
+                    header.seq,
+                    end.last_seq,
+                    end.last_seq + 1,
+                    header.seq
+                ),
+            )?;
             continue;
         }
         if let Some(torn) = &end.torn {

@@ -227,12 +227,16 @@ pub fn scan_chained(dir: &Path, mut visit: impl FnMut(u64, &[u8], u32) -> Result
                 }
                 Err(error) => {
                     let rest = &bytes[at..];
-                    // A complete record whose sequence number is not the one
-                    // due is history out of order (a record missing or
-                    // swapped), not a torn write.
+                    // A complete record whose sequence number is past the
+                    // one due is history out of order (a record missing,
+                    // or two swapped), not a torn write. A torn write
+                    // cannot look like that: its sequence field holds a
+                    // prefix of the due number's little-endian bytes, then
+                    // zeros (the space written ahead), so at most the
+                    // number due.
                     let out_of_order = rest.len() >= 12 && {
                         let len = u32_at(rest, 0) as usize;
-                        len > 0 && len <= MAX_PAYLOAD && rest.len() >= RECORD_OVERHEAD + len && u64_at(rest, 4) != expected
+                        len > 0 && len <= MAX_PAYLOAD && rest.len() >= RECORD_OVERHEAD + len && u64_at(rest, 4) > expected
                     };
                     let chained_after = whole_record_chains_after(&bytes, at, chain);
                     if is_last && !out_of_order && !chained_after && !valid_record_after(&bytes, at) {

@@ -115,10 +115,21 @@ impl Syncer {
                     shared.progress.notify_all();
                     continue;
                 }
+                // Every sync of the segment, the writer's too, happens under
+                // this lock, and a failed one poisons the journal before the
+                // lock is released: the descriptors are duplicates sharing
+                // one error state, so a sync after a failed one can succeed
+                // without the data being on disk, and must not count.
                 let file = thread_file.lock().unwrap_or_else(|e| e.into_inner());
+                if shared.poisoned.load(Ordering::Acquire) {
+                    return;
+                }
                 let covers = shared.written.load(Ordering::Acquire);
                 let oldest = shared.oldest_unsynced_nanos.swap(0, Ordering::AcqRel);
                 let synced = file.sync_data();
+                if synced.is_err() {
+                    shared.poisoned.store(true, Ordering::Release);
+                }
                 drop(file);
                 let mut pending = shared.lock();
                 match synced {
@@ -306,17 +317,19 @@ struct ChainRing {
     crcs: Box<[AtomicU32]>,
     encoding: AtomicU64,
     encoded: AtomicU64,
+    /// The record the journal was opened after: nothing before it is here.
+    floor: u64,
 }
 
 impl ChainRing {
     fn new(last_seq: u64, last_crc: u32) -> ChainRing {
         let crcs: Box<[AtomicU32]> = (0..CHAIN_RING).map(|_| AtomicU32::new(0)).collect();
         crcs[(last_seq % CHAIN_RING) as usize].store(last_crc, Ordering::SeqCst);
-        ChainRing { crcs, encoding: AtomicU64::new(last_seq), encoded: AtomicU64::new(last_seq) }
+        ChainRing { crcs, encoding: AtomicU64::new(last_seq), encoded: AtomicU64::new(last_seq), floor: last_seq }
     }
 
     fn get(&self, seq: u64) -> Option<u32> {
-        if seq > self.encoded.load(Ordering::SeqCst) {
+        if seq < self.floor || seq > self.encoded.load(Ordering::SeqCst) {
             return None;
         }
         let crc = self.crcs[(seq % CHAIN_RING) as usize].load(Ordering::SeqCst);
@@ -477,6 +490,9 @@ impl Journal {
                 // durable. (Earlier segments were synced when they ended.)
                 if file.metadata().is_ok_and(|m| m.is_file()) {
                     file.sync_data().map_err(io(format!("fdatasync {}", path.display())))?;
+                    // And its name: a crash between a segment's creation
+                    // and the sync of its directory leaves it unsynced.
+                    sync_dir(dir)?;
                 }
                 file.seek(SeekFrom::Start(*valid_len)).map_err(io(format!("seeking in {}", path.display())))?;
                 let allocated = file.metadata().map_err(io(format!("reading {}", path.display())))?.len().max(*valid_len);
@@ -747,6 +763,11 @@ impl Writer {
                 (pending.first_seq, pending.last_seq, batch.len() as u64, pending.closed)
             };
             self.shared.progress.notify_all();
+            if self.shared.poisoned.load(Ordering::Acquire) {
+                // The syncer failed: nothing more is written or acknowledged.
+                self.shared.progress.notify_all();
+                return;
+            }
             let result = if batch.is_empty() {
                 Ok(None)
             } else {
@@ -757,6 +778,11 @@ impl Writer {
             // synced; a failure there fails the close like any other. (That
             // last sync is not counted among the group commits.)
             let result = result.and_then(|synced| if closing { self.close_segment().map(|_| synced) } else { Ok(synced) });
+            let result = result.and_then(|synced| match self.shared.error() {
+                // The syncer failed while this batch was written.
+                Some(error) => Err(error),
+                None => Ok(synced),
+            });
             match result {
                 Ok(sync_nanos) => {
                     let mut pending = self.shared.lock();
@@ -775,7 +801,9 @@ impl Writer {
                 }
                 Err(error) => {
                     let mut pending = self.shared.lock();
-                    pending.error = Some(error.to_string());
+                    if pending.error.is_none() {
+                        pending.error = Some(error.to_string());
+                    }
                     self.shared.poisoned.store(true, Ordering::Release);
                     drop(pending);
                     self.shared.progress.notify_all();
@@ -796,13 +824,18 @@ impl Writer {
         }
     }
 
-    /// Trims the zeros written ahead and syncs what is not synced yet.
+    /// Trims the zeros written ahead and syncs what is not synced yet (under
+    /// the syncer's lock, in async mode: see `Syncer`).
     fn close_segment(&mut self) -> Result<Option<u64>, JournalError> {
+        let syncer_file = self.syncer.as_ref().map(|syncer| syncer.file.clone());
+        let _guard = syncer_file.as_ref().map(|file| file.lock().unwrap_or_else(|e| e.into_inner()));
         if self.segment.allocated > self.segment.size {
             self.segment.trim()?;
             self.dirty = true;
         }
-        self.sync_if_dirty()
+        let synced = self.sync_if_dirty()?;
+        self.shared.durable.fetch_max(self.shared.written.load(Ordering::Acquire), Ordering::AcqRel);
+        Ok(synced)
     }
 
     /// Encodes a batch of commands as chained records, and leaves each
@@ -849,16 +882,19 @@ impl Writer {
         Ok(())
     }
 
-    /// Syncs the segment if anything was written since its last sync; all
-    /// written so far is then durable.
+    /// Syncs the segment if anything was written since its last sync (the
+    /// caller publishes what is then durable). A failure poisons the
+    /// journal at once, while the caller still holds the syncer's lock.
     fn sync_if_dirty(&mut self) -> Result<Option<u64>, JournalError> {
         if !self.dirty {
             return Ok(None);
         }
         let started = Instant::now();
-        self.segment.file.sync_data().map_err(io(format!("fdatasync {}", self.segment.path.display())))?;
+        if let Err(e) = self.segment.file.sync_data() {
+            self.shared.poisoned.store(true, Ordering::Release);
+            return Err(io(format!("fdatasync {}", self.segment.path.display()))(e));
+        }
         self.dirty = false;
-        self.shared.durable.fetch_max(self.shared.written.load(Ordering::Acquire), Ordering::AcqRel);
         Ok(Some(started.elapsed().as_nanos() as u64))
     }
 
@@ -889,6 +925,9 @@ impl Writer {
                 self.segment.trim()?;
                 self.dirty = true;
                 self.sync_if_dirty()?;
+                // The ended segment's records are durable (its name was
+                // synced when it began).
+                self.shared.durable.fetch_max(next_seq - 1, Ordering::AcqRel);
                 self.segment = create_segment(&self.dir, next_seq, self.last_crc)?;
                 self.dirty = true;
                 new_segment = true;
@@ -900,15 +939,17 @@ impl Writer {
             Durability::Sync => {
                 let synced = self.sync_if_dirty()?;
                 if new_segment {
-                    sync_dir(&self.dir)?;
+                    sync_dir(&self.dir).inspect_err(|_| self.shared.poisoned.store(true, Ordering::Release))?;
                 }
+                // Durable only once a new segment's name is too.
+                self.shared.durable.fetch_max(last_seq, Ordering::AcqRel);
                 Ok(synced)
             }
             Durability::Async { .. } => {
                 if new_segment {
-                    self.segment.file.sync_data().map_err(io(format!("fdatasync {}", self.segment.path.display())))?;
-                    self.dirty = false;
-                    sync_dir(&self.dir)?;
+                    self.dirty = true;
+                    self.sync_if_dirty()?;
+                    sync_dir(&self.dir).inspect_err(|_| self.shared.poisoned.store(true, Ordering::Release))?;
                     self.shared.durable.fetch_max(last_seq, Ordering::AcqRel);
                     let clone = self.segment.file.try_clone().map_err(io(format!("cloning {}", self.segment.path.display())))?;
                     if let Some(guard) = syncer_guard.as_mut() {

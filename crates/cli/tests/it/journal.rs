@@ -431,13 +431,17 @@ fn zeros_written_ahead_are_the_end_of_the_journal() {
     let more = generate(Workload::Mixed, 21, 400);
     assert_eq!(journal_run(&dir.0, &more, JournalConfig::default(), 0), live_hash(&more));
     assert_eq!(recover(&dir.0).unwrap().engine.seq(), 400);
-    // A torn last record, then zeros: dropped.
-    let dir = TempDir::new("zeros-torn");
-    copy_dir(&original.0, &dir.0);
-    let mut torn = bytes[..offsets[299] + 7].to_vec();
-    torn.extend(std::iter::repeat_n(0u8, 4096));
-    std::fs::write(dir.0.join(&name), &torn).unwrap();
-    assert_eq!(recover(&dir.0).unwrap().engine.seq(), 299);
+    // A torn last record, then zeros, torn at every byte of it (the length
+    // field whole and the sequence field cut included): dropped.
+    for cut in offsets[299] + 1..bytes.len() {
+        let dir = TempDir::new("zeros-torn");
+        copy_dir(&original.0, &dir.0);
+        let mut torn = bytes[..cut].to_vec();
+        torn.extend(std::iter::repeat_n(0u8, 4096));
+        std::fs::write(dir.0.join(&name), &torn).unwrap();
+        let recovered = recover(&dir.0).unwrap_or_else(|e| panic!("torn at {cut} (record at {}): {e}", offsets[299]));
+        assert_eq!(recovered.engine.seq(), 299, "torn at {cut}");
+    }
     // A zeroed record in the middle, valid records after it: refused.
     let dir = TempDir::new("zeros-middle");
     copy_dir(&original.0, &dir.0);

@@ -51,10 +51,10 @@ enum Op {
     Write { key: FileKey, offset: u64, length: u64 },
     Allocate { key: FileKey, offset: u64, length: u64 },
     Truncate { key: FileKey, length: u64 },
-    SyncBegin { key: FileKey },
-    SyncEnd { key: FileKey },
-    DirBegin { path: PathBuf },
-    DirEnd { path: PathBuf },
+    SyncBegin { key: FileKey, thread: u64 },
+    SyncEnd { key: FileKey, thread: u64 },
+    DirBegin { path: PathBuf, thread: u64 },
+    DirEnd { path: PathBuf, thread: u64 },
     Rename { from: PathBuf, to: PathBuf },
     Unlink { path: PathBuf },
 }
@@ -69,10 +69,10 @@ fn parse(line: &str) -> Option<Op> {
         "W" => Op::Write { key: key()?, offset: number(3)?, length: number(4)? },
         "A" => Op::Allocate { key: key()?, offset: number(3)?, length: number(4)? },
         "T" => Op::Truncate { key: key()?, length: number(3)? },
-        "B" => Op::SyncBegin { key: key()? },
-        "E" => Op::SyncEnd { key: key()? },
-        "DB" => Op::DirBegin { path: PathBuf::from(fields.get(1)?) },
-        "DE" => Op::DirEnd { path: PathBuf::from(fields.get(1)?) },
+        "B" => Op::SyncBegin { key: key()?, thread: number(3)? },
+        "E" => Op::SyncEnd { key: key()?, thread: number(3)? },
+        "DB" => Op::DirBegin { thread: number(1)?, path: PathBuf::from(fields.get(2)?) },
+        "DE" => Op::DirEnd { thread: number(1)?, path: PathBuf::from(fields.get(2)?) },
         "R" => Op::Rename { from: PathBuf::from(fields.get(1)?), to: PathBuf::from(fields.get(2)?) },
         "U" => Op::Unlink { path: PathBuf::from(fields.get(1)?) },
         _ => return None,
@@ -100,11 +100,12 @@ pub(crate) fn power_cut(log: &Path, root: &Path, mut torn: Option<&mut Rng>) -> 
     let ops: Vec<Op> = text.lines().filter_map(parse).collect();
     // The latest sync of each file (and directory) known to have completed,
     // by the position of its start: what was logged before that start is
-    // covered. When syncs of one file overlap, an end is matched with the
-    // earliest open start (the conservative choice).
-    let mut open_syncs: HashMap<FileKey, Vec<usize>> = HashMap::new();
+    // covered. An end is matched with the start by the same thread (a
+    // thread runs one sync at a time; a process killed mid-sync leaves a
+    // start with no end).
+    let mut open_syncs: HashMap<(FileKey, u64), usize> = HashMap::new();
     let mut covered: HashMap<FileKey, usize> = HashMap::new();
-    let mut open_dir_syncs: HashMap<PathBuf, Vec<usize>> = HashMap::new();
+    let mut open_dir_syncs: HashMap<(PathBuf, u64), usize> = HashMap::new();
     let mut dir_covered: HashMap<PathBuf, usize> = HashMap::new();
     let mut paths: HashMap<FileKey, PathBuf> = HashMap::new();
     let mut first_size: HashMap<FileKey, u64> = HashMap::new();
@@ -117,22 +118,20 @@ pub(crate) fn power_cut(log: &Path, root: &Path, mut torn: Option<&mut Rng>) -> 
                 paths.insert(*key, path.clone());
             }
             Op::Write { key, .. } | Op::Allocate { key, .. } | Op::Truncate { key, .. } => data.entry(*key).or_default().push((at, op)),
-            Op::SyncBegin { key } => open_syncs.entry(*key).or_default().push(at),
-            Op::SyncEnd { key } => {
-                if let Some(begins) = open_syncs.get_mut(key)
-                    && !begins.is_empty()
-                {
-                    let begin = begins.remove(0);
+            Op::SyncBegin { key, thread } => {
+                open_syncs.insert((*key, *thread), at);
+            }
+            Op::SyncEnd { key, thread } => {
+                if let Some(begin) = open_syncs.remove(&(*key, *thread)) {
                     let slot = covered.entry(*key).or_insert(0);
                     *slot = (*slot).max(begin);
                 }
             }
-            Op::DirBegin { path } => open_dir_syncs.entry(path.clone()).or_default().push(at),
-            Op::DirEnd { path } => {
-                if let Some(begins) = open_dir_syncs.get_mut(path)
-                    && !begins.is_empty()
-                {
-                    let begin = begins.remove(0);
+            Op::DirBegin { path, thread } => {
+                open_dir_syncs.insert((path.clone(), *thread), at);
+            }
+            Op::DirEnd { path, thread } => {
+                if let Some(begin) = open_dir_syncs.remove(&(path.clone(), *thread)) {
                     let slot = dir_covered.entry(path.clone()).or_insert(0);
                     *slot = (*slot).max(begin);
                 }
@@ -312,10 +311,16 @@ fn power_cuts_recover_the_journal_state_and_never_a_stale_snapshot() {
                 let kill_at = (life + 1 < lifetimes || rng.below(3) > 0).then(|| before + 500 + rng.below(COMMANDS as u64 * 3 / 4));
                 let snapshot_every = 1_000 + rng.below(6_000);
                 let log = work.0.join(format!("log-{trial}-{durability}-{life}"));
-                let acked = lifetime(&dir, &file, durability, snapshot_every, &log, kill_at);
+                let mut acked = lifetime(&dir, &file, durability, snapshot_every, &log, kill_at);
+                // Now and then a crash, a restart (which recovers, syncs what
+                // it found and goes on), and only then the power cut.
+                let restarted = kill_at.is_some() && rng.below(3) == 0;
+                if restarted {
+                    acked = acked.max(lifetime(&dir, &file, durability, snapshot_every, &log, Some(acked + 200 + rng.below(5_000))));
+                }
                 let torn = rng.below(2) == 0;
                 let cut = power_cut(&log, &dir, if torn { Some(&mut rng) } else { None });
-                let context = format!("trial {trial} {durability} lifetime {life} (seed {seed}, snapshot every {snapshot_every}, killed at {kill_at:?}, torn {torn}, {cut:?})");
+                let context = format!("trial {trial} {durability} lifetime {life} (seed {seed}, snapshot every {snapshot_every}, killed at {kill_at:?}, restarted {restarted}, torn {torn}, {cut:?})");
                 let snapshots_before: Vec<u64> = crossbook_journal::read::snapshots(&dir).unwrap().into_iter().map(|(s, _)| s).collect();
                 let (seq, fresh) = journal_replay(&dir);
                 stale_candidates += snapshots_before.iter().filter(|&&s| s > seq).count() as u64;

@@ -18,8 +18,8 @@
  *   W dev ino offset length   bytes written
  *   A dev ino offset length   space allocated (posix_fallocate/fallocate)
  *   T dev ino length          a truncation
- *   B dev ino / E dev ino     a file sync begins / completed
- *   DB path / DE path         a directory sync begins / completed
+ *   B dev ino tid / E ...     a file sync begins / completed (by thread tid)
+ *   DB tid path / DE tid path a directory sync begins / completed
  *   R old new                 a rename
  *   U path                    an unlink
  *
@@ -266,11 +266,14 @@ static int synced(int fd, int (*real)(int)) {
             is_file = 1;
         }
     }
-    if (is_dir) emit("DB\t%s", path);
-    if (is_file) emit("B\t%lu\t%lu", (unsigned long)st.st_dev, (unsigned long)st.st_ino);
+    /* The thread that syncs names the sync: a process killed mid-sync
+       leaves a start that no end may be matched with. */
+    long tid = (long)syscall(SYS_gettid);
+    if (is_dir) emit("DB\t%ld\t%s", tid, path);
+    if (is_file) emit("B\t%lu\t%lu\t%ld", (unsigned long)st.st_dev, (unsigned long)st.st_ino, tid);
     int r = real(fd);
-    if (r == 0 && is_dir) emit("DE\t%s", path);
-    if (r == 0 && is_file) emit("E\t%lu\t%lu", (unsigned long)st.st_dev, (unsigned long)st.st_ino);
+    if (r == 0 && is_dir) emit("DE\t%ld\t%s", tid, path);
+    if (r == 0 && is_file) emit("E\t%lu\t%lu\t%ld", (unsigned long)st.st_dev, (unsigned long)st.st_ino, tid);
     return r;
 }
 
