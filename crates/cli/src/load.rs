@@ -529,7 +529,7 @@ fn record(tally: &mut Tally, books: &mut Books<'_>, keep: bool, report: Reply, n
             books.gone.insert(report.order);
             books.unfilled.remove(&report.cid);
         }
-        ReportKind::Replaced => {}
+        ReportKind::Replaced | ReportKind::CancelAllDone => {}
     }
 }
 

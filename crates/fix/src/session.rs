@@ -429,7 +429,8 @@ impl Session {
         };
         if let Err(text) = app.on_logon(&message) {
             self.outbound.admin("5", vec![(tag::TEXT, text.clone().into_bytes())], now_ms, actions);
-            return self.drop_connection(format!("Logon refused: {text}"), app, actions);
+            // The application's text says why (and that the Logon was refused).
+            return self.drop_connection(text, app, actions);
         }
         let reset_requested = message.get(tag::RESET_SEQ_NUM_FLAG) == Some(b"Y");
         if self.outbound.config.reset_on_logon || reset_requested {

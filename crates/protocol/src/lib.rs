@@ -33,6 +33,8 @@ pub enum ProtocolError {
     /// sync failed: a full disk, say) and stops; it acknowledges nothing
     /// more.
     JournalFailed = 10,
+    /// The connection did not log in within `limits.login_timeout_s`.
+    LoginTimeout = 11,
 }
 
 impl ProtocolError {
@@ -42,7 +44,7 @@ impl ProtocolError {
 
     pub fn from_code(code: u8) -> Option<ProtocolError> {
         use ProtocolError::*;
-        [BadLength, UnsupportedVersion, UnknownType, BadValue, FrameTooLong, NotLoggedIn, BadCredentials, AlreadyLoggedIn, ServerBusy, JournalFailed]
+        [BadLength, UnsupportedVersion, UnknownType, BadValue, FrameTooLong, NotLoggedIn, BadCredentials, AlreadyLoggedIn, ServerBusy, JournalFailed, LoginTimeout]
             .into_iter()
             .find(|e| e.code() == code)
     }
@@ -59,6 +61,7 @@ impl ProtocolError {
             ProtocolError::AlreadyLoggedIn => "already_logged_in",
             ProtocolError::ServerBusy => "server_busy",
             ProtocolError::JournalFailed => "journal_failed",
+            ProtocolError::LoginTimeout => "login_timeout",
         }
     }
 }
@@ -141,6 +144,10 @@ pub enum ReportKind {
     Cancelled = 4,
     Replaced = 5,
     Rejected = 6,
+    /// A CancelAll is done: `last_qty` says how many orders it cancelled
+    /// (0 when none were open), `instrument` what it was for (0: all).
+    /// Each cancelled order also has its own `Cancelled` report, before it.
+    CancelAllDone = 7,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -337,7 +344,7 @@ pub fn encode_client(message: &ClientMessage, out: &mut Vec<u8>) {
 
 fn report_kind(code: u8) -> Result<ReportKind, ProtocolError> {
     use ReportKind::*;
-    [Accepted, PartialFill, Fill, Cancelled, Replaced, Rejected]
+    [Accepted, PartialFill, Fill, Cancelled, Replaced, Rejected, CancelAllDone]
         .into_iter()
         .find(|k| *k as u8 == code)
         .ok_or(ProtocolError::BadValue)

@@ -115,6 +115,47 @@ impl ReportBuilder {
 
     /// Appends the reports for one command and the events it caused.
     pub fn reports(&mut self, command: &Command, events: &[Event], out: &mut Vec<Addressed>) {
+        let mut cancelled = 0u64;
+        let mut rejected = false;
+        for event in events {
+            match event.kind {
+                EventKind::Cancelled { reason: CancelReason::CancelAll, .. } => cancelled += 1,
+                EventKind::Rejected { .. } => rejected = true,
+                _ => {}
+            }
+        }
+        self.order_reports(command, events, out);
+        // A CancelAll always gets an answer, even with nothing to cancel.
+        if let Command::CancelAll { account, instrument } = *command
+            && !rejected
+        {
+            let mut report = Self::bare(ReportKind::CancelAllDone, 0);
+            report.instrument = instrument.unwrap_or(0);
+            report.last_qty = cancelled;
+            out.push(Addressed { account, report });
+        }
+    }
+
+    /// A report about no particular order.
+    fn bare(kind: ReportKind, order: OrderId) -> ExecutionReport {
+        ExecutionReport {
+            seq: 0,
+            kind,
+            order,
+            cid: 0,
+            instrument: 0,
+            side: Side::Buy,
+            price: 0,
+            last_qty: 0,
+            last_price: 0,
+            cum_qty: 0,
+            leaves_qty: 0,
+            fee: 0,
+            reason: 0,
+        }
+    }
+
+    fn order_reports(&mut self, command: &Command, events: &[Event], out: &mut Vec<Addressed>) {
         for event in events {
             match event.kind {
                 EventKind::Rejected { reason } => {
@@ -172,7 +213,11 @@ impl ReportBuilder {
 
     /// The report of a refused command, for the account that sent it (an
     /// order command only; reference data and funds have no order).
+    /// Someone else's order is answered exactly as an order that does not
+    /// exist (`unknown_order`): order ids are global sequence numbers, and
+    /// telling the two apart would let anyone find every live order.
     fn rejection(&self, command: &Command, reason: RejectReason) -> Option<Addressed> {
+        let reason = if reason == RejectReason::NotOwner { RejectReason::UnknownOrder } else { reason };
         let (account, report) = match *command {
             Command::Place(p) => (
                 p.account,
@@ -198,43 +243,17 @@ impl ReportBuilder {
                 let own = self.orders.get(&order).filter(|s| s.account == account);
                 let mut report = match own {
                     Some(state) => Self::report(state, order, ReportKind::Rejected),
-                    None => ExecutionReport {
-                        seq: 0,
-                        kind: ReportKind::Rejected,
-                        order,
-                        cid: 0,
-                        instrument: 0,
-                        side: Side::Buy,
-                        price: 0,
-                        last_qty: 0,
-                        last_price: 0,
-                        cum_qty: 0,
-                        leaves_qty: 0,
-                        fee: 0,
-                        reason: 0,
-                    },
+                    None => Self::bare(ReportKind::Rejected, order),
                 };
                 report.reason = reason.code();
                 (account, report)
             }
-            Command::CancelAll { account, instrument } => (
-                account,
-                ExecutionReport {
-                    seq: 0,
-                    kind: ReportKind::Rejected,
-                    order: 0,
-                    cid: 0,
-                    instrument: instrument.unwrap_or(0),
-                    side: Side::Buy,
-                    price: 0,
-                    last_qty: 0,
-                    last_price: 0,
-                    cum_qty: 0,
-                    leaves_qty: 0,
-                    fee: 0,
-                    reason: reason.code(),
-                },
-            ),
+            Command::CancelAll { account, instrument } => {
+                let mut report = Self::bare(ReportKind::Rejected, 0);
+                report.instrument = instrument.unwrap_or(0);
+                report.reason = reason.code();
+                (account, report)
+            }
             _ => return None,
         };
         Some(Addressed { account, report })

@@ -52,9 +52,10 @@ cancel account=1 order=8
             // The taker: all 4, fee ceil(400 * 20 / 10000) = 1.
             (2, ReportKind::Fill, 9, 4, 4, 0, 1, 0),
             (1, ReportKind::Replaced, 8, 0, 4, 4, 0, 0),
-            // Someone else's order: refused (not_owner), and told nothing
-            // about it.
-            (2, ReportKind::Rejected, 8, 0, 0, 0, 0, RejectReason::NotOwner.code()),
+            // Someone else's order: refused exactly as a missing one
+            // (unknown_order, though the engine says not_owner), and told
+            // nothing about it.
+            (2, ReportKind::Rejected, 8, 0, 0, 0, 0, RejectReason::UnknownOrder.code()),
             (1, ReportKind::Cancelled, 8, 0, 4, 0, 0, 1),
         ]
     );

@@ -29,7 +29,16 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
+    /// Logged-in sessions per port (binary, FIX); a login past it is
+    /// refused (`server_busy`).
     pub max_connections: usize,
+    /// Connections per port that have not logged in yet. A new connection
+    /// past it closes the oldest of them (`server_busy`), so that idle
+    /// connections can never keep a trader out.
+    pub max_unauthenticated: usize,
+    /// Seconds a connection has to log in (binary: Login accepted; FIX:
+    /// Logon) before it is closed (`login_timeout`).
+    pub login_timeout_s: u64,
     /// Largest frame accepted (bytes after the length field).
     pub max_frame: usize,
     /// Batches of commands (one per socket read) the FIX readers may have
@@ -148,7 +157,15 @@ pub fn demo_key(id: u64) -> String {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_connections: 64, max_frame: crossbook_protocol::MAX_FRAME, queue: 4096, in_flight: 1024, open_orders: 100_000 }
+        Limits {
+            max_connections: 64,
+            max_unauthenticated: 16,
+            login_timeout_s: 5,
+            max_frame: crossbook_protocol::MAX_FRAME,
+            queue: 4096,
+            in_flight: 1024,
+            open_orders: 100_000,
+        }
     }
 }
 

@@ -16,6 +16,7 @@
 //! until the journal has made some durable and their reports are out.
 
 use crate::config::{Config, keys_match};
+use crate::ratelog::RateLog;
 use crate::{InFlight, Inbound, Sequencer, ServeError, Session, Shared, error, log};
 use crossbook_engine::AccountId;
 use crossbook_protocol::*;
@@ -66,6 +67,11 @@ struct Conn {
     /// again once the sequencer answers (epoll is edge-triggered, so the
     /// bytes waiting in the socket would give no new event).
     held: bool,
+    /// When it was accepted (it must log in within `limits.login_timeout_s`).
+    accepted_at: Instant,
+    /// The connection of an earlier session of the account this one logs
+    /// in for, found alive: the login is refused.
+    probed: Option<u64>,
 }
 
 impl Conn {
@@ -78,6 +84,30 @@ impl Conn {
             self.closing = Some((reason, Instant::now()));
         }
     }
+
+    /// Whether the peer is still there: not closing, and its socket has
+    /// neither an end nor an error waiting (a peek that would block, or
+    /// that finds bytes, says it is).
+    fn is_alive(&self) -> bool {
+        if self.closing.is_some() {
+            return false;
+        }
+        let mut byte = [0u8; 1];
+        match self.stream.peek(&mut byte) {
+            Ok(0) => false,
+            Ok(_) => true,
+            Err(e) => matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted),
+        }
+    }
+}
+
+/// Why decoding a connection's input stopped early.
+enum Stop {
+    /// Close the connection, for this reason (after what is queued).
+    Close(String),
+    /// A Login for an account whose session is on connection `.0`: the
+    /// gateway looks at that connection and decodes again.
+    Conflict(u64),
 }
 
 /// The reactor's state.
@@ -94,6 +124,8 @@ struct Gateway<'a> {
     /// Commands of this round, for the sequencer.
     commands: Vec<Inbound>,
     chunk: Vec<u8>,
+    /// Connection events a flood could multiply, rate-limited.
+    ratelog: RateLog,
 }
 
 /// Runs the gateway, and with it the sequencer, on the calling thread
@@ -124,6 +156,7 @@ pub(crate) fn run(
         shared,
         commands: Vec::new(),
         chunk: vec![0u8; READ_BYTES],
+        ratelog: RateLog::default(),
     };
     let mut events = Events::with_capacity(1024);
     let mut stopping: Option<Instant> = None;
@@ -144,6 +177,7 @@ pub(crate) fn run(
             for token in tokens {
                 gateway.close(token, "server shutting down".into());
             }
+            gateway.ratelog.flush();
             log(&format!("gateway: {rounds} polling rounds"));
             return Ok(());
         }
@@ -204,13 +238,26 @@ impl Gateway<'_> {
         self.next_id += 1;
         let id = self.next_id;
         let _ = stream.set_nodelay(true);
-        if stopping || self.conns.len() >= self.config.limits.max_connections {
-            let why = if stopping { "server shutting down".to_string() } else { format!("connection limit {}", self.config.limits.max_connections) };
-            log(&format!("refused connection {id} from {peer}: {why}"));
+        if stopping {
+            self.ratelog.line("refused connection", || format!("refused connection {id} from {peer}: server shutting down"));
             let mut frame = Vec::new();
             encode_server(&ServerMessage::Error { reason: ProtocolError::ServerBusy }, &mut frame);
             let _ = stream.write(&frame);
             return;
+        }
+        // Connections that have not logged in have a budget of their own:
+        // past it the oldest of them makes room, so that idle connections
+        // can never keep a trader out (logged-in sessions are bounded at
+        // login, by `max_connections`).
+        let waiting: Vec<(Instant, Token)> = self.conns.iter().filter(|(_, c)| c.account.is_none() && c.closing.is_none()).map(|(t, c)| (c.accepted_at, *t)).collect();
+        if waiting.len() >= self.config.limits.max_unauthenticated.max(1)
+            && let Some(&(_, oldest)) = waiting.iter().min()
+        {
+            if let Some(conn) = self.conns.get_mut(&oldest) {
+                conn.queue(&ServerMessage::Error { reason: ProtocolError::ServerBusy });
+            }
+            self.flush(oldest);
+            self.close(oldest, "evicted: too many connections waiting to log in".into());
         }
         let token = Token(id as usize + 2);
         if let Err(e) = self.poll.registry().register(&mut stream, token, Interest::READABLE) {
@@ -230,6 +277,8 @@ impl Gateway<'_> {
             closing: None,
             want_write: false,
             held: false,
+            accepted_at: Instant::now(),
+            probed: None,
         };
         self.conns.insert(token, conn);
         // Bytes may already be waiting.
@@ -280,7 +329,27 @@ impl Gateway<'_> {
                 }
             }
             let before = self.commands.len();
-            let decoded = decode_all(conn, self.config, self.shared, &mut self.commands);
+            let mut decoded = decode_all(conn, self.config, self.shared, &mut self.commands);
+            // A login for an account whose session is still registered: if
+            // that session's connection is gone (its end not read yet), it
+            // is closed now and the login goes ahead; if it is alive, the
+            // login is refused.
+            while let Err(Stop::Conflict(old)) = decoded {
+                let old_token = Token(old as usize + 2);
+                match self.conns.get(&old_token).map(Conn::is_alive) {
+                    Some(true) => {}
+                    Some(false) => self.close(old_token, "gone (found at its account's next login)".into()),
+                    None => self.shared.sessions.lock().unwrap_or_else(|e| e.into_inner()).retain(|_, s| s.connection != old),
+                }
+                let Some(conn) = self.conns.get_mut(&token) else { break };
+                conn.probed = Some(old);
+                decoded = decode_all(conn, self.config, self.shared, &mut self.commands);
+            }
+            let Some(conn) = self.conns.get_mut(&token) else { continue };
+            let decoded = decoded.map_err(|stop| match stop {
+                Stop::Close(reason) => reason,
+                Stop::Conflict(old) => format!("login conflicts with connection {old}"),
+            });
             let added = (self.commands.len() - before) as u32;
             if added > 0 {
                 conn.in_flight.add(added);
@@ -360,8 +429,19 @@ impl Gateway<'_> {
         }
     }
 
-    /// Closes connections whose last bytes are out (or that took too long).
+    /// Closes connections whose last bytes are out (or that took too long),
+    /// and those that did not log in in time.
     fn reap(&mut self) {
+        let deadline = Duration::from_secs(self.config.limits.login_timeout_s);
+        let late: Vec<Token> = self.conns.iter().filter(|(_, c)| c.account.is_none() && c.closing.is_none() && c.accepted_at.elapsed() > deadline).map(|(t, _)| *t).collect();
+        for token in late {
+            if let Some(conn) = self.conns.get_mut(&token) {
+                conn.queue(&ServerMessage::Error { reason: ProtocolError::LoginTimeout });
+                conn.close_after(format!("no login within {} s", deadline.as_secs()));
+            }
+            self.flush(token);
+        }
+        self.ratelog.tick();
         let done: Vec<(Token, String)> = self
             .conns
             .iter()
@@ -384,7 +464,13 @@ impl Gateway<'_> {
         sessions.retain(|_, s| s.connection != conn.id);
         drop(sessions);
         self.shared.connections.fetch_sub(1, Ordering::AcqRel);
-        log(&format!("disconnect connection={} peer={} reason={reason}", conn.id, conn.peer));
+        let line = || format!("disconnect connection={} peer={} reason={reason}", conn.id, conn.peer);
+        if conn.account.is_some() {
+            log(&line());
+        } else {
+            // A flood of connections that never log in is a flood of these.
+            self.ratelog.line("disconnect before login", line);
+        }
     }
 
     /// The venue cannot go on (the journal failed): every connection is
@@ -428,23 +514,26 @@ impl Gateway<'_> {
     }
 }
 
-/// Decodes every whole frame in `conn.inbuf` and handles it; an `Err` is
-/// why the connection must close (after what was queued for it).
-fn decode_all(conn: &mut Conn, config: &Config, shared: &Shared, commands: &mut Vec<Inbound>) -> Result<(), String> {
+/// Decodes every whole frame in `conn.inbuf` and handles it; stops at
+/// the first that closes the connection, or at a login that conflicts
+/// with a registered session (left in the buffer, to be decoded again).
+fn decode_all(conn: &mut Conn, config: &Config, shared: &Shared, commands: &mut Vec<Inbound>) -> Result<(), Stop> {
     let max_frame = config.limits.max_frame;
     let mut used = 0;
     let result = loop {
         match decode_client(&conn.inbuf[used..], max_frame) {
             Ok(Decoded::NeedMore) => break Ok(()),
-            Ok(Decoded::Message(message, size)) => {
-                used += size;
-                if let Err(reason) = handle(message, conn, config, shared, commands) {
-                    break Err(reason);
+            Ok(Decoded::Message(message, size)) => match handle(message, conn, config, shared, commands) {
+                Ok(()) => used += size,
+                Err(Stop::Close(reason)) => {
+                    used += size;
+                    break Err(Stop::Close(reason));
                 }
-            }
+                Err(conflict) => break Err(conflict),
+            },
             Err(reason) => {
                 conn.queue(&ServerMessage::Error { reason });
-                break Err(format!("protocol error: {reason}"));
+                break Err(Stop::Close(format!("protocol error: {reason}")));
             }
         }
     };
@@ -452,20 +541,29 @@ fn decode_all(conn: &mut Conn, config: &Config, shared: &Shared, commands: &mut 
     result
 }
 
-fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, shared: &Shared, commands: &mut Vec<Inbound>) -> Result<(), String> {
+fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, shared: &Shared, commands: &mut Vec<Inbound>) -> Result<(), Stop> {
     let id = conn.id;
+    let close = |reason: &str| Err(Stop::Close(reason.to_string()));
     match (message, conn.account) {
         (ClientMessage::Login { account: claimed, api_key, last_seen }, None) => {
             let known = config.api_key(claimed).is_some_and(|key| keys_match(&key, &api_key));
             if !known {
                 conn.queue(&ServerMessage::LoginRejected { reason: ProtocolError::BadCredentials });
-                return Err(format!("login refused for account {claimed}: bad credentials"));
+                return close(&format!("login refused for account {claimed}: bad credentials"));
             }
             let mut sessions = shared.sessions.lock().unwrap_or_else(|e| e.into_inner());
-            if sessions.contains_key(&claimed) {
+            if let Some(session) = sessions.get(&claimed) {
+                if conn.probed != Some(session.connection) {
+                    return Err(Stop::Conflict(session.connection));
+                }
                 drop(sessions);
                 conn.queue(&ServerMessage::LoginRejected { reason: ProtocolError::AlreadyLoggedIn });
-                return Err(format!("login refused for account {claimed}: already logged in"));
+                return close(&format!("login refused for account {claimed}: already logged in"));
+            }
+            if sessions.len() >= config.limits.max_connections {
+                drop(sessions);
+                conn.queue(&ServerMessage::LoginRejected { reason: ProtocolError::ServerBusy });
+                return close(&format!("login refused for account {claimed}: {} sessions already (limits.max_connections)", config.limits.max_connections));
             }
             sessions.insert(claimed, Session { connection: id });
             // While `sessions` is held no report can be dispatched: the
@@ -505,11 +603,11 @@ fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, shared: &Sha
         }
         (ClientMessage::Login { .. }, Some(_)) => {
             conn.queue(&ServerMessage::Error { reason: ProtocolError::AlreadyLoggedIn });
-            Err("second login on one connection".into())
+            close("second login on one connection")
         }
         (_, None) => {
             conn.queue(&ServerMessage::Error { reason: ProtocolError::NotLoggedIn });
-            Err("message before login".into())
+            close("message before login")
         }
         (ClientMessage::Heartbeat, Some(_)) => {
             conn.queue(&ServerMessage::Heartbeat);
@@ -518,7 +616,7 @@ fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, shared: &Sha
         (ClientMessage::Logout, Some(who)) => {
             conn.queue(&ServerMessage::Logout { reason: 0 });
             log(&format!("logout connection={id} account={who}"));
-            Err("logout".into())
+            close("logout")
         }
         (message, Some(who)) => {
             if let Some(command) = message.to_command(who) {

@@ -16,6 +16,7 @@
 pub mod config;
 pub mod fix;
 mod gateway;
+mod ratelog;
 
 use config::Config;
 use crossbook_engine::{AccountId, Command, Engine, Event};
@@ -171,10 +172,26 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
         "async" => Durability::Async { interval: Duration::from_millis(10) },
         other => return Err(error(format!("durability must be sync or async, not {other:?}"))),
     };
+    log(&format!(
+        "starting: data directory {}, durability {}, binary protocol on {}, FIX {}",
+        config.data_dir.display(),
+        config.durability,
+        config.listen,
+        if config.fix.listen.is_empty() { "off".to_string() } else { format!("on {}", config.fix.listen) }
+    ));
+    log("recovering: loading the newest snapshot that belongs to the journal, then replaying the journal after it");
+    let started = Instant::now();
     let recovered = recover(&config.data_dir).map_err(error)?;
     for warning in &recovered.warnings {
         log(&format!("warning: {warning}"));
     }
+    log(&format!(
+        "recovered seq {} from {}, {} commands replayed, in {} ms",
+        recovered.engine.seq(),
+        recovered.snapshot.map_or_else(|| "the start of the journal (no snapshot)".to_string(), |s| format!("the snapshot at seq {s}")),
+        recovered.replayed,
+        started.elapsed().as_millis()
+    ));
     let mut engine = recovered.engine;
     let shared = Arc::new(Shared::default());
     // The gateway's poll, made first so that the journal's writer and the
@@ -217,11 +234,14 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
     } else {
         Some(fix::Gateway::open(&config, durability == Durability::Sync, engine.seq()).map_err(error)?)
     };
+    let started = Instant::now();
     let histories = rebuild_histories(&config.data_dir, engine.seq(), gateway.as_deref()).map_err(error)?;
     let replayable: usize = histories.values().map(|h| h.frames.len()).sum();
-    if replayable > 0 {
-        log(&format!("rebuilt {replayable} execution reports of {} accounts from the journal", histories.len()));
-    }
+    log(&format!(
+        "rebuilt {replayable} execution reports of {} accounts for replay from the journal, in {} ms",
+        histories.len(),
+        started.elapsed().as_millis()
+    ));
     *shared.seqs.lock().unwrap_or_else(|e| e.into_inner()) = histories;
     let settings = Settings {
         data_dir: &config.data_dir,
@@ -533,9 +553,12 @@ impl<'a> Sequencer<'a> {
             }
             self.last_snapshot = seq;
         }
+        // Every 5 s while commands come; nothing on an idle venue.
         if self.last_log.elapsed() >= Duration::from_secs(5) {
-            let rate = (self.commands - self.logged) as f64 / self.last_log.elapsed().as_secs_f64();
-            log(&format!("throughput commands={} per_s={rate:.0} seq={seq}", self.commands));
+            if self.commands > self.logged {
+                let rate = (self.commands - self.logged) as f64 / self.last_log.elapsed().as_secs_f64();
+                log(&format!("throughput commands={} per_s={rate:.0} seq={seq}", self.commands));
+            }
             self.last_log = Instant::now();
             self.logged = self.commands;
         }

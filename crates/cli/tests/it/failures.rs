@@ -289,7 +289,7 @@ fn a_full_disk_stops_the_venue_with_a_reason_and_it_restarts_once_space_is_back(
     }
     assert_eq!(end, Some(ServerMessage::Error { reason: ProtocolError::JournalFailed }));
     assert_eq!(bob.recv_or_none(), Some(ServerMessage::Error { reason: ProtocolError::JournalFailed }));
-    let logout = fix.recv().expect("a Logout");
+    let logout = fix.recv().unwrap_or_else(|| panic!("a Logout; the server said: {:?}", server.drain()));
     assert_eq!(logout.msg_type(), b"5", "{}", crossbook_fix::wire::printable(logout.raw()));
     let text = String::from_utf8_lossy(logout.get(58).unwrap_or_default()).into_owned();
     assert!(text.contains("journal"), "{text}");

@@ -16,7 +16,7 @@ use std::net::TcpStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
@@ -44,7 +44,7 @@ impl FixClient {
         b.finish("FIX.4.4")
     }
 
-    fn send(&mut self, msg_type: &str, body: &[(u32, &str)]) {
+    pub(crate) fn send(&mut self, msg_type: &str, body: &[(u32, &str)]) {
         let raw = self.message(msg_type, body);
         self.stream.write_all(&raw).unwrap();
     }
@@ -83,7 +83,7 @@ impl FixClient {
     }
 
     /// The next message that is not a Heartbeat.
-    fn next(&mut self) -> Message {
+    pub(crate) fn next(&mut self) -> Message {
         loop {
             let message = self.recv().expect("a message from the server");
             if message.msg_type() != b"0" {
@@ -92,7 +92,7 @@ impl FixClient {
         }
     }
 
-    fn closed(&mut self) -> bool {
+    pub(crate) fn closed(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             let mut chunk = [0u8; 4096];
@@ -108,7 +108,7 @@ impl FixClient {
 }
 
 /// Asserts `message` has every `(tag, value)`.
-fn expect(message: &Message, fields: &[(u32, &str)]) {
+pub(crate) fn expect(message: &Message, fields: &[(u32, &str)]) {
     for (tag, value) in fields {
         assert_eq!(message.text(*tag), Some(*value), "tag {tag} in {}", printable(message.raw()));
     }
@@ -121,7 +121,7 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
-fn order(cl_ord_id: &str, side: &str, price: &str, qty: &str) -> Vec<(u32, String)> {
+pub(crate) fn order(cl_ord_id: &str, side: &str, price: &str, qty: &str) -> Vec<(u32, String)> {
     vec![
         (11, cl_ord_id.into()),
         (21, "1".into()),
@@ -135,7 +135,7 @@ fn order(cl_ord_id: &str, side: &str, price: &str, qty: &str) -> Vec<(u32, Strin
     ]
 }
 
-fn send_owned(client: &mut FixClient, msg_type: &str, body: &[(u32, String)]) {
+pub(crate) fn send_owned(client: &mut FixClient, msg_type: &str, body: &[(u32, String)]) {
     let borrowed: Vec<(u32, &str)> = body.iter().map(|(t, v)| (*t, v.as_str())).collect();
     client.send(msg_type, &borrowed);
 }

@@ -8,6 +8,7 @@ mod differential;
 mod examples;
 mod failures;
 mod fix;
+mod hostile;
 mod invariants;
 mod journal;
 mod powercut;

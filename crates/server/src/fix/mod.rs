@@ -41,8 +41,8 @@ const OUTBOUND_MESSAGES: usize = 8_192;
 /// How often the timer looks at every session.
 const TICK: Duration = Duration::from_millis(200);
 const POLL: Duration = Duration::from_millis(50);
-/// How long a new connection has to send its Logon.
-const LOGON_WAIT: Duration = Duration::from_secs(10);
+/// How long `stop` waits for the writers to take their last messages out.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// Events queued for the reporter.
 const REPORT_QUEUE: usize = 65_536;
 
@@ -64,6 +64,26 @@ enum Out {
 struct Connection {
     id: u64,
     out: SyncSender<Out>,
+    /// A handle on the socket: to see whether the peer is still there when
+    /// its account logs on again, and to close it then.
+    stream: TcpStream,
+}
+
+/// Whether the peer of `stream` is still there: no end and no error
+/// waiting to be read (a non-blocking peek, on a socket its reader thread
+/// reads blocking).
+fn peer_alive(stream: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut byte = 0u8;
+    // SAFETY: a valid socket descriptor and a one-byte buffer.
+    let got = unsafe { libc::recv(stream.as_raw_fd(), (&mut byte as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    if got > 0 {
+        return true;
+    }
+    if got == 0 {
+        return false;
+    }
+    matches!(std::io::Error::last_os_error().kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted)
 }
 
 enum App {
@@ -110,9 +130,19 @@ pub struct Gateway {
     next_connection: AtomicU64,
     /// The engine's last sequence number, as the sequencer last said.
     engine_seq: AtomicU64,
-    /// Open connections, and the most there may be.
+    /// Writer threads still running (`stop` waits for them, bounded).
+    writers: AtomicU64,
+    /// Open connections; logged-on sessions may be `max_connections`.
     connections: AtomicU64,
     max_connections: u64,
+    /// Connections that have not logged on yet, oldest first, with a
+    /// handle to close them: past `max_unauthenticated` the oldest makes
+    /// room for a new one, so idle connections never keep a trader out.
+    waiting: Mutex<std::collections::VecDeque<(u64, TcpStream)>>,
+    max_unauthenticated: usize,
+    login_timeout: Duration,
+    /// Connection events a flood could multiply, rate-limited.
+    ratelog: Mutex<crate::ratelog::RateLog>,
 }
 
 fn session_config(fix: &FixConfig, comp_id: &str) -> SessionConfig {
@@ -190,8 +220,13 @@ impl Gateway {
             reports: Mutex::new(None),
             next_connection: AtomicU64::new(0),
             engine_seq: AtomicU64::new(0),
+            writers: AtomicU64::new(0),
             connections: AtomicU64::new(0),
             max_connections: config.limits.max_connections as u64,
+            waiting: Mutex::new(std::collections::VecDeque::new()),
+            max_unauthenticated: config.limits.max_unauthenticated.max(1),
+            login_timeout: Duration::from_secs(config.limits.login_timeout_s),
+            ratelog: Mutex::new(crate::ratelog::RateLog::default()),
         }))
     }
 
@@ -345,6 +380,18 @@ impl Gateway {
                 let _ = connection.out.try_send(Out::Close);
             }
         }
+        drop(guard);
+        // Connections that never logged on are simply closed.
+        for (_, socket) in self.waiting.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            let _ = socket.shutdown(std::net::Shutdown::Both);
+        }
+        self.ratelog().flush();
+        // The writers take their last messages (a Logout) to the sockets
+        // before the process ends; bounded.
+        let deadline = std::time::Instant::now() + CLOSE_GRACE;
+        while self.writers.load(Ordering::Acquire) > 0 && std::time::Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
+        }
     }
 
     fn report_loop(&self, receiver: Receiver<Vec<FixEvent>>) {
@@ -362,6 +409,7 @@ impl Gateway {
     fn timer_loop(&self, shutdown: &AtomicBool) {
         while !shutdown.load(Ordering::Acquire) {
             thread::sleep(TICK);
+            self.ratelog().tick();
             let now = now_ms();
             let mut guard = self.lock();
             let state = &mut *guard;
@@ -378,12 +426,22 @@ impl Gateway {
 
     fn accept(self: &Arc<Self>, stream: TcpStream, peer: SocketAddr, queue: SyncSender<Vec<crate::Inbound>>, wake: Arc<dyn Fn() + Send + Sync>, shutdown: Arc<AtomicBool>) {
         let id = self.next_connection.fetch_add(1, Ordering::AcqRel) + 1;
-        // Each connection costs two threads: bounded like the binary
-        // gateway's (`limits.max_connections`), refused without a word.
-        if self.connections.load(Ordering::Acquire) >= self.max_connections {
-            log(&format!("refused FIX connection {id} from {peer}: connection limit {}", self.max_connections));
-            let _ = stream.shutdown(std::net::Shutdown::Both);
+        // Each connection costs two threads. Those not logged on have a
+        // budget of their own; past it the oldest is closed. Logged-on
+        // sessions are bounded at Logon (`limits.max_connections`).
+        let Ok(handle) = stream.try_clone() else {
+            log(&format!("FIX connection {id} from {peer}: cannot clone the socket"));
             return;
+        };
+        {
+            let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            if waiting.len() >= self.max_unauthenticated
+                && let Some((oldest, socket)) = waiting.pop_front()
+            {
+                let _ = socket.shutdown(std::net::Shutdown::Both);
+                self.ratelog().line("FIX eviction", || format!("FIX connection {oldest} closed: too many connections waiting to log on"));
+            }
+            waiting.push_back((id, handle));
         }
         self.connections.fetch_add(1, Ordering::AcqRel);
         let _ = stream.set_nodelay(true);
@@ -393,23 +451,45 @@ impl Gateway {
             return;
         };
         let (out, frames) = sync_channel::<Out>(OUTBOUND_MESSAGES);
-        let writer = thread::Builder::new().name(format!("fix-writer-{id}")).spawn(move || write_loop(write_half, frames));
+        self.writers.fetch_add(1, Ordering::AcqRel);
+        let gateway = self.clone();
+        let writer = thread::Builder::new().name(format!("fix-writer-{id}")).spawn(move || {
+            write_loop(write_half, frames);
+            gateway.writers.fetch_sub(1, Ordering::AcqRel);
+        });
         if writer.is_err() {
+            self.writers.fetch_sub(1, Ordering::AcqRel);
             log(&format!("FIX connection {id}: could not start a writer thread"));
             return;
         }
         let gateway = self.clone();
         let spawned = thread::Builder::new().name(format!("fix-conn-{id}")).spawn(move || {
-            let reason = gateway.read_loop(stream, id, out, &queue, &*wake, &shutdown);
+            let (reason, logged_on) = gateway.read_loop(stream, id, out, &queue, &*wake, &shutdown);
+            gateway.unwait(id);
             gateway.connections.fetch_sub(1, Ordering::AcqRel);
-            log(&format!("FIX disconnect connection={id} peer={peer} reason={reason}"));
+            let line = || format!("FIX disconnect connection={id} peer={peer} reason={reason}");
+            if logged_on {
+                log(&line());
+            } else {
+                gateway.ratelog().line("FIX disconnect before logon", line);
+            }
         });
         if spawned.is_err() {
             log(&format!("FIX connection {id}: could not start a reader thread"));
         }
     }
 
-    fn read_loop(&self, mut stream: TcpStream, id: u64, out: SyncSender<Out>, queue: &SyncSender<Vec<crate::Inbound>>, wake: &dyn Fn(), shutdown: &AtomicBool) -> String {
+    fn ratelog(&self) -> std::sync::MutexGuard<'_, crate::ratelog::RateLog> {
+        self.ratelog.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The connection is logged on, or gone: no longer waiting.
+    fn unwait(&self, id: u64) {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner()).retain(|(waiting, _)| *waiting != id);
+    }
+
+    /// Reads a connection until it ends; why, and whether it was logged on.
+    fn read_loop(&self, mut stream: TcpStream, id: u64, out: SyncSender<Out>, queue: &SyncSender<Vec<crate::Inbound>>, wake: &dyn Fn(), shutdown: &AtomicBool) -> (String, bool) {
         let _ = stream.set_read_timeout(Some(POLL));
         let max = self.config.max_message.max(256);
         let mut buffer: Vec<u8> = Vec::with_capacity(8192);
@@ -423,9 +503,9 @@ impl Gateway {
             if shutdown.load(Ordering::Acquire) {
                 break 'connection "server shutting down".to_string();
             }
-            if bound.is_none() && connected.elapsed() > LOGON_WAIT {
+            if bound.is_none() && connected.elapsed() > self.login_timeout {
                 let _ = out.try_send(Out::Close);
-                break 'connection format!("no Logon within {} s", LOGON_WAIT.as_secs());
+                break 'connection format!("no Logon within {} s", self.login_timeout.as_secs());
             }
             match stream.read(&mut chunk) {
                 Ok(0) => break 'connection "closed by the counterparty".into(),
@@ -451,8 +531,11 @@ impl Gateway {
                     Frame::Message(n) => {
                         let raw: Vec<u8> = buffer.drain(..n).collect();
                         if bound.is_none() {
-                            match self.attach(&raw, id, &out) {
-                                Ok(comp_id) => bound = Some(comp_id),
+                            match self.attach(&raw, id, &out, &stream) {
+                                Ok(comp_id) => {
+                                    self.unwait(id);
+                                    bound = Some(comp_id);
+                                }
                                 Err(why) => {
                                     let _ = out.try_send(Out::Close);
                                     break 'connection why;
@@ -489,16 +572,17 @@ impl Gateway {
                 break 'connection why;
             }
         };
+        let logged_on = bound.is_some();
         if let Some(comp_id) = bound {
             self.detach(&comp_id, id);
         }
         let _ = out.try_send(Out::Close);
-        reason
+        (reason, logged_on)
     }
 
     /// The first message on a connection: which session it is for. Nothing
     /// is sent to a counterparty we do not know (FIX: silent disconnect).
-    fn attach(&self, raw: &[u8], id: u64, out: &SyncSender<Out>) -> Result<String, String> {
+    fn attach(&self, raw: &[u8], id: u64, out: &SyncSender<Out>, stream: &TcpStream) -> Result<String, String> {
         let message = Message::parse(raw).map_err(|e| format!("garbled first message ({e})"))?;
         let comp_id = message.text(49).ok_or("first message without SenderCompID")?.to_owned();
         let mut guard = self.lock();
@@ -536,13 +620,35 @@ impl Gateway {
         if let Some(why) = &session.poisoned {
             return Err(format!("session {comp_id} is out of service until restart: {why}"));
         }
+        // A session whose connection is gone (its end not read yet by its
+        // reader) must not block its own Logon: it is closed now.
+        if let Some(old) = &session.connection
+            && !peer_alive(&old.stream)
+        {
+            let _ = old.stream.shutdown(std::net::Shutdown::Both);
+            let _ = old.out.try_send(Out::Close);
+            session.connection = None;
+            let mut requests = Vec::new();
+            with_app(self, session, &mut state.book, &mut requests, |session, app| session.session.disconnected(app));
+        }
+        let Some(session) = state.sessions.get_mut(&comp_id) else {
+            return Err("session vanished".into());
+        };
         if session.connection.is_some() || session.session.is_connected() {
             return Err(format!("session {comp_id} is already logged on"));
         }
+        let logged_on = state.sessions.values().filter(|s| s.connection.is_some()).count() as u64;
+        if logged_on >= self.max_connections {
+            return Err(format!("{logged_on} sessions already logged on (limits.max_connections)"));
+        }
+        let Some(session) = state.sessions.get_mut(&comp_id) else {
+            return Err("session vanished".into());
+        };
         if let Some(account) = account {
             session.account = Some(account);
         }
-        session.connection = Some(Connection { id, out: out.clone() });
+        let handle = stream.try_clone().map_err(|e| format!("cannot clone the socket: {e}"))?;
+        session.connection = Some(Connection { id, out: out.clone(), stream: handle });
         session.session.connect(now_ms());
         Ok(comp_id)
     }

@@ -49,6 +49,9 @@ pub struct Store {
     /// (`RESERVE_BYTES` ahead: a full disk still takes the last Logout).
     length: u64,
     reserved: u64,
+    /// Bound to an account (a Logon succeeded once): only such stores keep
+    /// a reserve, so that failed Logons cost no disk beyond their records.
+    bound: bool,
 }
 
 /// Bytes reserved past the end of a store (without changing its size), so
@@ -103,7 +106,7 @@ impl Store {
             }
         }
         let length = file.metadata().map_err(|e| format!("reading {}: {e}", path.display()))?.len();
-        let mut store = Store { file, path: path.to_path_buf(), pending: Vec::new(), dirty: false, length, reserved: length };
+        let mut store = Store { file, path: path.to_path_buf(), pending: Vec::new(), dirty: false, length, reserved: length, bound: restored.account.is_some() };
         store.reserve();
         Ok((store, restored))
     }
@@ -125,7 +128,9 @@ impl Store {
         }
         self.dirty = true;
         let result = self.file.write_all(&self.pending).map_err(|e| format!("writing {}: {e}", self.path.display()));
-        self.length += self.pending.len() as u64;
+        if result.is_ok() {
+            self.length += self.pending.len() as u64;
+        }
         self.pending.clear();
         self.reserve();
         result
@@ -135,7 +140,8 @@ impl Store {
     /// used. A failure (a full disk) is not an error here: the reserve
     /// already made is what it is for.
     fn reserve(&mut self) {
-        if self.length + RESERVE_BYTES / 2 > self.reserved
+        if self.bound
+            && self.length + RESERVE_BYTES / 2 > self.reserved
             && crossbook_journal::write::reserve_blocks(&self.file, self.length, RESERVE_BYTES).is_ok()
         {
             self.reserved = self.length + RESERVE_BYTES;
@@ -165,6 +171,7 @@ impl Store {
     pub fn bind(&mut self, account: u64, seq: u64) -> Result<(), String> {
         let mut body = account.to_le_bytes().to_vec();
         body.extend_from_slice(&seq.to_le_bytes());
+        self.bound = true;
         self.write(&record(BOUND, &body))
     }
 

@@ -264,6 +264,10 @@ impl FixBook {
 
     /// The FIX message for one engine report, updating the book.
     fn report(&mut self, event: &FixEvent, account: AccountId, report: &ExecutionReport, exec_id: String, instruments: &[FixInstrument], now: &str) -> Option<Outgoing> {
+        if report.kind == ReportKind::CancelAllDone {
+            // FIX answers a mass cancel with its OrderMassCancelReport.
+            return None;
+        }
         let own_request = command_account(&event.command) == Some(account);
         let annex = event.annex.as_ref().filter(|_| own_request);
         let instrument = instruments.iter().find(|i| i.id == report.instrument);
@@ -318,6 +322,7 @@ impl FixBook {
             ReportKind::Cancelled => ("4", "4"),
             ReportKind::Replaced => ("5", if report.cum_qty > 0 { "1" } else { "0" }),
             ReportKind::Rejected => ("8", "8"),
+            ReportKind::CancelAllDone => return None,
         };
         let cancelled_by_request = report.kind == ReportKind::Cancelled
             && (report.reason == cancel_code(crossbook_engine::CancelReason::User) || report.reason == cancel_code(crossbook_engine::CancelReason::Replace));
@@ -391,7 +396,7 @@ impl FixBook {
                     Some(_) => "0",
                     None => "8",
                 };
-                let unknown = matches!(reason, Some(crossbook_engine::RejectReason::UnknownOrder | crossbook_engine::RejectReason::NotOwner));
+                let unknown = matches!(reason, Some(crossbook_engine::RejectReason::UnknownOrder));
                 let response_to = if matches!(event.command, Command::Cancel { .. }) { "1" } else { "2" };
                 Outgoing {
                     account,
@@ -571,10 +576,14 @@ impl VenueApp<'_> {
             _ => return self.reject_order(message, "99", "only OrdType 1 (market) and 2 (limit) are supported", outbox),
         };
         let tif = match message.get(tag::TIME_IN_FORCE) {
-            None | Some(b"0") | Some(b"1") => if order_type == OrderType::Market { TimeInForce::Ioc } else { TimeInForce::Gtc },
+            None | Some(b"1") => if order_type == OrderType::Market { TimeInForce::Ioc } else { TimeInForce::Gtc },
             Some(b"3") => TimeInForce::Ioc,
             Some(b"4") => TimeInForce::Fok,
-            _ => return self.reject_order(message, "99", "only TimeInForce 0, 1, 3 and 4 are supported", outbox),
+            // A Day order would rest past the day it was meant for: this
+            // venue has no trading day to end it, so it is refused rather
+            // than taken as GTC.
+            Some(b"0") => return self.reject_order(message, "99", "TimeInForce 0 (Day) is not supported: the venue has no trading day; send 1 (GTC), 3 (IOC) or 4 (FOK)", outbox),
+            _ => return self.reject_order(message, "99", "only TimeInForce 1, 3 and 4 are supported", outbox),
         };
         let Some(qty) = message.get(tag::ORDER_QTY) else {
             return self.reject_order(message, "13", "OrderQty missing", outbox);

@@ -1,0 +1,196 @@
+//! `crossbook serve` against hostile and careless clients: idle
+//! connections cannot keep traders out of either port, another account's
+//! orders cannot be told from orders that do not exist, a session whose
+//! connection just closed never blocks its own login, every CancelAll is
+//! answered, and a Day order is refused rather than kept forever.
+
+use crate::fix::{FixClient, expect, now_ms, order, send_owned};
+use crate::serve::{CONFIG, Client, limit, spawn_with};
+use crate::support::TempDir;
+use crossbook_engine::{Side, TimeInForce};
+use crossbook_protocol::*;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+fn start(dir: &std::path::Path, limits: &str) -> crate::serve::Server {
+    let config = dir.join("crossbook.toml");
+    let text = CONFIG.replacen("snapshot_every = 0\n", &format!("snapshot_every = 0\n\n[limits]\n{limits}\n"), 1);
+    std::fs::write(&config, text).unwrap();
+    spawn_with(&["--config", config.to_str().unwrap(), "--data", dir.join("data").to_str().unwrap()], &[])
+}
+
+/// 200 idle sockets held open on each port: a trader still connects, logs
+/// in and trades on both, and the log stays short.
+#[test]
+fn idle_connections_never_keep_a_trader_out() {
+    let dir = TempDir::new("lockout");
+    let server = start(&dir.0, "max_connections = 8");
+    let idle: Vec<TcpStream> = (0..200).flat_map(|_| [TcpStream::connect(&server.address).unwrap(), TcpStream::connect(&server.fix_address).unwrap()]).collect();
+    // Let the server take them all in.
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let (mut alice, reply) = Client::login(&server.address, 1, "alice");
+    assert!(matches!(reply, ServerMessage::LoginAccepted { .. }), "{reply:?}");
+    alice.send(&limit(1, Side::Buy, 90, 1, TimeInForce::Gtc));
+    match alice.recv() {
+        Some(ServerMessage::ExecutionReport(report)) => assert_eq!(report.kind, ReportKind::Accepted),
+        other => panic!("{other:?}"),
+    }
+    let mut bob = FixClient::connect(&server.fix_address, "BOB");
+    bob.logon(2, "bob");
+    send_owned(&mut bob, "D", &order("B1", "2", "110", "1"));
+    expect(&bob.next(), &[(35, "8"), (150, "0"), (11, "B1")]);
+    eprintln!("with 400 idle connections open, a binary login, an order, a FIX logon and an order took {} ms", started.elapsed().as_millis());
+    // The log's one-second window closes with a count of what it left out.
+    std::thread::sleep(Duration::from_millis(1_200));
+    drop(idle);
+    let (_, log) = server.terminate_with_log();
+    let evictions = log.iter().filter(|l| l.contains("waiting to log")).count();
+    assert!(evictions <= 40, "{evictions} eviction lines: the flood is rate-limited");
+    assert!(log.iter().any(|l| l.contains("more") && l.contains("lines in the last")), "a summary of the lines left out");
+}
+
+/// A connection that does not log in in time is told so and closed.
+#[test]
+fn a_connection_that_never_logs_in_is_closed() {
+    let dir = TempDir::new("login-timeout");
+    let server = start(&dir.0, "login_timeout_s = 1");
+    let mut idle = Client::connect(&server.address);
+    assert_eq!(idle.recv(), Some(ServerMessage::Error { reason: ProtocolError::LoginTimeout }));
+    assert_eq!(idle.recv(), None);
+    let mut fix = FixClient::connect(&server.fix_address, "IDLE");
+    assert!(fix.closed(), "the FIX port closes a connection without a Logon too");
+    server.expect_log("no Logon within 1 s");
+}
+
+/// Logged-in sessions per port are bounded by `max_connections`; a login
+/// past it is refused with `server_busy`.
+#[test]
+fn sessions_past_the_limit_are_refused_at_login() {
+    let dir = TempDir::new("session-limit");
+    let server = start(&dir.0, "max_connections = 1");
+    let (_alice, reply) = Client::login(&server.address, 1, "alice");
+    assert!(matches!(reply, ServerMessage::LoginAccepted { .. }));
+    let (_, reply) = Client::login(&server.address, 2, "bob");
+    assert_eq!(reply, ServerMessage::LoginRejected { reason: ProtocolError::ServerBusy });
+    let mut first = FixClient::connect(&server.fix_address, "ONE");
+    first.logon(2, "bob");
+    let mut second = FixClient::connect(&server.fix_address, "TWO");
+    second.send("A", &[(98, "0"), (108, "30"), (553, "3"), (554, "mallory")]);
+    assert!(second.closed(), "a second FIX session past the limit is closed");
+    server.expect_log("limits.max_connections");
+}
+
+/// Cancelling or replacing another account's order gets exactly the answer
+/// an order that does not exist gets, on both protocols.
+#[test]
+fn another_accounts_order_looks_like_no_order_at_all() {
+    let dir = TempDir::new("oracle");
+    let server = start(&dir.0, "");
+    let (mut alice, _) = Client::login(&server.address, 1, "alice");
+    alice.send(&limit(1, Side::Buy, 90, 1, TimeInForce::Gtc));
+    let ServerMessage::ExecutionReport(accepted) = alice.recv().unwrap() else { panic!() };
+    let (mut mallory, _) = Client::login(&server.address, 3, "mallory");
+    let missing = accepted.order + 1_000;
+    let mut answers = Vec::new();
+    for message in [
+        ClientMessage::Cancel { order: accepted.order },
+        ClientMessage::Cancel { order: missing },
+        ClientMessage::Replace { order: accepted.order, price: 91, qty: 1 },
+        ClientMessage::Replace { order: missing, price: 91, qty: 1 },
+    ] {
+        mallory.send(&message);
+        let Some(ServerMessage::ExecutionReport(mut report)) = mallory.recv() else { panic!() };
+        // The order id is the one asked about, and the numbering moves on;
+        // nothing else may differ.
+        report.order = 0;
+        report.seq = 0;
+        answers.push(report);
+    }
+    assert_eq!(answers[0], answers[1], "cancel: someone else's order vs none");
+    assert_eq!(answers[2], answers[3], "replace: someone else's order vs none");
+    assert_eq!(answers[0].reason, crossbook_engine::RejectReason::UnknownOrder.code());
+    // FIX: an OrigClOrdID another account uses, and one nobody uses.
+    let mut bob = FixClient::connect(&server.fix_address, "BOB");
+    bob.logon(2, "bob");
+    send_owned(&mut bob, "D", &order("SHARED", "2", "200", "1"));
+    expect(&bob.next(), &[(150, "0")]);
+    let mut eve = FixClient::connect(&server.fix_address, "EVE");
+    eve.logon(3, "mallory");
+    let mut texts = Vec::new();
+    for orig in ["SHARED", "NOBODY"] {
+        eve.send("F", &[(11, &format!("C-{orig}")), (41, orig), (54, "2"), (55, "BTC-USD"), (60, &crossbook_fix::time::format_timestamp(now_ms()))]);
+        let reply = eve.next();
+        expect(&reply, &[(35, "9"), (102, "1")]);
+        texts.push((reply.text(58).map(str::to_owned), reply.text(39).map(str::to_owned)));
+    }
+    assert_eq!(texts[0], texts[1], "FIX: another account's ClOrdID vs none");
+}
+
+/// A client that closes its connection and logs in again at once is never
+/// refused as `already_logged_in`.
+#[test]
+fn a_session_whose_connection_closed_never_blocks_its_relogin() {
+    let dir = TempDir::new("relogin");
+    let server = start(&dir.0, "");
+    for round in 0..100 {
+        let (client, reply) = Client::login(&server.address, 1, "alice");
+        assert!(matches!(reply, ServerMessage::LoginAccepted { .. }), "round {round}: {reply:?}");
+        drop(client);
+    }
+    for round in 0..20 {
+        // Each connection starts the sequence numbers over (141=Y): this
+        // client keeps none between connections.
+        let mut fix = FixClient::connect(&server.fix_address, "ALICE");
+        fix.send("A", &[(98, "0"), (108, "30"), (141, "Y"), (553, "1"), (554, "alice")]);
+        let reply = fix.next();
+        assert_eq!(reply.msg_type(), b"A", "round {round}: {}", crossbook_fix::wire::printable(reply.raw()));
+        drop(fix);
+    }
+    // A live session still blocks a second one.
+    let (_first, _) = Client::login(&server.address, 2, "bob");
+    let (_, reply) = Client::login(&server.address, 2, "bob");
+    assert_eq!(reply, ServerMessage::LoginRejected { reason: ProtocolError::AlreadyLoggedIn });
+}
+
+/// Every CancelAll is answered with the number of orders it cancelled,
+/// none open included.
+#[test]
+fn every_cancel_all_is_answered_with_its_count() {
+    let dir = TempDir::new("cancel-all");
+    let server = start(&dir.0, "");
+    let (mut alice, _) = Client::login(&server.address, 1, "alice");
+    alice.send(&ClientMessage::CancelAll { instrument: None });
+    let Some(ServerMessage::ExecutionReport(done)) = alice.recv() else { panic!() };
+    assert_eq!((done.kind, done.last_qty, done.instrument), (ReportKind::CancelAllDone, 0, 0));
+    assert!(done.seq > 0, "numbered and replayed like every report");
+    for cid in 1..=2 {
+        alice.send(&limit(cid, Side::Buy, 90, 1, TimeInForce::Gtc));
+        let _ = alice.recv();
+    }
+    alice.send(&ClientMessage::CancelAll { instrument: Some(1) });
+    let kinds: Vec<(ReportKind, u64)> = (0..3)
+        .map(|_| match alice.recv() {
+            Some(ServerMessage::ExecutionReport(r)) => (r.kind, r.last_qty),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(kinds, vec![(ReportKind::Cancelled, 0), (ReportKind::Cancelled, 0), (ReportKind::CancelAllDone, 2)]);
+}
+
+/// TimeInForce 0 (Day) is refused: the venue has no trading day to end it.
+#[test]
+fn a_day_order_is_refused_with_a_reason() {
+    let dir = TempDir::new("day");
+    let server = start(&dir.0, "");
+    let mut bob = FixClient::connect(&server.fix_address, "BOB");
+    bob.logon(2, "bob");
+    let mut day = order("D1", "1", "100", "1");
+    for field in day.iter_mut().filter(|(tag, _)| *tag == 59) {
+        field.1 = "0".into();
+    }
+    send_owned(&mut bob, "D", &day);
+    let reply = bob.next();
+    expect(&reply, &[(35, "8"), (150, "8"), (11, "D1")]);
+    assert!(reply.text(58).is_some_and(|t| t.contains("Day")), "{:?}", reply.text(58));
+}
