@@ -583,13 +583,14 @@ fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, shared: &Sha
             }
             let mut replayed = 0;
             if let Some(history) = history {
-                for (seq, frame) in &history.frames {
-                    if *seq > last_seen {
-                        conn.outbuf.extend_from_slice(frame);
-                        replayed += 1;
-                    }
+                // Numbers run without gaps: those past `last_seen` are the
+                // newest `last - last_seen` kept.
+                let wanted = history.last.saturating_sub(last_seen).min(history.reports.len() as u64) as usize;
+                for report in history.reports.range(history.reports.len() - wanted..) {
+                    encode_server(&ServerMessage::ExecutionReport(*report), &mut conn.outbuf);
+                    replayed += 1;
                 }
-                if let Some(&(oldest, _)) = history.frames.front()
+                if let Some(oldest) = history.reports.front().map(|r| r.seq)
                     && last_seen.saturating_add(1) < oldest
                 {
                     log(&format!("account {claimed} asked for reports from {} but only {oldest}.. are kept", last_seen + 1));

@@ -121,13 +121,14 @@ pub const OPEN_ORDER_LIMIT: u8 = 100;
 /// Reports kept per account for replay to a session that reconnects.
 const HISTORY_REPORTS: usize = 100_000;
 
-/// An account's session sequence and its recent report frames.
+/// An account's session sequence and its recent reports (numbered; their
+/// frames are encoded when they are sent, live or replayed).
 #[derive(Default)]
 pub(crate) struct History {
     /// The last sequence number given.
     pub(crate) last: u64,
-    /// (seq, frame) of the last `HISTORY_REPORTS` reports.
-    pub(crate) frames: std::collections::VecDeque<(u64, Vec<u8>)>,
+    /// The last `HISTORY_REPORTS` reports, oldest first.
+    pub(crate) reports: std::collections::VecDeque<ExecutionReport>,
 }
 
 #[derive(Default)]
@@ -236,7 +237,7 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
     };
     let started = Instant::now();
     let histories = rebuild_histories(&config.data_dir, engine.seq(), gateway.as_deref()).map_err(error)?;
-    let replayable: usize = histories.values().map(|h| h.frames.len()).sum();
+    let replayable: usize = histories.values().map(|h| h.reports.len()).sum();
     log(&format!(
         "rebuilt {replayable} execution reports of {} accounts for replay from the journal, in {} ms",
         histories.len(),
@@ -624,11 +625,43 @@ impl<'a> Sequencer<'a> {
     }
 }
 
+/// Commands handed from the journal reader to the rebuilding thread at a
+/// time.
+const REBUILD_BATCH: usize = 4096;
+
 /// Every account's session history as it stood when the process stopped:
 /// reports are a function of the journal, so replaying it through a
 /// [`ReportBuilder`] numbers them exactly as they were numbered live, and a
 /// session that reconnects after a restart still gets what it missed.
+/// One thread reads, checks and decodes the journal while this one
+/// applies; the FIX gateway follows the commands it would have been given
+/// live (`Gateway::wants`).
 fn rebuild_histories(dir: &Path, through: u64, gateway: Option<&fix::Gateway>) -> Result<HashMap<AccountId, History>, String> {
+    type Decoded = (u64, Command, Option<Vec<u8>>);
+    let (sender, receiver) = sync_channel::<Vec<Decoded>>(4);
+    let reader_dir = dir.to_path_buf();
+    let reader = thread::Builder::new()
+        .name("history-reader".into())
+        .spawn(move || {
+            let mut batch = Vec::with_capacity(REBUILD_BATCH);
+            let result = crossbook_journal::scan(&reader_dir, |seq, payload| {
+                if seq > through {
+                    return Ok(());
+                }
+                let (command, annex) = crossbook_journal::format::split_payload(payload)?;
+                batch.push((seq, command, annex.map(<[u8]>::to_vec)));
+                if batch.len() == REBUILD_BATCH {
+                    let full = std::mem::replace(&mut batch, Vec::with_capacity(REBUILD_BATCH));
+                    sender.send(full).map_err(|_| "rebuilding stopped".to_string())?;
+                }
+                Ok(())
+            });
+            if result.is_ok() && !batch.is_empty() {
+                let _ = sender.send(batch);
+            }
+            result.map(|_| ()).map_err(|e| e.to_string())
+        })
+        .map_err(|e| format!("starting the history reader thread: {e}"))?;
     let mut engine = Engine::new();
     let mut builder = ReportBuilder::new();
     let mut histories: HashMap<AccountId, History> = HashMap::new();
@@ -637,41 +670,39 @@ fn rebuild_histories(dir: &Path, through: u64, gateway: Option<&fix::Gateway>) -
     // The FIX gateway follows the same replay: its book of ClOrdIDs, and
     // the reports its sessions' stores do not have yet.
     let fix_through = gateway.map(fix::Gateway::through).unwrap_or_default();
-    crossbook_journal::scan(dir, |seq, payload| {
-        if seq > through {
-            return Ok(());
+    for batch in receiver {
+        for (seq, command, annex) in batch {
+            events.clear();
+            reports.clear();
+            engine.apply(&command, &mut events);
+            builder.reports(&command, &events, &mut reports);
+            for addressed in &reports {
+                record_history(histories.entry(addressed.account).or_default(), addressed.report);
+            }
+            if let Some(gateway) = gateway
+                && gateway.wants(annex.is_some(), &reports)
+            {
+                let annex = annex.as_deref().and_then(fix::venue::Annex::decode);
+                gateway.replay(fix::venue::FixEvent { seq, command, annex, reports: reports.clone() }, &fix_through);
+            }
         }
-        let (command, annex) = crossbook_journal::format::split_payload(payload)?;
-        events.clear();
-        reports.clear();
-        engine.apply(&command, &mut events);
-        builder.reports(&command, &events, &mut reports);
-        for addressed in &reports {
-            record_history(histories.entry(addressed.account).or_default(), addressed.report);
-        }
-        if let Some(gateway) = gateway
-            && (annex.is_some() || !reports.is_empty())
-        {
-            let annex = annex.and_then(fix::venue::Annex::decode);
-            gateway.replay(fix::venue::FixEvent { seq, command, annex, reports: reports.clone() }, &fix_through);
-        }
-        Ok(())
-    })
-    .map_err(|e| e.to_string())?;
+    }
+    match reader.join() {
+        Ok(result) => result?,
+        Err(_) => return Err("the history reader thread panicked".into()),
+    }
     Ok(histories)
 }
 
-/// Numbers a report for its account and keeps its frame; returns the frame.
-fn record_history(history: &mut History, mut report: ExecutionReport) -> Vec<u8> {
+/// Numbers a report for its account and keeps it; returns it numbered.
+fn record_history(history: &mut History, mut report: ExecutionReport) -> ExecutionReport {
     history.last += 1;
     report.seq = history.last;
-    let mut frame = Vec::with_capacity(96);
-    encode_server(&ServerMessage::ExecutionReport(report), &mut frame);
-    if history.frames.len() == HISTORY_REPORTS {
-        history.frames.pop_front();
+    if history.reports.len() == HISTORY_REPORTS {
+        history.reports.pop_front();
     }
-    history.frames.push_back((report.seq, frame.clone()));
-    frame
+    history.reports.push_back(report);
+    report
 }
 
 fn dispatch(reports: &[Addressed], refused: &[Addressed], shared: &Shared) {
@@ -686,9 +717,9 @@ fn dispatch(reports: &[Addressed], refused: &[Addressed], shared: &Shared) {
         }
     }
     for addressed in reports {
-        let frame = record_history(seqs.entry(addressed.account).or_default(), addressed.report);
+        let report = record_history(seqs.entry(addressed.account).or_default(), addressed.report);
         if sessions.contains_key(&addressed.account) {
-            outgoing.entry(addressed.account).or_default().extend_from_slice(&frame);
+            encode_server(&ServerMessage::ExecutionReport(report), outgoing.entry(addressed.account).or_default());
         }
     }
     let mut outbox = shared.outbox.lock().unwrap_or_else(|e| e.into_inner());
