@@ -227,9 +227,6 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
         log(&format!("recovered {} commands from {}", engine.seq(), config.data_dir.display()));
     }
 
-    let listener = TcpListener::bind(&config.listen).map_err(|e| error(format!("listening on {}: {e}", config.listen)))?;
-    let address = listener.local_addr().map_err(error)?;
-
     let gateway = if config.fix.listen.is_empty() {
         None
     } else {
@@ -244,6 +241,10 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
         started.elapsed().as_millis()
     ));
     *shared.seqs.lock().unwrap_or_else(|e| e.into_inner()) = histories;
+    // Only now: a client that connects is answered at once, not left
+    // waiting in the backlog while the venue recovers.
+    let listener = TcpListener::bind(&config.listen).map_err(|e| error(format!("listening on {}: {e}", config.listen)))?;
+    let address = listener.local_addr().map_err(error)?;
     let settings = Settings {
         data_dir: &config.data_dir,
         snapshot_every: config.snapshot_every,
