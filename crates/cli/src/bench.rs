@@ -62,6 +62,18 @@ pub struct Options {
     /// Test hook: a busy wait of this many nanoseconds per command in the
     /// throughput pass, to prove that `--compare` catches a slower build.
     pub slow_ns: u64,
+    /// Throughput passes, each on a fresh engine (1: the cold figure only).
+    pub passes: usize,
+}
+
+/// Warm-engine figures: `passes` throughput passes over the same commands,
+/// each on a fresh engine, as `bench/versus/exchange-core` measures its
+/// peer (passes 1 and 2 warm caches, branch predictors and the allocator;
+/// the median of passes 3 to N is the figure `scripts/versus` compares).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Warm {
+    pub ns_per_command_by_pass: Vec<f64>,
+    pub warm_ns_per_command: f64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -119,6 +131,30 @@ pub struct Report {
     /// in-memory runs, medians of rounds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal: Option<crate::journaled::JournalFigures>,
+    /// With `--passes N` (N > 1): every pass's figure and the warm median.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<Warm>,
+}
+
+/// `passes` throughput passes, each on a fresh engine; the first is pass 1
+/// of `measure` (already run).
+fn warm_passes(commands: &[Command], first_ns: f64, passes: usize) -> Option<Warm> {
+    if passes < 2 {
+        return None;
+    }
+    let mut by_pass = vec![first_ns];
+    let mut events: Vec<Event> = Vec::with_capacity(1 << 12);
+    for _ in 1..passes {
+        let mut engine = Engine::new();
+        let started = Instant::now();
+        replay(&mut engine, commands, &mut events);
+        by_pass.push(started.elapsed().as_nanos() as f64 / commands.len() as f64);
+    }
+    let mut warm: Vec<f64> = by_pass[by_pass.len().min(2).min(passes - 1)..].to_vec();
+    warm.sort_by(f64::total_cmp);
+    let middle = warm.len() / 2;
+    let median = if warm.len() % 2 == 1 { warm[middle] } else { (warm[middle - 1] + warm[middle]) / 2.0 };
+    Some(Warm { ns_per_command_by_pass: by_pass, warm_ns_per_command: median })
 }
 
 fn busy_wait(nanos: u64) {
@@ -236,6 +272,7 @@ pub fn measure(options: &Options) -> Result<(Report, Vec<Command>)> {
         cpu_model: cpu_model(),
         date: utc_now(),
         journal: None,
+        warm: warm_passes(&commands, engine_ns, options.passes),
     };
     Ok((report, commands))
 }
@@ -281,6 +318,14 @@ fn print_text(r: &Report) {
             st.engine, st.event_encoding
         ),
     }
+    if let Some(warm) = &r.warm {
+        for (pass, ns) in warm.ns_per_command_by_pass.iter().enumerate() {
+            println!("pass {} ns_per_command {ns:.1}", pass + 1);
+        }
+        let passes = warm.ns_per_command_by_pass.len();
+        let first = if passes >= 3 { 3 } else { 2 };
+        println!("warm_ns_per_command {:.1} (median of passes {first}-{passes})", warm.warm_ns_per_command);
+    }
     println!("events_sha256 {}", r.events_sha256);
     println!("provenance commit {}{} profile {} cpu {:?} date {}", r.git_commit, if r.git_dirty { " (dirty)" } else { "" }, r.build_profile, r.cpu_model, r.date);
 }
@@ -315,6 +360,7 @@ fn compare(options: &Options, path: &Path) -> Result<()> {
         compare: None,
         threshold_percent: options.threshold_percent,
         slow_ns: options.slow_ns,
+        passes: 1,
     };
     let (now, _) = measure(&rerun)?;
     let mut rows = vec![

@@ -164,6 +164,11 @@ enum Cmd {
         /// Test hook: busy-wait this many nanoseconds per command.
         #[arg(long, default_value_t = 0, hide = true)]
         slow_ns: u64,
+        /// Throughput passes over the commands, each on a fresh engine;
+        /// with 3 or more, the median of passes 3 to N is reported as
+        /// `warm_ns_per_command` (what `scripts/versus` compares).
+        #[arg(long, default_value_t = 1)]
+        passes: usize,
         /// For `--workload exchange-core-single`: the flow folder.
         #[arg(long)]
         flow: Option<PathBuf>,
@@ -246,7 +251,7 @@ fn real_main() -> Result<()> {
         Cmd::Journal { action: JournalAction::Verify { dir } } => journaled::verify(&dir),
         Cmd::Journal { action: JournalAction::Inspect { dir } } => journaled::inspect(&dir),
         Cmd::Journal { action: JournalAction::Snapshot { dir, keep } } => journaled::snapshot(&dir, keep),
-        Cmd::Bench { workload: name, commands, seed, no_latency, journal, format, compare, threshold, slow_ns, flow } => {
+        Cmd::Bench { workload: name, commands, seed, no_latency, journal, format, compare, threshold, slow_ns, flow, passes } => {
             let json = match format.as_str() {
                 "text" => false,
                 "json" => true,
@@ -262,6 +267,7 @@ fn real_main() -> Result<()> {
                 compare,
                 threshold_percent: threshold,
                 slow_ns,
+                passes,
             })
         }
     }
