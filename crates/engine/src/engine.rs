@@ -642,13 +642,13 @@ impl Engine {
     ) -> bool {
         let inst = &self.instruments[instrument as usize];
         let levels = match side {
-            Side::Buy => &inst.book.asks.sorted,
-            Side::Sell => &inst.book.bids.sorted,
+            Side::Buy => &inst.book.asks,
+            Side::Sell => &inst.book.bids,
         };
         let mut needed = qty;
         let mut cost: u64 = 0;
         let mut received: u64 = 0;
-        for level_ref in levels.iter().rev() {
+        for level_ref in levels.iter_best_first() {
             if let Some(limit) = limit
                 && !crosses(side, limit, level_ref.price) {
                     return false;
@@ -1057,7 +1057,7 @@ impl Engine {
         let book = &self.instruments[index as usize].book;
         let mut levels = Vec::new();
         for (side, book_side) in [(Side::Sell, &book.asks), (Side::Buy, &book.bids)] {
-            for level_ref in book_side.sorted.iter().rev() {
+            for level_ref in book_side.iter_best_first() {
                 let level = book.level(level_ref.level);
                 levels.push((side, level.price, level.total_qty, level.count));
             }
@@ -1071,7 +1071,7 @@ impl Engine {
         let mut views = Vec::with_capacity(self.orders.len());
         for inst in &self.instruments {
             for side in [&inst.book.bids, &inst.book.asks] {
-                for level_ref in side.sorted.iter().rev() {
+                for level_ref in side.iter_best_first() {
                     let mut slot = inst.book.level(level_ref.level).head;
                     while slot != NIL {
                         let o = self.orders.get(slot);

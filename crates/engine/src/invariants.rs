@@ -23,7 +23,7 @@ impl Engine {
                 }
             for (side, book_side) in [(Side::Buy, &book.bids), (Side::Sell, &book.asks)] {
                 check_sorted(side, book_side).map_err(|e| format!("{symbol}: {e}"))?;
-                for level_ref in &book_side.sorted {
+                for level_ref in book_side.iter_best_first() {
                     let level = book.level(level_ref.level);
                     if level.price != level_ref.price {
                         return Err(format!("{symbol}: level {} filed under {}", level.price, level_ref.price));
@@ -124,14 +124,24 @@ impl Engine {
 }
 
 fn check_sorted(side: Side, book_side: &BookSide) -> Result<(), String> {
-    for pair in book_side.sorted.windows(2) {
-        let better = match side {
-            Side::Buy => pair[1].price > pair[0].price,
-            Side::Sell => pair[1].price < pair[0].price,
-        };
-        if !better {
-            return Err(format!("{side:?} levels out of order at {} / {}", pair[0].price, pair[1].price));
+    book_side.check()?;
+    let mut previous: Option<i64> = None;
+    let mut count = 0usize;
+    for level in book_side.iter_best_first() {
+        if let Some(better) = previous {
+            let worse = match side {
+                Side::Buy => level.price < better,
+                Side::Sell => level.price > better,
+            };
+            if !worse {
+                return Err(format!("{side:?} levels out of order at {better} / {}", level.price));
+            }
         }
+        previous = Some(level.price);
+        count += 1;
+    }
+    if count != book_side.len() {
+        return Err(format!("{side:?}: {} levels counted, {count} listed", book_side.len()));
     }
     Ok(())
 }

@@ -88,8 +88,8 @@ impl Engine {
         }
         for inst in &self.instruments {
             for side in [&inst.book.bids, &inst.book.asks] {
-                w.u32(side.sorted.len() as u32);
-                for level_ref in side.sorted.iter().rev() {
+                w.u32(side.len() as u32);
+                for level_ref in side.iter_best_first() {
                     let level = inst.book.level(level_ref.level);
                     w.i64(level.price);
                     w.u32(level.count);
