@@ -292,6 +292,25 @@ impl Shared {
         self.clock.elapsed().as_nanos() as u64 + 1
     }
 
+    /// Waits until `counter` (acknowledged or durable) reaches `target`,
+    /// `timeout` passes, or (`until_closed`) the journal closes; returns
+    /// its value then, or the journal's failure.
+    fn wait_for(&self, counter: &AtomicU64, target: u64, timeout: Duration, until_closed: bool) -> Result<u64, JournalError> {
+        let deadline = Instant::now() + timeout;
+        let mut pending = self.lock();
+        loop {
+            if let Some(why) = &pending.error {
+                return Err(JournalError::Poisoned(why.clone()));
+            }
+            let reached = counter.load(Ordering::Acquire);
+            let now = Instant::now();
+            if reached >= target || now >= deadline || (until_closed && pending.closed) {
+                return Ok(reached);
+            }
+            pending = self.progress.wait_timeout(pending, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
     fn error(&self) -> Option<JournalError> {
         if self.poisoned.load(Ordering::Acquire) {
             let why = self.lock().error.clone().unwrap_or_default();
@@ -356,19 +375,7 @@ impl DurableWatch {
     /// Waits until `seq` is durable or `timeout` passes; returns what is
     /// durable then. An error if the journal failed (it never will be).
     pub fn wait_durable(&self, seq: u64, timeout: Duration) -> Result<u64, JournalError> {
-        let deadline = Instant::now() + timeout;
-        let mut pending = self.shared.lock();
-        loop {
-            if let Some(why) = &pending.error {
-                return Err(JournalError::Poisoned(why.clone()));
-            }
-            let durable = self.shared.durable.load(Ordering::Acquire);
-            let now = Instant::now();
-            if durable >= seq || now >= deadline || pending.closed {
-                return Ok(durable);
-            }
-            pending = self.shared.progress.wait_timeout(pending, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
-        }
+        self.shared.wait_for(&self.shared.durable, seq, timeout, true)
     }
 
     /// The chained checksum of record `seq`, if it has been written and is
@@ -683,19 +690,7 @@ impl Journal {
     /// Waits until `target` is acknowledged or `timeout` passes; returns
     /// the acknowledged sequence number.
     pub fn wait_acked(&self, target: u64, timeout: Duration) -> Result<u64, JournalError> {
-        let deadline = Instant::now() + timeout;
-        let mut pending = self.shared.lock();
-        loop {
-            if let Some(why) = &pending.error {
-                return Err(JournalError::Poisoned(why.clone()));
-            }
-            let acked = self.shared.acked.load(Ordering::Acquire);
-            let now = Instant::now();
-            if acked >= target || now >= deadline {
-                return Ok(acked);
-            }
-            pending = self.shared.progress.wait_timeout(pending, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
-        }
+        self.shared.wait_for(&self.shared.acked, target, timeout, false)
     }
 
     /// The figures so far (a copy).
