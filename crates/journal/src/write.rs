@@ -657,34 +657,24 @@ impl Journal {
     /// number.
     pub fn sync(&mut self) -> Result<u64, JournalError> {
         let target = self.flush()?;
-        let mut pending = self.shared.lock();
-        loop {
-            if let Some(why) = &pending.error {
-                return Err(JournalError::Poisoned(why.clone()));
+        while self.shared.durable.load(Ordering::Acquire) < target {
+            {
+                // Asked under the lock the syncer checks it under.
+                let _pending = self.shared.lock();
+                self.shared.sync_requested.store(true, Ordering::Release);
+                self.shared.syncer_wake.notify_all();
             }
-            if self.shared.durable.load(Ordering::Acquire) >= target {
-                return Ok(target);
-            }
-            self.shared.sync_requested.store(true, Ordering::Release);
-            self.shared.syncer_wake.notify_all();
-            pending = self.shared.progress.wait_timeout(pending, Duration::from_millis(100)).unwrap_or_else(|e| e.into_inner()).0;
+            self.shared.wait_for(&self.shared.durable, target, Duration::from_millis(100), false)?;
         }
+        Ok(target)
     }
 
     /// Waits until everything appended is acknowledged.
     pub fn flush(&mut self) -> Result<u64, JournalError> {
         self.publish()?;
         let target = self.appended;
-        let mut pending = self.shared.lock();
-        loop {
-            if let Some(why) = &pending.error {
-                return Err(JournalError::Poisoned(why.clone()));
-            }
-            if self.shared.acked.load(Ordering::Acquire) >= target {
-                return Ok(target);
-            }
-            pending = self.shared.progress.wait(pending).unwrap_or_else(|e| e.into_inner());
-        }
+        while self.shared.wait_for(&self.shared.acked, target, Duration::from_secs(3600), false)? < target {}
+        Ok(target)
     }
 
     /// Waits until `target` is acknowledged or `timeout` passes; returns
