@@ -343,9 +343,11 @@ fn run_command(path: &PathBuf, check: bool) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut event_count = 0u64;
+    let mut balance_lines = crossbook_engine::BalanceLines::new();
     for command in &commands {
         events.clear();
         engine.apply(command, &mut events);
+        balance_lines.append(&engine, &mut events);
         if check
             && let Err(broken) = engine.check_invariants() {
                 bail!("invariant broken after command {}: {broken}", engine.seq());

@@ -12,19 +12,14 @@ use crate::table::{OrderIndex, Table};
 use crate::stages::{self, Stage};
 use crate::types::*;
 
+/// One account's holding of one asset. The engine emits no event when it
+/// changes: consumers learn balances from the `trade` event (which carries
+/// both fees) and from [`Engine::balance`]; [`crate::BalanceLines`] derives
+/// the text format's `balance` lines that way.
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub struct Balance {
     pub available: u64,
     pub locked: u64,
-    /// Sequence number of the last command that touched this balance, and
-    /// the values it had before that command: the engine compares them at
-    /// the end of the command to decide on a `balance` event.
-    touched_seq: u64,
-    start_available: u64,
-    start_locked: u64,
-    /// Whose balance this is, for the `balance` event and its sort order.
-    account_id: AccountId,
-    asset_id: AssetId,
 }
 
 struct Asset {
@@ -49,27 +44,6 @@ pub(crate) struct Account {
     /// order slots).
     first_order: u32,
     last_order: u32,
-}
-
-/// Insertion sort of touched balance slots by (account id, asset id): a
-/// command touches a handful of balances, where this beats the general sort
-/// by a wide margin.
-#[inline]
-fn sort_touches(touched: &mut [u32], balances: &[Balance]) {
-    let key = |slot: u32| {
-        let balance = &balances[slot as usize];
-        (balance.account_id, balance.asset_id)
-    };
-    for i in 1..touched.len() {
-        let moving = touched[i];
-        let moving_key = key(moving);
-        let mut j = i;
-        while j > 0 && key(touched[j - 1]) > moving_key {
-            touched[j] = touched[j - 1];
-            j -= 1;
-        }
-        touched[j] = moving;
-    }
 }
 
 /// What dropping an order from the indexes needs of it.
@@ -155,8 +129,6 @@ pub struct Engine {
     order_index: OrderIndex,
     /// (account index, client order id) of every open order.
     cid_index: Table<(u32, ClientOrderId), u32>,
-    /// Slots in `balances` touched by the current command.
-    touched: Vec<u32>,
     /// Trades so far (a statistic; not part of the state's meaning).
     trades: u64,
 }
@@ -258,7 +230,6 @@ impl Engine {
             orders: Arena::new(),
             order_index: OrderIndex::default(),
             cid_index: Table::new(),
-            touched: Vec::new(),
             trades: 0,
         };
         engine.create_account(FEE_ACCOUNT);
@@ -293,11 +264,7 @@ impl Engine {
             Command::CancelAll { account, instrument } => self.cancel_all(*account, *instrument, out),
         };
         if let Err(reason) = result {
-            assert!(self.touched.is_empty(), "a rejected command touched a balance");
             out.push(Event { seq, kind: EventKind::Rejected { reason } });
-        } else {
-            stages::enter(Stage::BalanceEvents);
-            self.flush_balances(out);
         }
         stages::end();
     }
@@ -309,20 +276,10 @@ impl Engine {
 
     // ---- balances ----------------------------------------------------
 
-    /// The balance of (`account`, `asset`) by index, noting its starting
-    /// value the first time this command touches it.
+    /// The balance of (`account`, `asset`) by index.
     #[inline(always)]
     fn touch(&mut self, account: u32, asset: u32) -> &mut Balance {
-        let seq = self.seq;
-        let slot = account as usize * self.asset_stride + asset as usize;
-        let balance = &mut self.balances[slot];
-        if balance.touched_seq != seq {
-            balance.touched_seq = seq;
-            balance.start_available = balance.available;
-            balance.start_locked = balance.locked;
-            self.touched.push(slot as u32);
-        }
-        balance
+        &mut self.balances[account as usize * self.asset_stride + asset as usize]
     }
 
     #[inline]
@@ -350,34 +307,6 @@ impl Engine {
         self.balances[account as usize * self.asset_stride + asset as usize].available
     }
 
-    /// One `balance` event per pair whose value differs from the start of
-    /// the command, sorted by account id then asset id.
-    fn flush_balances(&mut self, out: &mut Vec<Event>) {
-        if self.touched.len() > 1 {
-            sort_touches(&mut self.touched, &self.balances);
-        }
-        for index in 0..self.touched.len() {
-            self.emit_balance(self.touched[index], out);
-        }
-        self.touched.clear();
-    }
-
-    #[inline]
-    fn emit_balance(&self, slot: u32, out: &mut Vec<Event>) {
-        let balance = &self.balances[slot as usize];
-        if balance.available != balance.start_available || balance.locked != balance.start_locked {
-            out.push(Event {
-                seq: self.seq,
-                kind: EventKind::Balance {
-                    account: balance.account_id,
-                    asset: balance.asset_id,
-                    available: balance.available,
-                    locked: balance.locked,
-                },
-            });
-        }
-    }
-
     // ---- reference data ----------------------------------------------
 
     fn add_asset(&mut self, id: AssetId, name: Symbol, out: &mut Vec<Event>) -> Result<(), RejectReason> {
@@ -395,15 +324,9 @@ impl Engine {
             for account in 0..self.accounts.len() {
                 let old = &self.balances[account * self.asset_stride..(account + 1) * self.asset_stride];
                 balances[account * stride..account * stride + self.asset_stride].copy_from_slice(old);
-                for balance in &mut balances[account * stride..(account + 1) * stride] {
-                    balance.account_id = self.accounts[account].id;
-                }
             }
             self.balances = balances;
             self.asset_stride = stride;
-        }
-        for account in 0..self.accounts.len() {
-            self.balances[account * self.asset_stride + index as usize].asset_id = id;
         }
         self.emit(out, EventKind::AssetAdded { asset: id, name });
         Ok(())
@@ -445,11 +368,7 @@ impl Engine {
         let index = self.accounts.len() as u32;
         assert!((self.accounts.len() + 1) * self.asset_stride < u32::MAX as usize, "balance table full");
         self.accounts.push(Account { id, first_order: NIL, last_order: NIL });
-        let first = self.balances.len();
-        self.balances.resize(self.accounts.len() * self.asset_stride, Balance { account_id: id, ..Balance::default() });
-        for (asset, balance) in self.balances[first..].iter_mut().enumerate() {
-            balance.asset_id = self.assets.get(asset).map_or(0, |a| a.id);
-        }
+        self.balances.resize(self.accounts.len() * self.asset_stride, Balance::default());
         self.account_index.insert(id, index);
     }
 
@@ -1124,14 +1043,9 @@ impl Engine {
         self.assets[asset as usize].supply = supply;
     }
 
-    /// Sets the sequence number after a restore and forgets which balances
-    /// the rebuilding commands touched.
+    /// Sets the sequence number after a restore.
     pub(crate) fn set_seq(&mut self, seq: u64) {
         self.seq = seq;
-        for balance in &mut self.balances {
-            balance.touched_seq = 0;
-        }
-        self.touched.clear();
     }
 
     /// Puts a restored order into the arena, its book level (at the back)

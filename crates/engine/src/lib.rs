@@ -14,6 +14,7 @@
 //! ```
 
 pub mod arena;
+mod balance_lines;
 pub mod codec;
 pub mod book;
 mod engine;
@@ -24,6 +25,7 @@ pub mod stages;
 pub mod table;
 pub mod types;
 
+pub use balance_lines::BalanceLines;
 pub use engine::{Balance, Engine, OrderView, fee};
 pub use snapshot::{STATE_VERSION, StateError};
 pub use types::*;

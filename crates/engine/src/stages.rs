@@ -20,11 +20,9 @@ pub enum Stage {
     Matching = 1,
     /// Settling trades: balance moves, fees, trade events.
     Settlement = 2,
-    /// Sorting the touched balances and writing `balance` events.
-    BalanceEvents = 3,
 }
 
-pub const STAGES: usize = 4;
+pub const STAGES: usize = 3;
 pub const SAMPLE_EVERY: u64 = 64;
 
 /// Nanoseconds per stage over the sampled commands, and how many.

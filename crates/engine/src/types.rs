@@ -325,6 +325,9 @@ pub enum EventKind {
         account: AccountId,
         count: u64,
     },
+    /// Never emitted by [`crate::Engine::apply`]: the text format's
+    /// `balance` line, derived from the engine's state by
+    /// [`crate::BalanceLines`] after the command.
     Balance {
         account: AccountId,
         asset: AssetId,

@@ -12,9 +12,11 @@ pub fn events_text(commands: &[Command]) -> Vec<u8> {
     let mut engine = Engine::new();
     let mut events: Vec<Event> = Vec::new();
     let mut text = Vec::new();
+    let mut balance_lines = crossbook_engine::BalanceLines::new();
     for command in commands {
         events.clear();
         engine.apply(command, &mut events);
+        balance_lines.append(&engine, &mut events);
         for event in &events {
             crossbook_text::write_event(&mut text, event);
         }
