@@ -18,15 +18,18 @@
 
 use crate::engine::Engine;
 use crate::types::*;
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
-/// Remembers the last value of every (account, asset) pair it has seen
-/// change; everything else is zero.
+/// Remembers the last value of every (account, asset) pair it has seen;
+/// everything else is zero. A map is only looked up, never iterated, so its
+/// order cannot reach the output.
 #[derive(Default)]
 pub struct BalanceLines {
-    last: BTreeMap<(AccountId, AssetId), (u64, u64)>,
-    accounts: Vec<AccountId>,
+    /// Per account, the last values by position in `assets`.
+    last: HashMap<AccountId, Vec<(u64, u64)>>,
+    /// Every asset id, ascending.
     assets: Vec<AssetId>,
+    accounts: Vec<AccountId>,
 }
 
 impl BalanceLines {
@@ -39,14 +42,32 @@ impl BalanceLines {
     /// or a journal): every balance it holds is the starting point.
     pub fn starting_from(engine: &Engine) -> BalanceLines {
         let mut lines = BalanceLines::new();
+        lines.follow_assets(engine);
         for account in engine.account_ids() {
-            for asset in engine.asset_ids() {
-                if let Some(value) = engine.balance(account, asset).filter(|&v| v != (0, 0)) {
-                    lines.last.insert((account, asset), value);
-                }
-            }
+            let values = lines.assets.iter().map(|&asset| engine.balance(account, asset).unwrap_or((0, 0))).collect();
+            lines.last.insert(account, values);
         }
         lines
+    }
+
+    /// Brings `assets` up to the engine's (assets are only ever added) and
+    /// moves every remembered value to its asset's new position.
+    fn follow_assets(&mut self, engine: &Engine) {
+        if engine.asset_count() == self.assets.len() {
+            return;
+        }
+        let old = std::mem::take(&mut self.assets);
+        self.assets.extend(engine.asset_ids());
+        self.assets.sort_unstable();
+        for values in self.last.values_mut() {
+            let mut moved = vec![(0, 0); self.assets.len()];
+            for (position, &asset) in old.iter().enumerate() {
+                if let Ok(to) = self.assets.binary_search(&asset) {
+                    moved[to] = values[position];
+                }
+            }
+            *values = moved;
+        }
     }
 
     /// Appends to `events` (the events `engine` just emitted for one
@@ -77,17 +98,15 @@ impl BalanceLines {
         if self.accounts.is_empty() {
             return;
         }
+        self.follow_assets(engine);
         self.accounts.sort_unstable();
         self.accounts.dedup();
-        self.assets.clear();
-        self.assets.extend(engine.asset_ids());
-        self.assets.sort_unstable();
         for &account in &self.accounts {
-            for &asset in &self.assets {
+            let last = self.last.entry(account).or_insert_with(|| vec![(0, 0); self.assets.len()]);
+            for (position, &asset) in self.assets.iter().enumerate() {
                 let now = engine.balance(account, asset).unwrap_or((0, 0));
-                let before = self.last.get(&(account, asset)).copied().unwrap_or((0, 0));
-                if now != before {
-                    self.last.insert((account, asset), now);
+                if now != last[position] {
+                    last[position] = now;
                     events.push(Event { seq, kind: EventKind::Balance { account, asset, available: now.0, locked: now.1 } });
                 }
             }
