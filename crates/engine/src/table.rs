@@ -303,6 +303,23 @@ mod order_index_tests {
     use super::*;
     use std::collections::BTreeMap;
 
+    /// The figures `docs/engine.md` gives for the memory of a resting
+    /// order ("Memory per resting order"): change them together.
+    #[test]
+    fn memory_per_resting_order_is_as_documented() {
+        assert_eq!(std::mem::size_of::<crate::book::Order>(), 80, "an order in the arena");
+        assert_eq!(std::mem::size_of::<Entry<(u32, u64), u32>>(), 24, "a client-id index entry");
+        assert_eq!(std::mem::size_of::<Entry<u64, u32>>(), 16, "an order-index overflow entry");
+        assert_eq!(std::mem::size_of::<crate::engine::Balance>(), 16, "a balance");
+        // At most a quarter of a table's entries are used.
+        let mut table: Table<u64, u32> = Table::new();
+        for key in 0..10_000u64 {
+            table.insert(key, 0);
+            assert!(table.len() * 4 <= table.entries.len());
+            assert!(table.entries.len() <= 8 * table.len().max(1 << (MIN_BITS - 3)));
+        }
+    }
+
     /// Orders with lifetimes from one command to several ring lengths,
     /// checked against a map.
     #[test]
