@@ -1,0 +1,77 @@
+//! Why `crossbook serve` could not start or had to stop.
+//!
+//! Every variant is something an operator acts on differently: fix the
+//! configuration, look at the data directory (recovery or corruption), free
+//! the disk (the journal), look at the FIX stores, or at the machine (a
+//! socket or thread that could not be set up). A client never sees these:
+//! it gets the protocol's own errors (`docs/protocol.md`, `docs/fix.md`).
+
+use crate::fix::FixError;
+use crossbook_journal::{Corruption, JournalError, RecoveryError};
+
+#[derive(Debug)]
+pub enum ServeError {
+    /// The configuration cannot be served (which key, and why).
+    Config(String),
+    /// Recovery could not rebuild the venue from the data directory.
+    Recovery(RecoveryError),
+    /// Reading the journal back to rebuild the report histories failed.
+    History(Corruption),
+    /// The journal failed (a write or sync: a full disk, say): nothing more
+    /// can be made durable, so the venue stops.
+    Journal(JournalError),
+    /// The FIX gateway could not start.
+    Fix(FixError),
+    /// A socket, the poll or a thread could not be set up, or failed.
+    Io { what: String, source: std::io::Error },
+}
+
+impl ServeError {
+    pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServeError {
+        let what = what.into();
+        move |source| ServeError::Io { what, source }
+    }
+}
+
+impl std::fmt::Display for ServeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServeError::Config(why) => write!(f, "configuration: {why}"),
+            ServeError::Recovery(e) => write!(f, "recovery: {e}"),
+            ServeError::History(e) => write!(f, "rebuilding the report histories from the journal: {e}"),
+            ServeError::Journal(e) => write!(f, "journal: {e}"),
+            ServeError::Fix(e) => write!(f, "FIX gateway: {e}"),
+            ServeError::Io { what, source } => write!(f, "{what}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for ServeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ServeError::Recovery(e) => Some(e),
+            ServeError::Journal(e) => Some(e),
+            ServeError::Fix(e) => Some(e),
+            ServeError::Io { source, .. } => Some(source),
+            ServeError::Config(_) | ServeError::History(_) => None,
+        }
+    }
+}
+
+impl From<JournalError> for ServeError {
+    fn from(e: JournalError) -> ServeError {
+        ServeError::Journal(e)
+    }
+}
+
+impl From<RecoveryError> for ServeError {
+    fn from(e: RecoveryError) -> ServeError {
+        ServeError::Recovery(e)
+    }
+}
+
+impl From<FixError> for ServeError {
+    fn from(e: FixError) -> ServeError {
+        ServeError::Fix(e)
+    }
+}
