@@ -49,6 +49,83 @@ pub fn cancel_code(reason: CancelReason) -> u8 {
     }
 }
 
+/// The cancel reason of a wire code, if it is one.
+pub fn cancel_reason(code: u8) -> Option<CancelReason> {
+    [CancelReason::User, CancelReason::Ioc, CancelReason::Stp, CancelReason::Replace, CancelReason::CancelAll].into_iter().find(|r| cancel_code(*r) == code)
+}
+
+/// Why an order or request was refused: by the engine, or by the server's
+/// open-order limit before the engine saw it (`docs/protocol.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    Engine(RejectReason),
+    /// `limits.open_orders`: wire code 100, `seq` 0, never journaled.
+    OpenOrderLimit,
+}
+
+/// The wire code of [`Refusal::OpenOrderLimit`]: above every engine
+/// reason, so the two can never meet.
+pub const OPEN_ORDER_LIMIT: u8 = 100;
+
+impl Refusal {
+    pub fn code(self) -> u8 {
+        match self {
+            Refusal::Engine(reason) => reason.code(),
+            Refusal::OpenOrderLimit => OPEN_ORDER_LIMIT,
+        }
+    }
+
+    pub fn from_code(code: u8) -> Option<Refusal> {
+        match code {
+            OPEN_ORDER_LIMIT => Some(Refusal::OpenOrderLimit),
+            code => RejectReason::from_code(code).map(Refusal::Engine),
+        }
+    }
+
+    /// The name `docs/protocol.md` gives it (the engine's for its own).
+    pub fn name(self) -> &'static str {
+        match self {
+            Refusal::Engine(reason) => reason.name(),
+            Refusal::OpenOrderLimit => "open_order_limit",
+        }
+    }
+}
+
+impl ExecutionReport {
+    /// Why a `Rejected` report refused (`None` for any other kind).
+    pub fn refusal(&self) -> Option<Refusal> {
+        (self.kind == ReportKind::Rejected).then(|| Refusal::from_code(self.reason)).flatten()
+    }
+
+    /// Why a `Cancelled` report's order ended (`None` for any other kind).
+    pub fn cancel_reason(&self) -> Option<CancelReason> {
+        (self.kind == ReportKind::Cancelled).then(|| cancel_reason(self.reason)).flatten()
+    }
+
+    /// The refusal of `place` by the open-order limit: not from the
+    /// engine, not journaled, so outside the numbered stream (`seq` 0).
+    pub fn open_order_refusal(place: &PlaceOrder) -> ExecutionReport {
+        ExecutionReport {
+            seq: 0,
+            kind: ReportKind::Rejected,
+            order: 0,
+            cid: place.cid,
+            instrument: place.instrument,
+            side: place.side,
+            price: place.price,
+            last_qty: 0,
+            last_price: 0,
+            cum_qty: 0,
+            leaves_qty: 0,
+            fee: 0,
+            reason: OPEN_ORDER_LIMIT,
+        }
+    }
+}
+
+/// Every engine reject code is below [`OPEN_ORDER_LIMIT`].
+const _: () = assert!((RejectReason::ALL.len() as u8) < OPEN_ORDER_LIMIT && RejectReason::FokCannotFill as u8 == RejectReason::ALL.len() as u8);
+
 impl ReportBuilder {
     pub fn new() -> Self {
         Self::default()

@@ -1,8 +1,9 @@
 //! The binary-protocol gateway: one thread, one epoll (via mio) for every
 //! connection. It accepts, reads and decodes frames, logs sessions in,
 //! gives each round's commands to the sequencer (which runs on this same
-//! thread, `Sequencer` in lib.rs) in one batch, and writes the reports the
-//! sequencer leaves in the outbox.
+//! thread, `sequencer.rs`) in one batch, hands the durable ones to every
+//! [`ReportSink`] (its own [`Sessions`] first), and writes the frames its
+//! sessions queued.
 //!
 //! One thread rather than two per connection: on a machine with few cores
 //! the hand-offs and wake-ups of many threads cost more than the work
@@ -17,7 +18,10 @@
 
 use crate::config::{Config, keys_match};
 use crate::ratelog::RateLog;
-use crate::{InFlight, Inbound, Sequencer, ServeError, Session, Shared, error, log};
+use crate::sequencer::{InFlight, Inbound, Sequencer};
+use crate::sessions::{Session, Sessions};
+use crate::sink::{BINARY, ReportSink};
+use crate::{ServeError, log};
 use crossbook_engine::AccountId;
 use crossbook_protocol::*;
 use mio::net::{TcpListener, TcpStream};
@@ -120,7 +124,8 @@ struct Gateway<'a> {
     unread: HashSet<Token>,
     next_id: u64,
     config: &'a Config,
-    shared: &'a Shared,
+    /// Logged-in sessions, report histories and the frames to write.
+    sessions: Sessions,
     /// Commands of this round, for the sequencer.
     commands: Vec<Inbound>,
     chunk: Vec<u8>,
@@ -138,14 +143,15 @@ pub(crate) fn run(
     poll: Poll,
     listener: std::net::TcpListener,
     config: &Config,
-    shared: &Shared,
+    sessions: Sessions,
     inbound: &Receiver<Vec<Inbound>>,
     sequencer: &mut Sequencer<'_>,
+    others: &mut [&mut dyn ReportSink],
     shutdown: &AtomicBool,
 ) -> Result<(), ServeError> {
-    listener.set_nonblocking(true).map_err(error)?;
+    listener.set_nonblocking(true).map_err(ServeError::io("setting the listener non-blocking"))?;
     let mut listener = TcpListener::from_std(listener);
-    poll.registry().register(&mut listener, LISTENER, Interest::READABLE).map_err(error)?;
+    poll.registry().register(&mut listener, LISTENER, Interest::READABLE).map_err(ServeError::io("registering the listener"))?;
     let mut gateway = Gateway {
         poll,
         listener,
@@ -153,7 +159,7 @@ pub(crate) fn run(
         unread: HashSet::new(),
         next_id: 0,
         config,
-        shared,
+        sessions,
         commands: Vec::new(),
         chunk: vec![0u8; READ_BYTES],
         ratelog: RateLog::default(),
@@ -184,7 +190,7 @@ pub(crate) fn run(
         let timeout = if gateway.unread.is_empty() { TICK } else { Duration::ZERO };
         if let Err(e) = gateway.poll.poll(&mut events, Some(timeout))
             && e.kind() != ErrorKind::Interrupted {
-                return Err(error(format!("epoll: {e}")));
+                return Err(ServeError::Io { what: "epoll".into(), source: e });
             }
         for event in events.iter() {
             match event.token() {
@@ -209,7 +215,14 @@ pub(crate) fn run(
         let round = sequencer.apply(&mut gateway.commands);
         // Reports of what the journal made durable go out even when this
         // round failed (those commands are safe).
-        let released = sequencer.release();
+        let released = {
+            let mut sinks: Vec<&mut dyn ReportSink> = Vec::with_capacity(1 + others.len());
+            sinks.push(&mut gateway.sessions);
+            for sink in others.iter_mut() {
+                sinks.push(&mut **sink);
+            }
+            sequencer.release(&mut sinks)
+        };
         gateway.deliver_outbox();
         if let Err(failure) = round.and(released) {
             gateway.fail(&failure);
@@ -264,7 +277,6 @@ impl Gateway<'_> {
             log(&format!("refused connection {id} from {peer}: {e}"));
             return;
         }
-        self.shared.connections.fetch_add(1, Ordering::AcqRel);
         let conn = Conn {
             id,
             stream,
@@ -329,7 +341,7 @@ impl Gateway<'_> {
                 }
             }
             let before = self.commands.len();
-            let mut decoded = decode_all(conn, self.config, self.shared, &mut self.commands);
+            let mut decoded = decode_all(conn, self.config, &mut self.sessions, &mut self.commands);
             // A login for an account whose session is still registered: if
             // that session's connection is gone (its end not read yet), it
             // is closed now and the login goes ahead; if it is alive, the
@@ -339,11 +351,11 @@ impl Gateway<'_> {
                 match self.conns.get(&old_token).map(Conn::is_alive) {
                     Some(true) => {}
                     Some(false) => self.close(old_token, "gone (found at its account's next login)".into()),
-                    None => self.shared.sessions.lock().unwrap_or_else(|e| e.into_inner()).retain(|_, s| s.connection != old),
+                    None => self.sessions.by_account.retain(|_, s| s.connection != old),
                 }
                 let Some(conn) = self.conns.get_mut(&token) else { break };
                 conn.probed = Some(old);
-                decoded = decode_all(conn, self.config, self.shared, &mut self.commands);
+                decoded = decode_all(conn, self.config, &mut self.sessions, &mut self.commands);
             }
             let Some(conn) = self.conns.get_mut(&token) else { continue };
             let decoded = decoded.map_err(|stop| match stop {
@@ -376,7 +388,7 @@ impl Gateway<'_> {
     /// Moves what the sequencer left for each connection into its buffer
     /// and writes.
     fn deliver_outbox(&mut self) {
-        let outgoing = std::mem::take(&mut *self.shared.outbox.lock().unwrap_or_else(|e| e.into_inner()));
+        let outgoing = std::mem::take(&mut self.sessions.outbox);
         for (id, frames) in outgoing {
             let token = Token(id as usize + 2);
             let Some(conn) = self.conns.get_mut(&token) else { continue };
@@ -460,10 +472,7 @@ impl Gateway<'_> {
         self.unread.remove(&token);
         let _ = self.poll.registry().deregister(&mut conn.stream);
         let _ = conn.stream.shutdown(std::net::Shutdown::Both);
-        let mut sessions = self.shared.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        sessions.retain(|_, s| s.connection != conn.id);
-        drop(sessions);
-        self.shared.connections.fetch_sub(1, Ordering::AcqRel);
+        self.sessions.by_account.retain(|_, s| s.connection != conn.id);
         let line = || format!("disconnect connection={} peer={} reason={reason}", conn.id, conn.peer);
         if conn.account.is_some() {
             log(&line());
@@ -517,13 +526,13 @@ impl Gateway<'_> {
 /// Decodes every whole frame in `conn.inbuf` and handles it; stops at
 /// the first that closes the connection, or at a login that conflicts
 /// with a registered session (left in the buffer, to be decoded again).
-fn decode_all(conn: &mut Conn, config: &Config, shared: &Shared, commands: &mut Vec<Inbound>) -> Result<(), Stop> {
+fn decode_all(conn: &mut Conn, config: &Config, sessions: &mut Sessions, commands: &mut Vec<Inbound>) -> Result<(), Stop> {
     let max_frame = config.limits.max_frame;
     let mut used = 0;
     let result = loop {
         match decode_client(&conn.inbuf[used..], max_frame) {
             Ok(Decoded::NeedMore) => break Ok(()),
-            Ok(Decoded::Message(message, size)) => match handle(message, conn, config, shared, commands) {
+            Ok(Decoded::Message(message, size)) => match handle(message, conn, config, sessions, commands) {
                 Ok(()) => used += size,
                 Err(Stop::Close(reason)) => {
                     used += size;
@@ -541,7 +550,7 @@ fn decode_all(conn: &mut Conn, config: &Config, shared: &Shared, commands: &mut 
     result
 }
 
-fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, shared: &Shared, commands: &mut Vec<Inbound>) -> Result<(), Stop> {
+fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, sessions: &mut Sessions, commands: &mut Vec<Inbound>) -> Result<(), Stop> {
     let id = conn.id;
     let close = |reason: &str| Err(Stop::Close(reason.to_string()));
     match (message, conn.account) {
@@ -551,26 +560,22 @@ fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, shared: &Sha
                 conn.queue(&ServerMessage::LoginRejected { reason: ProtocolError::BadCredentials });
                 return close(&format!("login refused for account {claimed}: bad credentials"));
             }
-            let mut sessions = shared.sessions.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(session) = sessions.get(&claimed) {
+            if let Some(session) = sessions.by_account.get(&claimed) {
                 if conn.probed != Some(session.connection) {
                     return Err(Stop::Conflict(session.connection));
                 }
-                drop(sessions);
                 conn.queue(&ServerMessage::LoginRejected { reason: ProtocolError::AlreadyLoggedIn });
                 return close(&format!("login refused for account {claimed}: already logged in"));
             }
-            if sessions.len() >= config.limits.max_connections {
-                drop(sessions);
+            if sessions.by_account.len() >= config.limits.max_connections {
                 conn.queue(&ServerMessage::LoginRejected { reason: ProtocolError::ServerBusy });
                 return close(&format!("login refused for account {claimed}: {} sessions already (limits.max_connections)", config.limits.max_connections));
             }
-            sessions.insert(claimed, Session { connection: id });
-            // While `sessions` is held no report can be dispatched: the
-            // replay and the acceptance cannot be overtaken (anything
-            // dispatched later is queued after them).
-            let seqs = shared.seqs.lock().unwrap_or_else(|e| e.into_inner());
-            let history = seqs.get(&claimed);
+            sessions.by_account.insert(claimed, Session { connection: id });
+            // The sequencer runs on this thread: no report can be handed
+            // out between the replay and the acceptance, and anything
+            // handed out later is queued after them.
+            let history = sessions.histories.get(&claimed);
             let next_seq = history.map_or(0, |h| h.last) + 1;
             conn.queue(&ServerMessage::LoginAccepted { seq: 0, account: claimed, next_seq });
             if last_seen != u64::MAX && last_seen >= next_seq {
@@ -596,8 +601,6 @@ fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, shared: &Sha
                     log(&format!("account {claimed} asked for reports from {} but only {oldest}.. are kept", last_seen + 1));
                 }
             }
-            drop(seqs);
-            drop(sessions);
             conn.account = Some(claimed);
             log(&format!("login connection={id} account={claimed} replayed={replayed}"));
             Ok(())
@@ -621,7 +624,7 @@ fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, shared: &Sha
         }
         (message, Some(who)) => {
             if let Some(command) = message.to_command(who) {
-                commands.push(Inbound { command, annex: None, in_flight: conn.in_flight.clone() });
+                commands.push(Inbound { command, annex: None, source: BINARY, in_flight: conn.in_flight.clone() });
             }
             Ok(())
         }

@@ -550,6 +550,32 @@ fn limits_on_open_orders_and_connections() {
     drop(idle);
     bob.send(&ClientMessage::Heartbeat);
     assert_eq!(bob.recv(), Some(ServerMessage::Heartbeat));
+
+    // The limit is the sequencer's, for every gateway: Bob's order over the
+    // binary protocol and one over FIX fill his two; a third over FIX is
+    // refused in FIX (its ClOrdID not used up), and once one is cancelled
+    // the same ClOrdID goes through.
+    use crate::fix::{FixClient, expect, order, send_owned};
+    bob.send(&limit(1, Side::Buy, 80, 1, TimeInForce::Gtc));
+    let binary_order = bob.report();
+    assert_eq!(binary_order.kind, ReportKind::Accepted);
+    let mut fix = FixClient::connect(&server.fix_address, "BOBFIX");
+    fix.logon(2, "bob");
+    send_owned(&mut fix, "D", &order("F1", "1", "81", "1"));
+    expect(&fix.next(), &[(150, "0"), (11, "F1")]);
+    send_owned(&mut fix, "D", &order("F2", "1", "82", "1"));
+    let refused = fix.next();
+    expect(&refused, &[(35, "8"), (150, "8"), (39, "8"), (11, "F2"), (103, "99"), (58, "open order limit reached"), (37, "NONE")]);
+    assert!(refused.text(17).is_some_and(|id| id.starts_with("gw-")), "{}", crossbook_fix::wire::printable(refused.raw()));
+    // Bob's binary session hears of his FIX order (an account's stream is
+    // one), not of the FIX refusal, which is FIX's to answer.
+    assert_eq!(bob.report().kind, ReportKind::Accepted);
+    bob.send(&ClientMessage::Cancel { order: binary_order.order });
+    let cancelled = bob.report();
+    assert_eq!((cancelled.kind, cancelled.order), (ReportKind::Cancelled, binary_order.order));
+    send_owned(&mut fix, "D", &order("F2", "1", "82", "1"));
+    expect(&fix.next(), &[(150, "4"), (11, "1")]);
+    expect(&fix.next(), &[(150, "0"), (11, "F2")]);
     assert!(server.terminate().success());
     let _ = std::fs::remove_dir_all(&dir);
 }

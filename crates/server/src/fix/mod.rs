@@ -32,8 +32,52 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use store::Store;
-use venue::{FixBook, FixEvent, FixInstrument, Request, VenueApp};
+use crate::sequencer::Inbound;
+use crate::sink::{Durable, Refused, ReportSink};
+use store::{Store, StoreError};
+use venue::{Annex, FixBook, FixEvent, FixInstrument, Request, VenueApp};
+
+/// Why the FIX gateway could not start.
+#[derive(Debug)]
+pub enum FixError {
+    /// `[fix]` or the instruments cannot be served as configured.
+    Config(String),
+    /// A session store could not be read back (or rewound).
+    Store(StoreError),
+    /// The listening socket or a thread could not be set up.
+    Io { what: String, source: std::io::Error },
+}
+
+impl std::fmt::Display for FixError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FixError::Config(why) => f.write_str(why),
+            FixError::Store(e) => write!(f, "session store: {e}"),
+            FixError::Io { what, source } => write!(f, "{what}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for FixError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            FixError::Store(e) => Some(e),
+            FixError::Io { source, .. } => Some(source),
+            FixError::Config(_) => None,
+        }
+    }
+}
+
+impl From<StoreError> for FixError {
+    fn from(e: StoreError) -> FixError {
+        FixError::Store(e)
+    }
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> FixError {
+    let what = what.into();
+    move |source| FixError::Io { what, source }
+}
 
 /// Messages queued for one connection's writer before it is dropped as a
 /// client that does not read.
@@ -99,7 +143,7 @@ struct FixSession {
     app: App,
     /// Set after a store write or sync failed: the session is closed and
     /// refuses to log on until restart.
-    poisoned: Option<String>,
+    poisoned: Option<StoreError>,
     /// The engine sequence number the store has reports up to.
     through: u64,
 }
@@ -119,7 +163,6 @@ pub struct Gateway {
     instruments: Vec<FixInstrument>,
     /// account -> API key, for Logon by Username/Password.
     keys: HashMap<AccountId, String>,
-    max_open_orders: usize,
     in_flight_limit: u32,
     dir: PathBuf,
     sync: bool,
@@ -128,8 +171,9 @@ pub struct Gateway {
     fix_accounts: RwLock<HashSet<AccountId>>,
     reports: Mutex<Option<SyncSender<Vec<FixEvent>>>>,
     next_connection: AtomicU64,
-    /// The engine's last sequence number, as the sequencer last said.
-    engine_seq: AtomicU64,
+    /// The sequence number of the sequencer's last applied command: a
+    /// session bound to an account gets the reports of later ones.
+    applied: Arc<AtomicU64>,
     /// Writer threads still running (`stop` waits for them, bounded).
     writers: AtomicU64,
     /// Open connections; logged-on sessions may be `max_connections`.
@@ -161,24 +205,24 @@ impl Gateway {
     /// commands journaled in their place are reported; the messages the
     /// counterparty already has keep their MsgSeqNums, and numbering goes
     /// on after them.
-    pub fn open(config: &Config, sync: bool, journal_end: u64) -> Result<Arc<Gateway>, String> {
+    pub fn open(config: &Config, sync: bool, journal_end: u64, applied: Arc<AtomicU64>) -> Result<Arc<Gateway>, FixError> {
         let fix = config.fix.clone();
         let echo = match fix.application.as_str() {
             "echo" => true,
             "venue" => false,
-            other => return Err(format!("fix.application must be venue or echo, not {other:?}")),
+            other => return Err(FixError::Config(format!("fix.application must be venue or echo, not {other:?}"))),
         };
         let dictionary = if fix.dictionary.is_empty() {
             Dictionary::builtin()
         } else {
-            let text = std::fs::read_to_string(&fix.dictionary).map_err(|e| format!("reading the FIX dictionary {}: {e}", fix.dictionary))?;
-            Dictionary::from_xml(&text).map_err(|e| format!("{}: {e}", fix.dictionary))?
+            let text = std::fs::read_to_string(&fix.dictionary).map_err(io(format!("reading the FIX dictionary {}", fix.dictionary)))?;
+            Dictionary::from_xml(&text).map_err(|e| FixError::Config(format!("{}: {e}", fix.dictionary)))?
         };
         let dir = config.data_dir.join("fix");
-        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
         let dictionary = Arc::new(dictionary);
         let mut state = State { sessions: HashMap::new(), routes: HashMap::new(), book: FixBook::new() };
-        let entries = std::fs::read_dir(&dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+        let entries = std::fs::read_dir(&dir).map_err(io(format!("reading {}", dir.display())))?;
         let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "fixstore")).collect();
         paths.sort();
         for path in paths {
@@ -195,7 +239,7 @@ impl Gateway {
                 restored.through_seq = journal_end;
             }
             let Some(comp_id) = read_comp_id(&path) else {
-                return Err(format!("{}: no CompID file beside the store", path.display()));
+                return Err(FixError::Config(format!("{}: no CompID file beside the store", path.display())));
             };
             let session = Session::restore(session_config(&fix, &comp_id), dictionary.clone(), restored.next_in, restored.next_out, restored.stored);
             if let Some(account) = restored.account {
@@ -206,9 +250,8 @@ impl Gateway {
         }
         let fix_accounts = RwLock::new(state.routes.keys().copied().collect());
         Ok(Arc::new(Gateway {
-            instruments: venue::instruments(config)?,
+            instruments: venue::instruments(config).map_err(FixError::Config)?,
             keys: config.accounts.iter().map(|a| (a.id, a.api_key.clone())).collect(),
-            max_open_orders: config.limits.open_orders,
             in_flight_limit: config.limits.in_flight.max(1),
             config: fix,
             echo,
@@ -219,7 +262,7 @@ impl Gateway {
             fix_accounts,
             reports: Mutex::new(None),
             next_connection: AtomicU64::new(0),
-            engine_seq: AtomicU64::new(0),
+            applied,
             writers: AtomicU64::new(0),
             connections: AtomicU64::new(0),
             max_connections: config.limits.max_connections as u64,
@@ -228,12 +271,6 @@ impl Gateway {
             login_timeout: Duration::from_secs(config.limits.login_timeout_s),
             ratelog: Mutex::new(crate::ratelog::RateLog::default()),
         }))
-    }
-
-    /// The sequencer's progress (a session bound from now on gets the
-    /// reports of later commands).
-    pub fn set_engine_seq(&self, seq: u64) {
-        self.engine_seq.store(seq, Ordering::Release);
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -253,8 +290,10 @@ impl Gateway {
         through
     }
 
-    /// Whether the sequencer should pass this command's reports on.
-    pub fn wants(&self, annex: bool, reports: &[crossbook_protocol::reports::Addressed]) -> bool {
+    /// Whether this gateway has anything to do with a command: one of its
+    /// own (journaled with an annex), or reports for an account bound to
+    /// one of its sessions.
+    fn wants(&self, annex: bool, reports: &[crossbook_protocol::reports::Addressed]) -> bool {
         if annex {
             return true;
         }
@@ -262,16 +301,9 @@ impl Gateway {
         !accounts.is_empty() && reports.iter().any(|r| accounts.contains(&r.account))
     }
 
-    /// Follows one journaled command on start-up (recovery): keeps the
-    /// book and, for accounts whose store ends before `seq`, stores the
-    /// reports they have not had.
-    pub fn replay(&self, event: FixEvent, through: &HashMap<AccountId, u64>) {
-        self.follow(vec![event], Some(through));
-    }
-
     /// Hands a batch of events (their commands now durable) to the
     /// reporter thread.
-    pub fn deliver(&self, events: Vec<FixEvent>) {
+    fn deliver(&self, events: Vec<FixEvent>) {
         let sender = self.reports.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some(sender) = sender {
             let _ = sender.send(events);
@@ -300,10 +332,7 @@ impl Gateway {
                 };
                 let mut actions = Vec::new();
                 session.session.send_app(message.msg_type, Vec::new(), message.body, now_ms(), &mut actions);
-                if let Err(e) = session.record(&actions, event.seq) {
-                    session.poison(e);
-                    continue;
-                }
+                session.record(&actions, event.seq);
                 if !touched.contains(&comp_id) {
                     touched.push(comp_id.clone());
                 }
@@ -324,20 +353,20 @@ impl Gateway {
     }
 
     /// Starts the acceptor, reporter and timer threads.
-    pub(crate) fn start(self: &Arc<Self>, queue: SyncSender<Vec<crate::Inbound>>, wake: Arc<dyn Fn() + Send + Sync>, shutdown: Arc<AtomicBool>) -> Result<SocketAddr, String> {
-        let listener = TcpListener::bind(&self.config.listen).map_err(|e| format!("FIX: listening on {}: {e}", self.config.listen))?;
-        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
-        let address = listener.local_addr().map_err(|e| e.to_string())?;
+    pub(crate) fn start(self: &Arc<Self>, queue: SyncSender<Vec<Inbound>>, wake: Arc<dyn Fn() + Send + Sync>, shutdown: Arc<AtomicBool>) -> Result<SocketAddr, FixError> {
+        let listener = TcpListener::bind(&self.config.listen).map_err(io(format!("listening on {}", self.config.listen)))?;
+        listener.set_nonblocking(true).map_err(io("setting the listener non-blocking"))?;
+        let address = listener.local_addr().map_err(io("reading the listening address"))?;
         let (sender, receiver) = sync_channel::<Vec<FixEvent>>(REPORT_QUEUE);
         *self.reports.lock().unwrap_or_else(|e| e.into_inner()) = Some(sender);
         {
             let gateway = self.clone();
-            thread::Builder::new().name("fix-reporter".into()).spawn(move || gateway.report_loop(receiver)).map_err(|e| e.to_string())?;
+            thread::Builder::new().name("fix-reporter".into()).spawn(move || gateway.report_loop(receiver)).map_err(io("starting the FIX reporter thread"))?;
         }
         {
             let gateway = self.clone();
             let shutdown = shutdown.clone();
-            thread::Builder::new().name("fix-timer".into()).spawn(move || gateway.timer_loop(&shutdown)).map_err(|e| e.to_string())?;
+            thread::Builder::new().name("fix-timer".into()).spawn(move || gateway.timer_loop(&shutdown)).map_err(io("starting the FIX timer thread"))?;
         }
         let gateway = self.clone();
         thread::Builder::new()
@@ -351,7 +380,7 @@ impl Gateway {
                     }
                 }
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(io("starting the FIX acceptor thread"))?;
         log(&format!("FIX 4.4 acceptor on {address} ({} application, CompID {})", if self.echo { "echo" } else { "venue" }, self.config.comp_id));
         Ok(address)
     }
@@ -424,7 +453,7 @@ impl Gateway {
         }
     }
 
-    fn accept(self: &Arc<Self>, stream: TcpStream, peer: SocketAddr, queue: SyncSender<Vec<crate::Inbound>>, wake: Arc<dyn Fn() + Send + Sync>, shutdown: Arc<AtomicBool>) {
+    fn accept(self: &Arc<Self>, stream: TcpStream, peer: SocketAddr, queue: SyncSender<Vec<Inbound>>, wake: Arc<dyn Fn() + Send + Sync>, shutdown: Arc<AtomicBool>) {
         let id = self.next_connection.fetch_add(1, Ordering::AcqRel) + 1;
         // Each connection costs two threads. Those not logged on have a
         // budget of their own; past it the oldest is closed. Logged-on
@@ -489,14 +518,14 @@ impl Gateway {
     }
 
     /// Reads a connection until it ends; why, and whether it was logged on.
-    fn read_loop(&self, mut stream: TcpStream, id: u64, out: SyncSender<Out>, queue: &SyncSender<Vec<crate::Inbound>>, wake: &dyn Fn(), shutdown: &AtomicBool) -> (String, bool) {
+    fn read_loop(&self, mut stream: TcpStream, id: u64, out: SyncSender<Out>, queue: &SyncSender<Vec<Inbound>>, wake: &dyn Fn(), shutdown: &AtomicBool) -> (String, bool) {
         let _ = stream.set_read_timeout(Some(POLL));
         let max = self.config.max_message.max(256);
         let mut buffer: Vec<u8> = Vec::with_capacity(8192);
         let mut chunk = vec![0u8; 16 * 1024];
         // The counterparty's CompID once the first message named it.
         let mut bound: Option<String> = None;
-        let in_flight = crate::InFlight::new();
+        let in_flight = crate::sequencer::InFlight::new();
         let mut frames: Vec<Vec<u8>> = Vec::new();
         let connected = std::time::Instant::now();
         let reason = 'connection: loop {
@@ -561,7 +590,7 @@ impl Gateway {
                 in_flight.add(requests.len() as u32);
                 let batch = requests
                     .into_iter()
-                    .map(|request| crate::Inbound { command: request.command, annex: Some(request.annex.encode()), in_flight: in_flight.clone() })
+                    .map(|request| Inbound { command: request.command, annex: Some(request.annex.encode()), source: crate::sink::FIX, in_flight: in_flight.clone() })
                     .collect();
                 if queue.send(batch).is_err() {
                     break 'connection "server stopping".into();
@@ -607,8 +636,8 @@ impl Gateway {
             // The CompID file is durable before the store exists (a store
             // without one would stop the next start), and both names are
             // durable before anything is recorded in the store.
-            write_durably(&path.with_extension("compid"), comp_id.as_bytes())?;
-            let (store, restored) = Store::open(&path)?;
+            write_durably(&path.with_extension("compid"), comp_id.as_bytes()).map_err(|e| e.to_string())?;
+            let (store, restored) = Store::open(&path).map_err(|e| e.to_string())?;
             crossbook_journal::sync_dir(&self.dir).map_err(|e| e.to_string())?;
             let session = Session::restore(session_config(&self.config, &comp_id), self.dictionary.clone(), restored.next_in, restored.next_out, restored.stored);
             let app = if self.echo { App::Echo(EchoApplication::default()) } else { App::Venue };
@@ -686,10 +715,8 @@ impl Gateway {
                 && state.routes.get(&account).is_none_or(|c| c != comp_id)
             {
                 // From here on this account's reports come to this session.
-                let seq = self.engine_seq.load(Ordering::Acquire);
-                if let Err(e) = session.store.bind(account, seq) {
-                    session.poison(e);
-                }
+                let seq = self.applied.load(Ordering::Acquire);
+                session.store.bind(account, seq);
                 state.routes.insert(account, comp_id.to_owned());
                 self.fix_accounts.write().unwrap_or_else(|e| e.into_inner()).insert(account);
             }
@@ -731,14 +758,63 @@ impl Gateway {
     }
 }
 
+/// The FIX gateway as the sequencer sees it: the commands it cares about,
+/// as events for the reporter thread (live) or followed at once (at
+/// start-up, storing what a session's store is missing).
+pub(crate) struct FixSink {
+    gateway: Arc<Gateway>,
+    /// How far each bound account's store goes (taken before the journal
+    /// is re-read at start-up).
+    through: HashMap<AccountId, u64>,
+}
+
+impl FixSink {
+    pub(crate) fn new(gateway: Arc<Gateway>) -> FixSink {
+        let through = gateway.through();
+        FixSink { gateway, through }
+    }
+
+    fn event(&self, durable: &Durable<'_>) -> Option<FixEvent> {
+        self.gateway.wants(durable.annex.is_some(), durable.reports).then(|| FixEvent {
+            seq: durable.seq,
+            command: *durable.command,
+            annex: durable.annex.and_then(Annex::decode),
+            reports: durable.reports.to_vec(),
+            refused: false,
+        })
+    }
+}
+
+impl ReportSink for FixSink {
+    fn released(&mut self, durable: &[Durable<'_>], refused: &[Refused<'_>]) {
+        let mut events: Vec<FixEvent> = durable.iter().filter_map(|d| self.event(d)).collect();
+        events.extend(refused.iter().filter(|r| r.source == crate::sink::FIX).map(|r| FixEvent {
+            seq: 0,
+            command: crossbook_engine::Command::Place(*r.place),
+            annex: r.annex.and_then(Annex::decode),
+            reports: vec![*r.report],
+            refused: true,
+        }));
+        if !events.is_empty() {
+            self.gateway.deliver(events);
+        }
+    }
+
+    fn recovered(&mut self, durable: &Durable<'_>) {
+        if let Some(event) = self.event(durable) {
+            self.gateway.follow(vec![event], Some(&self.through));
+        }
+    }
+}
+
 /// Writes a new file and syncs it and its directory.
-fn write_durably(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
-    let context = |e: std::io::Error| format!("writing {}: {e}", path.display());
-    let mut file = std::fs::File::create(path).map_err(context)?;
-    file.write_all(bytes).map_err(context)?;
-    file.sync_all().map_err(context)?;
+fn write_durably(path: &std::path::Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let fail = |source| StoreError::Io { path: path.to_path_buf(), doing: "writing", source };
+    let mut file = std::fs::File::create(path).map_err(fail)?;
+    file.write_all(bytes).map_err(fail)?;
+    file.sync_all().map_err(fail)?;
     let dir = path.parent().unwrap_or(std::path::Path::new("."));
-    crossbook_journal::sync_dir(dir).map_err(|e| e.to_string())
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|source| StoreError::Io { path: dir.to_path_buf(), doing: "syncing the directory", source })
 }
 
 fn read_comp_id(store: &std::path::Path) -> Option<String> {
@@ -770,7 +846,6 @@ fn with_app_credentials(
                 requests,
                 now: crossbook_fix::time::format_timestamp(now_ms()),
                 now_ms: now_ms(),
-                max_open_orders: gateway.max_open_orders,
                 credentials,
             };
             f(session, &mut venue);
@@ -786,28 +861,27 @@ impl FixSession {
 
     /// Records the store operations among `actions` (of the incoming
     /// sequence numbers, only the last matters).
-    fn record(&mut self, actions: &[Action], engine_seq: u64) -> Result<(), String> {
+    fn record(&mut self, actions: &[Action], engine_seq: u64) {
         let last_received = actions.iter().rposition(|a| matches!(a, Action::Store(StoreOp::Received { .. })));
         for (index, action) in actions.iter().enumerate() {
             if matches!(action, Action::Store(StoreOp::Received { .. })) && Some(index) != last_received {
                 continue;
             }
             if let Action::Store(op) = action {
-                self.store.record(op, engine_seq)?;
+                self.store.record(op, engine_seq);
                 if let StoreOp::Sent { .. } = op {
                     self.through = self.through.max(engine_seq);
                 }
             }
         }
-        Ok(())
     }
 
     /// Writes what was recorded, and syncs it in `sync` durability.
-    fn sync(&mut self, sync: bool) -> Result<(), String> {
+    fn sync(&mut self, sync: bool) -> Result<(), StoreError> {
         if sync { self.store.sync() } else { self.store.flush() }
     }
 
-    fn poison(&mut self, why: String) {
+    fn poison(&mut self, why: StoreError) {
         log(&format!("FIX session {}: store failed, closing it until restart: {why}", self.session.config().target_comp_id));
         self.poisoned = Some(why);
         if let Some(connection) = self.connection.take() {
@@ -845,7 +919,8 @@ impl FixSession {
         // (the next report's sync covers it, and a ClOrdID seen before is
         // refused however the sequence numbers fell: FixBook::seen).
         let sending = actions.iter().any(|a| matches!(a, Action::Send(_)));
-        if let Err(e) = self.record(&actions, 0).and_then(|()| self.sync(sync && sending)) {
+        self.record(&actions, 0);
+        if let Err(e) = self.sync(sync && sending) {
             return self.poison(e);
         }
         self.transmit(actions);

@@ -26,6 +26,42 @@ const REWIND: u8 = 5;
 /// Largest record body (a stored message plus a little).
 const MAX_BODY: usize = 1 << 20;
 
+/// Why a store could not be read or written.
+#[derive(Debug)]
+pub enum StoreError {
+    /// The file system refused (`doing` says what was being done).
+    Io { path: PathBuf, doing: &'static str, source: std::io::Error },
+    /// A damaged record with valid ones after it: not a torn tail, so
+    /// something overwrote the file; the server refuses to guess.
+    Damaged { path: PathBuf, offset: usize },
+    /// A record whose checksum holds but whose content makes no sense.
+    BadRecord { path: PathBuf, offset: usize, what: &'static str },
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Io { path, doing, source } => write!(f, "{doing} {}: {source}", path.display()),
+            StoreError::Damaged { path, offset } => write!(f, "{}: damaged record at byte {offset} followed by valid ones: refusing to guess", path.display()),
+            StoreError::BadRecord { path, offset, what } => write!(f, "{}: record at byte {offset}: {what}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StoreError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+fn io(path: &Path, doing: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
+    let path = path.to_path_buf();
+    move |source| StoreError::Io { path, doing, source }
+}
+
 /// What a store file says, read back.
 #[derive(Debug, Default)]
 pub struct Restored {
@@ -82,30 +118,30 @@ pub fn path_for(dir: &Path, comp_id: &str) -> PathBuf {
 
 impl Store {
     /// Opens (or creates) a store and reads it back.
-    pub fn open(path: &Path) -> Result<(Store, Restored), String> {
-        let mut file = OpenOptions::new().read(true).append(true).create(true).open(path).map_err(|e| format!("opening {}: {e}", path.display()))?;
+    pub fn open(path: &Path) -> Result<(Store, Restored), StoreError> {
+        let mut file = OpenOptions::new().read(true).append(true).create(true).open(path).map_err(io(path, "opening"))?;
         let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        file.read_to_end(&mut bytes).map_err(io(path, "reading"))?;
         let mut restored = Restored { next_in: 1, next_out: 1, ..Restored::default() };
         let mut at = 0usize;
         while at < bytes.len() {
             match parse(&bytes[at..]) {
                 Some((kind, body, size)) => {
-                    apply(&mut restored, kind, body).map_err(|e| format!("{}: record at byte {at}: {e}", path.display()))?;
+                    apply(&mut restored, kind, body).map_err(|what| StoreError::BadRecord { path: path.to_path_buf(), offset: at, what })?;
                     at += size;
                 }
                 None => {
                     if later_record_is_valid(&bytes[at..]) {
-                        return Err(format!("{}: damaged record at byte {at} followed by valid ones: refusing to guess", path.display()));
+                        return Err(StoreError::Damaged { path: path.to_path_buf(), offset: at });
                     }
                     // A torn write at the end: it was never acknowledged.
-                    file.set_len(at as u64).map_err(|e| format!("truncating {}: {e}", path.display()))?;
-                    file.seek(SeekFrom::End(0)).map_err(|e| format!("seeking {}: {e}", path.display()))?;
+                    file.set_len(at as u64).map_err(io(path, "truncating"))?;
+                    file.seek(SeekFrom::End(0)).map_err(io(path, "seeking"))?;
                     break;
                 }
             }
         }
-        let length = file.metadata().map_err(|e| format!("reading {}: {e}", path.display()))?.len();
+        let length = file.metadata().map_err(io(path, "reading"))?.len();
         let mut store = Store { file, path: path.to_path_buf(), pending: Vec::new(), dirty: false, length, reserved: length, bound: restored.account.is_some() };
         store.reserve();
         Ok((store, restored))
@@ -115,19 +151,18 @@ impl Store {
         &self.path
     }
 
-    fn write(&mut self, bytes: &[u8]) -> Result<(), String> {
+    fn write(&mut self, bytes: &[u8]) {
         self.pending.extend_from_slice(bytes);
-        Ok(())
     }
 
     /// Hands what was recorded to the operating system (enough to survive
     /// a crash of the process; [`Store::sync`] for a power cut).
-    pub fn flush(&mut self) -> Result<(), String> {
+    pub fn flush(&mut self) -> Result<(), StoreError> {
         if self.pending.is_empty() {
             return Ok(());
         }
         self.dirty = true;
-        let result = self.file.write_all(&self.pending).map_err(|e| format!("writing {}: {e}", self.path.display()));
+        let result = self.file.write_all(&self.pending).map_err(io(&self.path, "writing"));
         if result.is_ok() {
             self.length += self.pending.len() as u64;
         }
@@ -150,7 +185,7 @@ impl Store {
 
     /// Records a session store operation; `engine_seq` is the command whose
     /// report a sent message is (0 for the session's own messages).
-    pub fn record(&mut self, op: &StoreOp, engine_seq: u64) -> Result<(), String> {
+    pub fn record(&mut self, op: &StoreOp, engine_seq: u64) {
         let bytes = match op {
             StoreOp::Reset => record(RESET, &[]),
             StoreOp::Sent { seq, app } => {
@@ -164,29 +199,29 @@ impl Store {
             }
             StoreOp::Received { next_in } => record(RECEIVED, &next_in.to_le_bytes()),
         };
-        self.write(&bytes)
+        self.write(&bytes);
     }
 
     /// Binds the session to `account` from engine sequence number `seq` on.
-    pub fn bind(&mut self, account: u64, seq: u64) -> Result<(), String> {
+    pub fn bind(&mut self, account: u64, seq: u64) {
         let mut body = account.to_le_bytes().to_vec();
         body.extend_from_slice(&seq.to_le_bytes());
         self.bound = true;
-        self.write(&record(BOUND, &body))
+        self.write(&record(BOUND, &body));
     }
 
     /// Records that the journal ends at `seq`, before reports this store
     /// holds (see `REWIND`), and syncs it.
-    pub fn rewind(&mut self, seq: u64) -> Result<(), String> {
-        self.write(&record(REWIND, &seq.to_le_bytes()))?;
+    pub fn rewind(&mut self, seq: u64) -> Result<(), StoreError> {
+        self.write(&record(REWIND, &seq.to_le_bytes()));
         self.sync()
     }
 
     /// Makes everything recorded so far durable.
-    pub fn sync(&mut self) -> Result<(), String> {
+    pub fn sync(&mut self) -> Result<(), StoreError> {
         self.flush()?;
         if self.dirty {
-            self.file.sync_data().map_err(|e| format!("syncing {}: {e}", self.path.display()))?;
+            self.file.sync_data().map_err(io(&self.path, "syncing"))?;
             self.dirty = false;
         }
         Ok(())
@@ -213,7 +248,7 @@ fn later_record_is_valid(bytes: &[u8]) -> bool {
     (1..bytes.len()).any(|at| parse(&bytes[at..]).is_some_and(|(kind, _, _)| (RESET..=REWIND).contains(&kind)))
 }
 
-fn apply(restored: &mut Restored, kind: u8, body: &[u8]) -> Result<(), String> {
+fn apply(restored: &mut Restored, kind: u8, body: &[u8]) -> Result<(), &'static str> {
     match kind {
         RESET => {
             restored.next_in = 1;
@@ -238,7 +273,7 @@ fn apply(restored: &mut Restored, kind: u8, body: &[u8]) -> Result<(), String> {
             restored.through_seq = restored.through_seq.max(u64_at(body, 8).ok_or("short Bound record")?);
         }
         REWIND => restored.through_seq = u64_at(body, 0).ok_or("short Rewind record")?,
-        other => return Err(format!("unknown record kind {other}")),
+        _ => return Err("unknown record kind"),
     }
     Ok(())
 }
@@ -260,10 +295,10 @@ mod tests {
         {
             let (mut store, restored) = Store::open(&path).expect("open");
             assert_eq!((restored.next_in, restored.next_out), (1, 1));
-            store.bind(7, 40).expect("bind");
-            store.record(&StoreOp::Sent { seq: 1, app: None }, 0).expect("write");
-            store.record(&StoreOp::Sent { seq: 2, app: Some(b"8=FIX.4.4".to_vec()) }, 41).expect("write");
-            store.record(&StoreOp::Received { next_in: 5 }, 0).expect("write");
+            store.bind(7, 40);
+            store.record(&StoreOp::Sent { seq: 1, app: None }, 0);
+            store.record(&StoreOp::Sent { seq: 2, app: Some(b"8=FIX.4.4".to_vec()) }, 41);
+            store.record(&StoreOp::Received { next_in: 5 }, 0);
             store.sync().expect("sync");
         }
         {
@@ -277,7 +312,7 @@ mod tests {
             drop(store);
             let (mut store, restored) = Store::open(&copy).expect("open");
             assert_eq!((restored.through_seq, restored.next_out), (30, 3));
-            store.record(&StoreOp::Sent { seq: 3, app: None }, 33).expect("write");
+            store.record(&StoreOp::Sent { seq: 3, app: None }, 33);
             store.sync().expect("sync");
             drop(store);
             assert_eq!(Store::open(&copy).expect("open").1.through_seq, 33);
@@ -296,6 +331,6 @@ mod tests {
         let mut damaged = full.clone();
         damaged[30] ^= 0xff;
         std::fs::write(&path, &damaged).expect("write");
-        assert!(Store::open(&path).is_err(), "damage before valid records is refused");
+        assert!(matches!(Store::open(&path), Err(StoreError::Damaged { offset: 25, .. })), "damage before valid records is refused");
     }
 }

@@ -14,7 +14,7 @@ use crossbook_fix::decimal::{Decimal, average_text};
 use crossbook_fix::session::{Application, Outbox};
 use crossbook_fix::validate::Shape;
 use crossbook_fix::wire::Message;
-use crossbook_protocol::reports::{Addressed, cancel_code};
+use crossbook_protocol::reports::{Addressed, Refusal};
 use crossbook_protocol::{ExecutionReport, ReportKind};
 use std::collections::HashMap;
 
@@ -24,8 +24,23 @@ pub const FIX_CID_BASE: u64 = 1 << 63;
 /// Numbers the ExecIDs of refusals the gateway makes itself.
 static GATEWAY_EXEC_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
+/// The ExecID of a refusal that is no journaled command: unique across
+/// sessions and restarts (the clock, then a counter).
+fn gateway_exec_id() -> String {
+    format!("gw-{}-{}", super::now_ms(), GATEWAY_EXEC_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+}
+
 /// Longest ClOrdID accepted (it is journaled with the order).
 pub const MAX_CL_ORD_ID: usize = 60;
+
+/// The journal takes an annex of at most `MAX_ANNEX` bytes; the longest
+/// one this gateway writes is its kind, then the ClOrdID and the
+/// OrigClOrdID each after its length byte (`Annex::encode`). A longer
+/// ClOrdID limit must not compile, rather than fail a journal append.
+const LONGEST_ANNEX: usize = 1 + (1 + MAX_CL_ORD_ID) + (1 + MAX_CL_ORD_ID);
+const _: () = assert!(LONGEST_ANNEX <= crossbook_journal::format::MAX_ANNEX);
+/// A ClOrdID's length is one byte in the annex.
+const _: () = assert!(MAX_CL_ORD_ID <= u8::MAX as usize);
 
 /// Tags read and written here.
 mod tag {
@@ -140,8 +155,6 @@ pub struct FixBook {
     pending: HashMap<(AccountId, String), u64>,
     /// The next engine client id for a FIX order.
     next_cid: u64,
-    /// Orders known or pending per account (for the open-order limit).
-    open: HashMap<AccountId, usize>,
     /// The last `SEEN_CL_ORD_IDS` ClOrdIDs of new orders, open or not: a
     /// ClOrdID is used once (a resent order that was already taken must
     /// not trade twice). Rebuilt from the journal's annexes on start.
@@ -154,10 +167,15 @@ pub const SEEN_CL_ORD_IDS: usize = 1_000_000;
 
 /// One command and what it caused, as the FIX side needs it.
 pub struct FixEvent {
+    /// 0 for a refusal.
     pub seq: u64,
     pub command: Command,
     pub annex: Option<Annex>,
     pub reports: Vec<Addressed>,
+    /// An order the sequencer refused (the open-order limit) before the
+    /// engine or the journal saw it: its one report is the refusal, and
+    /// its ClOrdID was not used.
+    pub refused: bool,
 }
 
 /// A FIX message for an account's session.
@@ -190,16 +208,8 @@ impl FixBook {
         FixBook { next_cid: FIX_CID_BASE + 1, ..FixBook::default() }
     }
 
-    fn count(&mut self, account: AccountId, change: isize) {
-        let open = self.open.entry(account).or_default();
-        *open = open.saturating_add_signed(change);
-    }
-
     fn insert_order(&mut self, id: OrderId, order: FixOrder) {
-        let account = order.account;
-        if self.orders.insert(id, order).is_none() {
-            self.count(account, 1);
-        }
+        self.orders.insert(id, order);
     }
 
     fn order_by_cl_ord_id(&self, account: AccountId, cl_ord_id: &str) -> Option<OrderId> {
@@ -212,10 +222,8 @@ impl FixBook {
         let mut out = Vec::new();
         if let (Command::Place(place), Some(annex)) = (&event.command, &event.annex) {
             let key = (place.account, annex.cl_ord_id.clone());
-            if self.pending.remove(&key).is_some() {
-                self.count(place.account, -1);
-            }
-            if self.seen.insert(key.clone()) {
+            self.pending.remove(&key);
+            if !event.refused && self.seen.insert(key.clone()) {
                 self.seen_order.push_back(key);
                 if self.seen_order.len() > SEEN_CL_ORD_IDS
                     && let Some(old) = self.seen_order.pop_front()
@@ -235,7 +243,7 @@ impl FixBook {
             if report.kind == ReportKind::Rejected {
                 rejected = true;
             }
-            if report.kind == ReportKind::Cancelled && report.reason == cancel_code(crossbook_engine::CancelReason::CancelAll) {
+            if report.cancel_reason() == Some(crossbook_engine::CancelReason::CancelAll) {
                 mass_cancelled += 1;
             }
             if let Some(message) = self.report(event, addressed.account, &report, exec_id, instruments, now) {
@@ -325,7 +333,7 @@ impl FixBook {
             ReportKind::CancelAllDone => return None,
         };
         let cancelled_by_request = report.kind == ReportKind::Cancelled
-            && (report.reason == cancel_code(crossbook_engine::CancelReason::User) || report.reason == cancel_code(crossbook_engine::CancelReason::Replace));
+            && matches!(report.cancel_reason(), Some(crossbook_engine::CancelReason::User | crossbook_engine::CancelReason::Replace));
         if let Some(annex) = renamed
             && (report.kind == ReportKind::Replaced || cancelled_by_request)
         {
@@ -364,17 +372,15 @@ impl FixBook {
         }
         body.push(field(tag::SIDE, side_code(order.side)));
         body.push(field(tag::SYMBOL, instrument.map_or("?", |i| i.symbol.as_str())));
-        if report.kind == ReportKind::Cancelled {
-            body.push(field(tag::TEXT, cancel_text(report.reason)));
+        if let Some(reason) = report.cancel_reason() {
+            body.push(field(tag::TEXT, cancel_text(reason)));
         }
         body.push(field(tag::TIME_IN_FORCE, tif_code(order.tif)));
         body.push(field(tag::TRANSACT_TIME, now));
         body.push(field(tag::EXEC_TYPE, exec_type));
         body.push(field(tag::LEAVES_QTY, qty(report.leaves_qty)));
         if matches!(report.kind, ReportKind::Cancelled | ReportKind::Fill) {
-            if self.orders.remove(&report.order).is_some() {
-                self.count(account, -1);
-            }
+            self.orders.remove(&report.order);
             self.by_cl_ord_id.remove(&(account, order.cl_ord_id.clone()));
         }
         Some(Outgoing { account, msg_type: "8", body })
@@ -384,8 +390,16 @@ impl FixBook {
     /// OrderCancelReject for a cancel or a replace, a mass-cancel report
     /// for a mass cancel.
     fn rejection(&self, event: &FixEvent, account: AccountId, report: &ExecutionReport, annex: Option<&Annex>, instrument: Option<&FixInstrument>, now: &str) -> Outgoing {
-        let reason = crossbook_engine::RejectReason::from_code(report.reason);
-        let text = reason.map_or("rejected", |r| r.name());
+        let refusal = report.refusal();
+        let reason = match refusal {
+            Some(Refusal::Engine(reason)) => Some(reason),
+            _ => None,
+        };
+        let text = match refusal {
+            Some(Refusal::Engine(reason)) => reason.name(),
+            Some(Refusal::OpenOrderLimit) => "open order limit reached",
+            None => "rejected",
+        };
         let cl_ord_id = annex.map_or_else(|| report.cid.to_string(), |a| a.cl_ord_id.clone());
         match event.command {
             Command::Cancel { .. } | Command::Replace { .. } => {
@@ -426,20 +440,23 @@ impl FixBook {
             },
             _ => {
                 let symbol = instrument.map_or("?", |i| i.symbol.as_str()).to_owned();
-                new_order_reject(account, &cl_ord_id, &symbol, report.side, ord_rej_reason(reason), text, now, &format!("{}-{}", event.seq, 1))
+                // A refusal is not a journaled command: its ExecID is the
+                // gateway's own, like the refusals it decides alone.
+                let exec_id = if event.refused { gateway_exec_id() } else { format!("{}-{}", event.seq, 1) };
+                new_order_reject(account, &cl_ord_id, &symbol, report.side, ord_rej_reason(reason), text, now, &exec_id)
             }
         }
     }
 }
 
-fn cancel_text(code: u8) -> &'static str {
-    match code {
-        1 => "cancelled on request",
-        2 => "unfilled rest of an immediate order",
-        3 => "self-trade prevention",
-        4 => "replaced to no more than the filled quantity",
-        5 => "mass cancel",
-        _ => "cancelled",
+fn cancel_text(reason: crossbook_engine::CancelReason) -> &'static str {
+    use crossbook_engine::CancelReason::*;
+    match reason {
+        User => "cancelled on request",
+        Ioc => "unfilled rest of an immediate order",
+        Stp => "self-trade prevention",
+        Replace => "replaced to no more than the filled quantity",
+        CancelAll => "mass cancel",
     }
 }
 
@@ -503,8 +520,6 @@ pub struct VenueApp<'a> {
     pub requests: &'a mut Vec<Request>,
     pub now: String,
     pub now_ms: i64,
-    /// Open orders the account may have (the gateway's limit).
-    pub max_open_orders: usize,
     /// The account's API key, for Logon with Username/Password.
     pub credentials: Option<(String, String)>,
 }
@@ -521,8 +536,7 @@ impl VenueApp<'_> {
 
     fn reject_order(&self, message: &Message, reason: &str, why: &str, outbox: &mut Outbox<'_>) {
         let side = if message.get(tag::SIDE) == Some(b"2") { Side::Sell } else { Side::Buy };
-        // Unique across sessions and restarts: the clock, then a counter.
-        let exec_id = format!("gw-{}-{}", self.now_ms, GATEWAY_EXEC_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let exec_id = gateway_exec_id();
         let reject = new_order_reject(self.account, message.text(tag::CL_ORD_ID).unwrap_or(""), message.text(tag::SYMBOL).unwrap_or(""), side, reason, why, &self.now, &exec_id);
         outbox.send(reject.msg_type, Vec::new(), reject.body);
     }
@@ -557,10 +571,6 @@ impl VenueApp<'_> {
         let key = (self.account, cl_ord_id.clone());
         if self.book.by_cl_ord_id.contains_key(&key) || self.book.pending.contains_key(&key) || self.book.seen.contains(&key) {
             return self.reject_order(message, "6", "duplicate ClOrdID: an order with it was already taken", outbox);
-        }
-        let open = self.book.open.get(&self.account).copied().unwrap_or(0);
-        if open >= self.max_open_orders {
-            return self.reject_order(message, "99", "open order limit reached", outbox);
         }
         let Some(instrument) = self.instrument(message).cloned() else {
             return self.reject_order(message, "1", "unknown symbol", outbox);
@@ -617,7 +627,6 @@ impl VenueApp<'_> {
         let cid = self.book.next_cid;
         self.book.next_cid += 1;
         self.book.pending.insert(key, cid);
-        self.book.count(self.account, 1);
         let command = Command::Place(PlaceOrder { account: self.account, instrument: instrument.id, cid, side, order_type, tif, price, qty, post_only, stp, budget });
         self.requests.push(Request { command, annex: Annex { kind: b'D', cl_ord_id, orig_cl_ord_id: String::new() } });
     }

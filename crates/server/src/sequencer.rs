@@ -1,0 +1,349 @@
+//! The sequencer: journals and applies commands in the order they come,
+//! and hands each batch to the gateways ([`ReportSink`]s) once the journal
+//! holds it durably. It knows no gateway: what a gateway needs besides the
+//! command (the FIX ClOrdIDs) travels as the command's opaque annex, and
+//! the open-order limit is enforced here, once, for every gateway.
+//!
+//! It runs on the binary gateway's thread (`gateway.rs` calls it every
+//! round), so an order costs no hand-off between threads on its way in or
+//! out; the journal's writer syncs on its own thread and wakes the gateway
+//! when a group commit is done.
+
+use crate::sink::{Durable, Refused, ReportSink, Source};
+use crate::snapshotter::{KEEP_SNAPSHOTS, Snapshotter};
+use crate::{ServeError, Summary, log};
+use crossbook_engine::{Command, Engine, Event};
+use crossbook_journal::{Journal, micros_histogram, write_snapshot};
+use crossbook_protocol::ExecutionReport;
+use crossbook_protocol::reports::{Addressed, ReportBuilder};
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// A command for the sequencer, from a gateway.
+pub(crate) struct Inbound {
+    pub(crate) command: Command,
+    /// What the gateway journals with the command (at most
+    /// `crossbook_journal::format::MAX_ANNEX` bytes): the sequencer only
+    /// carries it, to the journal and back to the sinks.
+    pub(crate) annex: Option<Vec<u8>>,
+    pub(crate) source: Source,
+    /// The sending connection's commands in flight: the sequencer lowers
+    /// the count once the command's reports are out.
+    pub(crate) in_flight: Arc<InFlight>,
+}
+
+/// A connection's count of commands handed to the sequencer and not yet
+/// answered, and the reader thread to wake when it drops (the reader does
+/// not read its socket while the count is at the limit).
+pub(crate) struct InFlight {
+    count: AtomicU32,
+    /// A reader thread that parks while the count is at its limit (FIX
+    /// connections); the binary gateway looks at its counts once per round
+    /// instead.
+    reader: Option<thread::Thread>,
+}
+
+impl InFlight {
+    /// A count owned by the calling (reader) thread, which parks in
+    /// [`InFlight::wait_below`].
+    pub(crate) fn new() -> Arc<InFlight> {
+        Arc::new(InFlight { count: AtomicU32::new(0), reader: Some(thread::current()) })
+    }
+
+    /// A count for the binary gateway, which looks at it every round.
+    pub(crate) fn polled() -> Arc<InFlight> {
+        Arc::new(InFlight { count: AtomicU32::new(0), reader: None })
+    }
+
+    /// Waits while `limit` or more are in flight; `false` if `stopping`
+    /// said to give up.
+    pub(crate) fn wait_below(&self, limit: u32, stopping: impl Fn() -> bool) -> bool {
+        while self.count.load(Ordering::Acquire) >= limit {
+            if stopping() {
+                return false;
+            }
+            thread::park_timeout(Duration::from_millis(10));
+        }
+        true
+    }
+
+    pub(crate) fn count(&self) -> u32 {
+        self.count.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn add(&self, n: u32) {
+        self.count.fetch_add(n, Ordering::AcqRel);
+    }
+
+    fn done(&self) {
+        let before = self.count.fetch_sub(1, Ordering::AcqRel);
+        if let Some(reader) = &self.reader
+            && before == 1
+        {
+            reader.unpark();
+        }
+    }
+}
+
+/// What the sequencer runs with besides its queue.
+pub(crate) struct Settings<'a> {
+    pub(crate) data_dir: &'a Path,
+    pub(crate) snapshot_every: u64,
+    /// Open orders an account may have (`limits.open_orders`), whichever
+    /// gateway its orders come through.
+    pub(crate) open_orders: usize,
+    /// Set (by SIGUSR1) to take a snapshot now.
+    pub(crate) snapshot_now: &'a AtomicBool,
+    /// The sequence number of the last command applied, for whoever needs
+    /// the sequencer's progress (the FIX gateway binds a session from it).
+    pub(crate) applied: Arc<AtomicU64>,
+}
+
+/// One command of a batch, applied.
+struct Applied {
+    seq: u64,
+    command: Command,
+    annex: Option<Vec<u8>>,
+    /// Its reports in the batch's `reports`.
+    reports: Range<usize>,
+}
+
+/// An order the open-order limit refused.
+struct Refusal {
+    source: Source,
+    command: Command,
+    annex: Option<Vec<u8>>,
+    report: Addressed,
+}
+
+/// A batch applied and waiting for the journal: its last sequence number,
+/// its commands and their reports, the refusals that never reached the
+/// engine, and the in-flight counters to lower once it is out.
+struct Waiting {
+    last_seq: u64,
+    /// When the round that read the batch applied it.
+    applied_at: Instant,
+    commands: Vec<Applied>,
+    reports: Vec<Addressed>,
+    refused: Vec<Refusal>,
+    answered: Vec<Arc<InFlight>>,
+}
+
+pub(crate) struct Sequencer<'a> {
+    engine: Engine,
+    journal: Journal,
+    builder: ReportBuilder,
+    events: Vec<Event>,
+    /// Batches applied but not yet durable, oldest first.
+    waiting: VecDeque<Waiting>,
+    /// Per command, from the round that applied it to the release of its
+    /// reports (the journal's wait included), logged at shutdown: the
+    /// server's own share of a client's order-to-acknowledgement latency.
+    residence: hdrhistogram::Histogram<u64>,
+    commands: u64,
+    last_log: Instant,
+    logged: u64,
+    last_snapshot: u64,
+    snapshotter: Snapshotter,
+    settings: Settings<'a>,
+}
+
+impl<'a> Sequencer<'a> {
+    pub(crate) fn new(engine: Engine, journal: Journal, settings: Settings<'a>) -> Result<Sequencer<'a>, ServeError> {
+        settings.applied.store(engine.seq(), Ordering::Release);
+        let snapshotter = Snapshotter::start(settings.data_dir.to_path_buf(), journal.watch())?;
+        Ok(Sequencer {
+            builder: ReportBuilder::from_engine(&engine),
+            last_snapshot: engine.seq(),
+            engine,
+            journal,
+            events: Vec::new(),
+            waiting: VecDeque::new(),
+            residence: micros_histogram(),
+            commands: 0,
+            last_log: Instant::now(),
+            logged: 0,
+            snapshotter,
+            settings,
+        })
+    }
+
+    /// Journals and applies `batch` (emptied); its reports wait for the
+    /// journal. An order past its account's open-order limit is refused
+    /// here, before the journal, whichever gateway sent it.
+    pub(crate) fn apply(&mut self, batch: &mut Vec<Inbound>) -> Result<(), ServeError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut done = Waiting {
+            last_seq: 0,
+            applied_at: Instant::now(),
+            commands: Vec::with_capacity(batch.len()),
+            reports: Vec::new(),
+            refused: Vec::new(),
+            answered: Vec::with_capacity(batch.len()),
+        };
+        for item in batch.drain(..) {
+            done.answered.push(item.in_flight);
+            if let Command::Place(place) = &item.command
+                && self.builder.open_orders_of(place.account) >= self.settings.open_orders
+            {
+                let report = Addressed { account: place.account, report: ExecutionReport::open_order_refusal(place) };
+                done.refused.push(Refusal { source: item.source, command: item.command, annex: item.annex, report });
+                continue;
+            }
+            let seq = self.engine.seq() + 1;
+            self.journal.append_with(seq, &item.command, item.annex.as_deref())?;
+            self.events.clear();
+            self.engine.apply(&item.command, &mut self.events);
+            let first = done.reports.len();
+            self.builder.reports(&item.command, &self.events, &mut done.reports);
+            done.commands.push(Applied { seq, command: item.command, annex: item.annex, reports: first..done.reports.len() });
+            self.commands += 1;
+        }
+        self.journal.publish()?;
+        self.settings.applied.store(self.engine.seq(), Ordering::Release);
+        done.last_seq = self.engine.seq();
+        self.waiting.push_back(done);
+        Ok(())
+    }
+
+    /// Hands every batch the journal now holds to the sinks, oldest first.
+    /// What the journal acknowledged before a failure is released first:
+    /// those commands are durable, and their clients hear of them; then the
+    /// failure is the error.
+    pub(crate) fn release(&mut self, sinks: &mut [&mut dyn ReportSink]) -> Result<(), ServeError> {
+        if !self.waiting.is_empty() {
+            let acked = self.journal.acked();
+            self.release_through(acked, sinks);
+        }
+        match self.journal.failure() {
+            Some(failure) => Err(ServeError::Journal(failure)),
+            None => Ok(()),
+        }
+    }
+
+    fn release_through(&mut self, acked: u64, sinks: &mut [&mut dyn ReportSink]) {
+        while self.waiting.front().is_some_and(|w| w.last_seq <= acked) {
+            let Some(done) = self.waiting.pop_front() else { break };
+            let durable: Vec<Durable<'_>> = done.commands.iter().map(|c| Durable { seq: c.seq, command: &c.command, annex: c.annex.as_deref(), reports: &done.reports[c.reports.clone()] }).collect();
+            let refused: Vec<Refused<'_>> = done
+                .refused
+                .iter()
+                .filter_map(|r| match &r.command {
+                    Command::Place(place) => Some(Refused { source: r.source, place, annex: r.annex.as_deref(), report: &r.report }),
+                    _ => None,
+                })
+                .collect();
+            for sink in sinks.iter_mut() {
+                sink.released(&durable, &refused);
+            }
+            let micros = done.applied_at.elapsed().as_micros() as u64;
+            self.residence.saturating_record_n(micros, done.answered.len() as u64);
+            for counter in &done.answered {
+                counter.done();
+            }
+        }
+    }
+
+    /// Whether every batch applied is out.
+    pub(crate) fn idle(&self) -> bool {
+        self.waiting.is_empty()
+    }
+
+    /// Snapshots (due or asked for) and the periodic throughput line.
+    pub(crate) fn tick(&mut self) {
+        let requested = self.settings.snapshot_now.swap(false, Ordering::AcqRel);
+        let seq = self.engine.seq();
+        if requested || (self.settings.snapshot_every > 0 && seq - self.last_snapshot >= self.settings.snapshot_every) {
+            // Encoded here (quick), written and synced by the snapshotter,
+            // once the journal holds everything it covers. If the last one
+            // is still being written, this one is skipped: the next comes
+            // `snapshot_every` commands later (or ask again).
+            if self.snapshotter.is_free() {
+                let mut state = Vec::new();
+                self.engine.encode_state(&mut state);
+                self.snapshotter.offer(seq, state);
+                if requested {
+                    log(&format!("snapshot requested: writing one at seq {seq}"));
+                }
+            } else if requested {
+                log("snapshot requested: the previous one is still being written; ask again");
+            }
+            self.last_snapshot = seq;
+        }
+        // Every 5 s while commands come; nothing on an idle venue.
+        if self.last_log.elapsed() >= Duration::from_secs(5) {
+            if self.commands > self.logged {
+                let rate = (self.commands - self.logged) as f64 / self.last_log.elapsed().as_secs_f64();
+                log(&format!("throughput commands={} per_s={rate:.0} seq={seq}", self.commands));
+            }
+            self.last_log = Instant::now();
+            self.logged = self.commands;
+        }
+    }
+
+    /// Applies what is left, makes it all durable, writes a snapshot.
+    pub(crate) fn finish(mut self, leftover: Vec<Inbound>) -> Result<Summary, ServeError> {
+        let mut leftover = leftover;
+        self.apply(&mut leftover)?;
+        let watch = self.journal.watch();
+        let stats = self.journal.close()?;
+        if stats.writes > 0 || stats.syncs > 0 {
+            let h = &stats.sync_micros;
+            log(&format!(
+                "journal: {} writes, {:.1} commands each on average (largest {}); {} fdatasyncs, {:.0} us on average (p50 {} p99 {} p99.9 {} max {} us)",
+                stats.writes,
+                stats.average_group(),
+                stats.largest_group,
+                stats.syncs,
+                stats.average_sync_micros(),
+                h.value_at_quantile(0.5),
+                h.value_at_quantile(0.99),
+                h.value_at_quantile(0.999),
+                h.max()
+            ));
+        }
+        let w = &stats.write_to_sync_micros;
+        if !w.is_empty() {
+            log(&format!(
+                "journal (async): acknowledged writes waited for the sync covering them p50 {} p99 {} max {} us (over {} syncs): what a power cut could have taken back",
+                w.value_at_quantile(0.5),
+                w.value_at_quantile(0.99),
+                w.max(),
+                w.len()
+            ));
+        }
+        let h = &self.residence;
+        if h.len() > 0 {
+            log(&format!(
+                "in the server: {} commands, applied to reports released p50 {} p90 {} p99 {} p99.9 {} max {} us",
+                h.len(),
+                h.value_at_quantile(0.5),
+                h.value_at_quantile(0.9),
+                h.value_at_quantile(0.99),
+                h.value_at_quantile(0.999),
+                h.max()
+            ));
+        }
+        self.snapshotter.stop();
+        // The journal is closed and synced: the snapshot continues its last
+        // record. Its failure (a full disk) costs the next start a longer
+        // replay, nothing else.
+        let seq = self.engine.seq();
+        let snapshot = match watch.chain_at(seq) {
+            Some(chain) => write_snapshot(self.settings.data_dir, &self.engine, chain, KEEP_SNAPSHOTS).map(|_| ()).map_err(|e| e.to_string()),
+            None => Err("the checksum of the journal's last record is not at hand".to_string()),
+        };
+        match snapshot {
+            Ok(()) => log(&format!("snapshot written at seq {seq}")),
+            Err(e) => log(&format!("warning: the shutdown snapshot at seq {seq} was not written ({e}); the journal holds everything, and the next start replays it")),
+        }
+        Ok(Summary { seq, commands: self.commands })
+    }
+}

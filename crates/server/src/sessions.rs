@@ -1,0 +1,87 @@
+//! The binary gateway's sessions: which connection serves each logged-in
+//! account, every account's numbered report history (for replay on
+//! reconnect), and the frames waiting for the gateway to write. Owned by
+//! the gateway's thread, which also runs the sequencer: plain fields, no
+//! locks.
+
+use crate::sink::{BINARY, Durable, Refused, ReportSink};
+use crossbook_engine::AccountId;
+use crossbook_protocol::{ExecutionReport, ServerMessage, encode_server};
+use std::collections::{HashMap, VecDeque};
+
+/// Reports kept per account for replay to a session that reconnects.
+pub(crate) const HISTORY_REPORTS: usize = 100_000;
+
+/// A logged-in binary session: the gateway's connection serving it.
+pub(crate) struct Session {
+    pub(crate) connection: u64,
+}
+
+/// An account's session sequence and its recent reports (numbered; their
+/// frames are encoded when they are sent, live or replayed).
+#[derive(Default)]
+pub(crate) struct History {
+    /// The last sequence number given.
+    pub(crate) last: u64,
+    /// The last `HISTORY_REPORTS` reports, oldest first.
+    pub(crate) reports: VecDeque<ExecutionReport>,
+}
+
+impl History {
+    /// Numbers a report for its account and keeps it; returns it numbered.
+    fn record(&mut self, mut report: ExecutionReport) -> ExecutionReport {
+        self.last += 1;
+        report.seq = self.last;
+        if self.reports.len() == HISTORY_REPORTS {
+            self.reports.pop_front();
+        }
+        self.reports.push_back(report);
+        report
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Sessions {
+    pub(crate) by_account: HashMap<AccountId, Session>,
+    /// Every account's numbering since the journal began (rebuilt from it
+    /// at start-up), whether or not a session is logged in.
+    pub(crate) histories: HashMap<AccountId, History>,
+    /// Report frames for the gateway to write, by connection.
+    pub(crate) outbox: Vec<(u64, Vec<u8>)>,
+}
+
+impl ReportSink for Sessions {
+    /// Numbers every report for its account, and queues one buffer of
+    /// frames per logged-in account (one write for all of a session's
+    /// reports in the batch). Refusals of this gateway's orders go out
+    /// unnumbered (sequence number 0).
+    fn released(&mut self, durable: &[Durable<'_>], refused: &[Refused<'_>]) {
+        let mut outgoing: HashMap<AccountId, Vec<u8>> = HashMap::new();
+        for refusal in refused.iter().filter(|r| r.source == BINARY) {
+            let addressed = refusal.report;
+            if self.by_account.contains_key(&addressed.account) {
+                encode_server(&ServerMessage::ExecutionReport(addressed.report), outgoing.entry(addressed.account).or_default());
+            }
+        }
+        for command in durable {
+            for addressed in command.reports {
+                let report = self.histories.entry(addressed.account).or_default().record(addressed.report);
+                if self.by_account.contains_key(&addressed.account) {
+                    encode_server(&ServerMessage::ExecutionReport(report), outgoing.entry(addressed.account).or_default());
+                }
+            }
+        }
+        for (account, frames) in outgoing {
+            if let Some(session) = self.by_account.get(&account) {
+                self.outbox.push((session.connection, frames));
+            }
+        }
+    }
+
+    /// Numbers the reports as they were numbered live.
+    fn recovered(&mut self, durable: &Durable<'_>) {
+        for addressed in durable.reports {
+            self.histories.entry(addressed.account).or_default().record(addressed.report);
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! Where the sequencer's work goes: a gateway is a [`ReportSink`].
+//!
+//! The sequencer journals and applies commands and, once the journal holds
+//! a batch durably, hands each of its commands (sequence number, command,
+//! the annex its gateway journaled with it, the execution reports it
+//! caused) to every sink, in sequence order, the way ripgrep's searcher
+//! hands matches to a `Sink`. It knows nothing of how a gateway numbers,
+//! stores, encodes or routes them: the binary gateway numbers reports per
+//! account and writes frames; the FIX gateway turns them into FIX messages
+//! for the sessions bound to their accounts. A new gateway (market data, a
+//! REST API) is one more implementation and no change to the sequencer.
+//!
+//! At start-up the same commands are handed over again, one by one, as the
+//! journal is re-read ([`ReportSink::recovered`]): reports are a function
+//! of the journal, so a gateway rebuilds what it had sent (a session's
+//! numbering and history, a FIX store's missing messages) exactly.
+
+use crossbook_engine::{Command, PlaceOrder};
+use crossbook_protocol::reports::Addressed;
+
+/// Which gateway sent a command. The sequencer only carries it, so that a
+/// gateway can tell its own refusals from another's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Source(pub(crate) u8);
+
+/// The binary gateway's commands.
+pub(crate) const BINARY: Source = Source(0);
+/// The FIX gateway's commands.
+pub(crate) const FIX: Source = Source(1);
+
+/// One durable command and what it caused.
+pub(crate) struct Durable<'a> {
+    pub(crate) seq: u64,
+    pub(crate) command: &'a Command,
+    /// What the sending gateway journaled with the command (the FIX
+    /// ClOrdIDs), or `None`.
+    pub(crate) annex: Option<&'a [u8]>,
+    /// The execution reports, each addressed to the account it is for,
+    /// not yet numbered.
+    pub(crate) reports: &'a [Addressed],
+}
+
+/// An order refused by the open-order limit before it reached the engine
+/// or the journal: answered with `report` (sequence number 0) by the
+/// gateway it came from.
+pub(crate) struct Refused<'a> {
+    pub(crate) source: Source,
+    pub(crate) place: &'a PlaceOrder,
+    pub(crate) annex: Option<&'a [u8]>,
+    pub(crate) report: &'a Addressed,
+}
+
+pub(crate) trait ReportSink {
+    /// A batch the journal has made durable: its commands in sequence
+    /// order, and the orders refused while it was applied.
+    fn released(&mut self, durable: &[Durable<'_>], refused: &[Refused<'_>]);
+
+    /// One journaled command re-applied at start-up, in sequence order,
+    /// before any connection is served.
+    fn recovered(&mut self, durable: &Durable<'_>);
+}

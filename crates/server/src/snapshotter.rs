@@ -1,0 +1,94 @@
+//! The snapshotter thread: writes the states the sequencer offers, once
+//! the journal has synced everything they cover.
+
+use crate::{ServeError, log};
+use crossbook_journal::DurableWatch;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{SyncSender, sync_channel};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+/// Writes snapshots off the sequencer's thread: the sequencer encodes the
+/// state (quick) and offers it; this thread waits until the journal has
+/// *synced* every command the state covers (in async mode too: a snapshot
+/// is never ahead of what a power cut leaves), binds it to the checksum of
+/// its last record, writes it, syncs it, and prunes older ones. One at a
+/// time: an offer made while one is being written is declined, and made
+/// again later. A failed write (a full disk, say) removes its temporary
+/// file and is logged; the next one is tried when it is due.
+pub(crate) struct Snapshotter {
+    offers: SyncSender<(u64, Vec<u8>)>,
+    /// 1 while a snapshot is being written.
+    busy: Arc<AtomicU64>,
+    /// Set when the server stops: a snapshot still waiting for the journal
+    /// gives up (the final one is written after the journal closes).
+    stopping: Arc<AtomicBool>,
+    handle: thread::JoinHandle<()>,
+}
+
+/// Snapshots kept by `serve`.
+pub(crate) const KEEP_SNAPSHOTS: usize = 2;
+
+impl Snapshotter {
+    pub(crate) fn start(dir: std::path::PathBuf, journal: DurableWatch) -> Result<Snapshotter, ServeError> {
+        let (offers, receive) = sync_channel::<(u64, Vec<u8>)>(1);
+        let busy = Arc::new(AtomicU64::new(0));
+        let stopping = Arc::new(AtomicBool::new(false));
+        let (thread_busy, thread_stopping) = (busy.clone(), stopping.clone());
+        let handle = thread::Builder::new()
+            .name("snapshotter".into())
+            .spawn(move || {
+                while let Ok((seq, state)) = receive.recv() {
+                    write_when_durable(&dir, &journal, seq, &state, &thread_stopping);
+                    thread_busy.store(0, Ordering::Release);
+                }
+            })
+            .map_err(ServeError::io("starting the snapshotter thread"))?;
+        Ok(Snapshotter { offers, busy, stopping, handle })
+    }
+
+    pub(crate) fn is_free(&self) -> bool {
+        self.busy.load(Ordering::Acquire) == 0
+    }
+
+    /// Hands a state over.
+    pub(crate) fn offer(&self, seq: u64, state: Vec<u8>) {
+        self.busy.store(1, Ordering::Release);
+        if self.offers.try_send((seq, state)).is_err() {
+            self.busy.store(0, Ordering::Release);
+        }
+    }
+
+    /// Lets the snapshot being written finish (one still waiting for the
+    /// journal gives up) and stops the thread.
+    pub(crate) fn stop(self) {
+        self.stopping.store(true, Ordering::Release);
+        drop(self.offers);
+        let _ = self.handle.join();
+    }
+}
+
+/// The snapshotter's work for one offer: wait until the journal has synced
+/// `seq`, then write the snapshot bound to that record. Failures are
+/// logged, never fatal: the journal holds everything the snapshot would.
+fn write_when_durable(dir: &Path, journal: &DurableWatch, seq: u64, state: &[u8], stopping: &AtomicBool) {
+    loop {
+        match journal.wait_durable(seq, Duration::from_millis(100)) {
+            Ok(durable) if durable >= seq => break,
+            Ok(_) if stopping.load(Ordering::Acquire) => return,
+            Ok(_) => {}
+            // The venue is stopping on the journal's failure (logged there).
+            Err(_) => return,
+        }
+    }
+    let Some(chain) = journal.chain_at(seq) else {
+        log(&format!("snapshot at seq {seq} skipped: the journal no longer has its record's checksum at hand; the next one is taken when due"));
+        return;
+    };
+    let header = crossbook_journal::SnapshotHeader { seq, chain };
+    if let Err(e) = crossbook_journal::write_snapshot_state(dir, header, state, KEEP_SNAPSHOTS) {
+        log(&format!("snapshot at seq {seq} failed: {e}; its temporary file is removed, the snapshots before it are kept, and the next one is tried when due"));
+    }
+}
