@@ -52,6 +52,13 @@ const CLOSE_GRACE: Duration = Duration::from_secs(5);
 const FAIL_GRACE: Duration = Duration::from_secs(2);
 /// How often the loop looks at the shutdown flag.
 const TICK: Duration = Duration::from_millis(50);
+/// How long a login for an account whose session's connection still looks
+/// alive waits for that connection's end before it is refused: on loopback
+/// a client's close and its next connection's login can reach the server
+/// in either order.
+const RELOGIN_GRACE: Duration = Duration::from_millis(250);
+/// How often such a login looks again.
+const RELOGIN_POLL: Duration = Duration::from_millis(5);
 
 struct Conn {
     id: u64,
@@ -76,6 +83,8 @@ struct Conn {
     /// The connection of an earlier session of the account this one logs
     /// in for, found alive: the login is refused.
     probed: Option<u64>,
+    /// Since when its login has waited for an earlier session's end.
+    relogin_wait: Option<Instant>,
 }
 
 impl Conn {
@@ -122,6 +131,9 @@ struct Gateway<'a> {
     /// Connections with bytes left to read (stopped after `READS_PER_ROUND`)
     /// or held back by their in-flight limit.
     unread: HashSet<Token>,
+    /// Connections whose login waits for an earlier session's end
+    /// (`RELOGIN_GRACE`), looked at again every `RELOGIN_POLL`.
+    deferred: HashSet<Token>,
     next_id: u64,
     config: &'a Config,
     /// Logged-in sessions, report histories and the frames to write.
@@ -157,6 +169,7 @@ pub(crate) fn run(
         listener,
         conns: HashMap::new(),
         unread: HashSet::new(),
+        deferred: HashSet::new(),
         next_id: 0,
         config,
         sessions,
@@ -187,7 +200,13 @@ pub(crate) fn run(
             log(&format!("gateway: {rounds} polling rounds"));
             return Ok(());
         }
-        let timeout = if gateway.unread.is_empty() { TICK } else { Duration::ZERO };
+        let timeout = if !gateway.unread.is_empty() {
+            Duration::ZERO
+        } else if !gateway.deferred.is_empty() {
+            RELOGIN_POLL
+        } else {
+            TICK
+        };
         if let Err(e) = gateway.poll.poll(&mut events, Some(timeout))
             && e.kind() != ErrorKind::Interrupted {
                 return Err(ServeError::Io { what: "epoll".into(), source: e });
@@ -211,6 +230,8 @@ pub(crate) fn run(
         while let Ok(items) = inbound.try_recv() {
             gateway.commands.extend(items);
         }
+        let deferred: Vec<Token> = gateway.deferred.drain().collect();
+        gateway.unread.extend(deferred);
         gateway.read_ready();
         let round = sequencer.apply(&mut gateway.commands);
         // Reports of what the journal made durable go out even when this
@@ -291,6 +312,7 @@ impl Gateway<'_> {
             held: false,
             accepted_at: Instant::now(),
             probed: None,
+            relogin_wait: None,
         };
         self.conns.insert(token, conn);
         // Bytes may already be waiting.
@@ -349,7 +371,18 @@ impl Gateway<'_> {
             while let Err(Stop::Conflict(old)) = decoded {
                 let old_token = Token(old as usize + 2);
                 match self.conns.get(&old_token).map(Conn::is_alive) {
-                    Some(true) => {}
+                    Some(true) => {
+                        // Its end may still be on the way: look again for
+                        // a moment before refusing (the login stays in
+                        // the buffer meanwhile).
+                        let Some(conn) = self.conns.get_mut(&token) else { break };
+                        let since = *conn.relogin_wait.get_or_insert_with(Instant::now);
+                        if since.elapsed() < RELOGIN_GRACE {
+                            self.deferred.insert(token);
+                            decoded = Ok(());
+                            break;
+                        }
+                    }
                     Some(false) => self.close(old_token, "gone (found at its account's next login)".into()),
                     None => self.sessions.by_account.retain(|_, s| s.connection != old),
                 }

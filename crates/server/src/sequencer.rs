@@ -9,7 +9,7 @@
 //! out; the journal's writer syncs on its own thread and wakes the gateway
 //! when a group commit is done.
 
-use crate::sink::{Durable, Refused, ReportSink, Source};
+use crate::sink::{Applied, Refusal, Released, ReportSink, Source};
 use crate::snapshotter::{KEEP_SNAPSHOTS, Snapshotter};
 use crate::{ServeError, Summary, log};
 use crossbook_engine::{Command, Engine, Event};
@@ -17,7 +17,6 @@ use crossbook_journal::{Journal, micros_histogram, write_snapshot};
 use crossbook_protocol::ExecutionReport;
 use crossbook_protocol::reports::{Addressed, ReportBuilder};
 use std::collections::VecDeque;
-use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -104,23 +103,6 @@ pub(crate) struct Settings<'a> {
     pub(crate) applied: Arc<AtomicU64>,
 }
 
-/// One command of a batch, applied.
-struct Applied {
-    seq: u64,
-    command: Command,
-    annex: Option<Vec<u8>>,
-    /// Its reports in the batch's `reports`.
-    reports: Range<usize>,
-}
-
-/// An order the open-order limit refused.
-struct Refusal {
-    source: Source,
-    command: Command,
-    annex: Option<Vec<u8>>,
-    report: Addressed,
-}
-
 /// A batch applied and waiting for the journal: its last sequence number,
 /// its commands and their reports, the refusals that never reached the
 /// engine, and the in-flight counters to lower once it is out.
@@ -194,7 +176,7 @@ impl<'a> Sequencer<'a> {
                 && self.builder.open_orders_of(place.account) >= self.settings.open_orders
             {
                 let report = Addressed { account: place.account, report: ExecutionReport::open_order_refusal(place) };
-                done.refused.push(Refusal { source: item.source, command: item.command, annex: item.annex, report });
+                done.refused.push(Refusal { source: item.source, place: *place, annex: item.annex, report });
                 continue;
             }
             let seq = self.engine.seq() + 1;
@@ -231,17 +213,9 @@ impl<'a> Sequencer<'a> {
     fn release_through(&mut self, acked: u64, sinks: &mut [&mut dyn ReportSink]) {
         while self.waiting.front().is_some_and(|w| w.last_seq <= acked) {
             let Some(done) = self.waiting.pop_front() else { break };
-            let durable: Vec<Durable<'_>> = done.commands.iter().map(|c| Durable { seq: c.seq, command: &c.command, annex: c.annex.as_deref(), reports: &done.reports[c.reports.clone()] }).collect();
-            let refused: Vec<Refused<'_>> = done
-                .refused
-                .iter()
-                .filter_map(|r| match &r.command {
-                    Command::Place(place) => Some(Refused { source: r.source, place, annex: r.annex.as_deref(), report: &r.report }),
-                    _ => None,
-                })
-                .collect();
+            let batch = Released { commands: &done.commands, reports: &done.reports, refused: &done.refused };
             for sink in sinks.iter_mut() {
-                sink.released(&durable, &refused);
+                sink.released(&batch);
             }
             let micros = done.applied_at.elapsed().as_micros() as u64;
             self.residence.saturating_record_n(micros, done.answered.len() as u64);

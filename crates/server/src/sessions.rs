@@ -4,7 +4,7 @@
 //! the gateway's thread, which also runs the sequencer: plain fields, no
 //! locks.
 
-use crate::sink::{BINARY, Durable, Refused, ReportSink};
+use crate::sink::{BINARY, Durable, Released, ReportSink};
 use crossbook_engine::AccountId;
 use crossbook_protocol::{ExecutionReport, ServerMessage, encode_server};
 use std::collections::{HashMap, VecDeque};
@@ -55,15 +55,15 @@ impl ReportSink for Sessions {
     /// frames per logged-in account (one write for all of a session's
     /// reports in the batch). Refusals of this gateway's orders go out
     /// unnumbered (sequence number 0).
-    fn released(&mut self, durable: &[Durable<'_>], refused: &[Refused<'_>]) {
+    fn released(&mut self, batch: &Released<'_>) {
         let mut outgoing: HashMap<AccountId, Vec<u8>> = HashMap::new();
-        for refusal in refused.iter().filter(|r| r.source == BINARY) {
+        for refusal in batch.refused().filter(|r| r.source == BINARY) {
             let addressed = refusal.report;
             if self.by_account.contains_key(&addressed.account) {
                 encode_server(&ServerMessage::ExecutionReport(addressed.report), outgoing.entry(addressed.account).or_default());
             }
         }
-        for command in durable {
+        for command in batch.durable() {
             for addressed in command.reports {
                 let report = self.histories.entry(addressed.account).or_default().record(addressed.report);
                 if self.by_account.contains_key(&addressed.account) {

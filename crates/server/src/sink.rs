@@ -17,6 +17,7 @@
 
 use crossbook_engine::{Command, PlaceOrder};
 use crossbook_protocol::reports::Addressed;
+use std::ops::Range;
 
 /// Which gateway sent a command. The sequencer only carries it, so that a
 /// gateway can tell its own refusals from another's.
@@ -50,10 +51,47 @@ pub(crate) struct Refused<'a> {
     pub(crate) report: &'a Addressed,
 }
 
+/// A command the sequencer applied, as it keeps it until it is durable.
+pub(crate) struct Applied {
+    pub(crate) seq: u64,
+    pub(crate) command: Command,
+    pub(crate) annex: Option<Vec<u8>>,
+    /// Its reports in the batch's report list.
+    pub(crate) reports: Range<usize>,
+}
+
+/// An order the open-order limit refused, as the sequencer keeps it.
+pub(crate) struct Refusal {
+    pub(crate) source: Source,
+    pub(crate) place: PlaceOrder,
+    pub(crate) annex: Option<Vec<u8>>,
+    pub(crate) report: Addressed,
+}
+
+/// A batch the journal has made durable, as the sinks see it.
+pub(crate) struct Released<'a> {
+    pub(crate) commands: &'a [Applied],
+    pub(crate) reports: &'a [Addressed],
+    pub(crate) refused: &'a [Refusal],
+}
+
+impl<'a> Released<'a> {
+    /// Its commands, in sequence order.
+    pub(crate) fn durable(&self) -> impl Iterator<Item = Durable<'a>> + use<'a> {
+        let reports = self.reports;
+        self.commands.iter().map(move |c| Durable { seq: c.seq, command: &c.command, annex: c.annex.as_deref(), reports: &reports[c.reports.clone()] })
+    }
+
+    /// The orders refused while it was applied, in the order they came.
+    pub(crate) fn refused(&self) -> impl Iterator<Item = Refused<'a>> + use<'a> {
+        self.refused.iter().map(|r| Refused { source: r.source, place: &r.place, annex: r.annex.as_deref(), report: &r.report })
+    }
+}
+
 pub(crate) trait ReportSink {
     /// A batch the journal has made durable: its commands in sequence
     /// order, and the orders refused while it was applied.
-    fn released(&mut self, durable: &[Durable<'_>], refused: &[Refused<'_>]);
+    fn released(&mut self, batch: &Released<'_>);
 
     /// One journaled command re-applied at start-up, in sequence order,
     /// before any connection is served.

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::sequencer::Inbound;
-use crate::sink::{Durable, Refused, ReportSink};
+use crate::sink::{Durable, Released, ReportSink};
 use store::{Store, StoreError};
 use venue::{Annex, FixBook, FixEvent, FixInstrument, Request, VenueApp};
 
@@ -786,9 +786,9 @@ impl FixSink {
 }
 
 impl ReportSink for FixSink {
-    fn released(&mut self, durable: &[Durable<'_>], refused: &[Refused<'_>]) {
-        let mut events: Vec<FixEvent> = durable.iter().filter_map(|d| self.event(d)).collect();
-        events.extend(refused.iter().filter(|r| r.source == crate::sink::FIX).map(|r| FixEvent {
+    fn released(&mut self, batch: &Released<'_>) {
+        let mut events: Vec<FixEvent> = batch.durable().filter_map(|d| self.event(&d)).collect();
+        events.extend(batch.refused().filter(|r| r.source == crate::sink::FIX).map(|r| FixEvent {
             seq: 0,
             command: crossbook_engine::Command::Place(*r.place),
             annex: r.annex.and_then(Annex::decode),
