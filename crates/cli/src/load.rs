@@ -102,25 +102,14 @@ impl Wire for BinaryWire {
 /// FIX 4.4: NewOrderSingle and OrderCancelRequest out, ExecutionReports
 /// in. ClOrdID is the client id in decimal.
 struct FixWire {
-    comp_id: String,
-    next_out: u64,
+    writer: crossbook_client::fix::Writer,
 }
 
 impl FixWire {
     fn message(&mut self, msg_type: &str, body: &[(u32, &str)], out: &mut Vec<u8>) {
-        let mut b = crossbook_fix::wire::Builder::new();
-        let now = crossbook_fix::time::format_timestamp(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64));
-        b.str(35, msg_type).num(34, self.next_out).str(49, &self.comp_id).str(52, &now).str(56, FIX_TARGET);
-        for (tag, value) in body {
-            b.str(*tag, value);
-        }
-        self.next_out += 1;
-        out.extend_from_slice(&b.finish("FIX.4.4"));
+        out.extend_from_slice(&self.writer.message(msg_type, body));
     }
 }
-
-/// The server's default FIX CompID.
-const FIX_TARGET: &str = "CROSSBOOK";
 
 impl Wire for FixWire {
     fn order(&mut self, order: &NewOrder, out: &mut Vec<u8>) {
@@ -166,30 +155,14 @@ impl Wire for FixWire {
 
 /// Logs on over FIX (a fresh sequence, ResetSeqNumFlag) as demo `account`.
 fn connect_fix(address: &str, account: u64) -> Result<(TcpStream, FixWire)> {
-    let mut stream = TcpStream::connect(address).with_context(|| format!("connecting to {address}"))?;
-    stream.set_nodelay(true)?;
-    let mut wire = FixWire { comp_id: format!("LOAD{account}"), next_out: 1 };
-    let (user, key) = (account.to_string(), crossbook_server::config::demo_key(account));
-    let mut logon = Vec::new();
-    wire.message("A", &[(98, "0"), (108, "30"), (141, "Y"), (553, &user), (554, &key)], &mut logon);
-    stream.write_all(&logon)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut buffer = Vec::new();
-    let mut chunk = [0u8; 1024];
-    loop {
-        if let crossbook_fix::wire::Frame::Message(size) = crossbook_fix::wire::frame(&buffer, 1 << 16) {
-            let reply = crossbook_fix::wire::Message::parse(&buffer[..size]).map_err(|e| anyhow::anyhow!("garbled Logon reply: {e}"))?;
-            if reply.msg_type() == b"A" {
-                return Ok((stream, wire));
-            }
-            bail!("FIX logon as account {account} refused: {}", crossbook_fix::wire::printable(reply.raw()));
-        }
-        let n = stream.read(&mut chunk)?;
-        if n == 0 {
-            bail!("the server closed the connection during the FIX logon");
-        }
-        buffer.extend_from_slice(&chunk[..n]);
+    let mut initiator = crossbook_client::fix::Initiator::connect(address, &format!("LOAD{account}")).with_context(|| format!("connecting to {address}"))?;
+    initiator.set_timeout(Duration::from_secs(5));
+    initiator.logon(account, &crossbook_server::config::demo_key(account), true).with_context(|| format!("FIX logon as account {account}"))?;
+    let (stream, writer, buffered) = initiator.into_parts();
+    if !buffered.is_empty() {
+        bail!("account {account}: the server sent more than the Logon reply before any order");
     }
+    Ok((stream, FixWire { writer }))
 }
 
 /// What one session counted.
@@ -213,36 +186,16 @@ fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 600_000_000_000, 3).expect("valid histogram bounds")
 }
 
+/// Logs in over the binary protocol as demo `account`, asking for no
+/// replay of an earlier run's reports.
 fn connect(address: &str, account: u64) -> Result<TcpStream> {
-    let mut stream = TcpStream::connect(address).with_context(|| format!("connecting to {address}"))?;
-    stream.set_nodelay(true)?;
-    let key = crossbook_server::config::demo_key(account);
-    let mut api_key = [0u8; API_KEY_BYTES];
-    api_key[..key.len()].copy_from_slice(key.as_bytes());
-    let mut frame = Vec::new();
-    // A load generator wants no replay of an earlier run's reports.
-    encode_client(&ClientMessage::Login { account, api_key, last_seen: u64::MAX }, &mut frame);
-    stream.write_all(&frame)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut buffer = Vec::new();
-    let mut chunk = [0u8; 256];
-    loop {
-        if let Ok(Decoded::Message(message, size)) = decode_server(&buffer, 1 << 16) {
-            match message {
-                ServerMessage::LoginAccepted { .. } => {
-                    if buffer.len() > size {
-                        bail!("account {account}: the server sent more than the login reply before any order");
-                    }
-                    return Ok(stream);
-                }
-                other => bail!("login as account {account} refused: {other:?}"),
-            }
-        }
-        let n = stream.read(&mut chunk)?;
-        if n == 0 {
-            bail!("the server closed the connection during login");
-        }
-        buffer.extend_from_slice(&chunk[..n]);
+    let (mut client, reply) = crossbook_client::binary::Client::login(address, account, &crossbook_server::config::demo_key(account), u64::MAX)
+        .with_context(|| format!("logging in to {address} as account {account}"))?;
+    client.set_timeout(Duration::from_secs(5));
+    match reply {
+        ServerMessage::LoginAccepted { .. } if client.buffered() == 0 => Ok(client.into_parts().0),
+        ServerMessage::LoginAccepted { .. } => bail!("account {account}: the server sent more than the login reply before any order"),
+        other => bail!("login as account {account} refused: {other:?}"),
     }
 }
 

@@ -64,7 +64,7 @@ fn login_with_replay(address: &str, account: u64, name: &str) -> (Client, u64, S
 /// Sends orders (both sides, around 100) until the connection fails or
 /// `stop`; another thread reads and records every numbered report.
 fn trade(client: Client, seed: u64, stop: Arc<AtomicBool>, seen: Arc<Mutex<Seen>>, received: Arc<AtomicU64>) -> std::thread::JoinHandle<()> {
-    let mut writer = client.stream.try_clone().unwrap();
+    let mut writer = client.stream().try_clone().unwrap();
     writer.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
     let sender = std::thread::spawn(move || {
         let mut rng = Rng::new(seed);

@@ -10,100 +10,65 @@
 
 use crate::serve::start_default;
 use crossbook_fix::time::format_timestamp;
-use crossbook_fix::wire::{Builder, Frame, Message, frame, printable};
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use crossbook_fix::wire::{Message, printable};
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub(crate) fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
-pub(crate) struct FixClient {
-    stream: TcpStream,
-    buffer: Vec<u8>,
-    comp_id: String,
-    next_out: u64,
-}
+/// The FIX initiator of `crossbook-client`, with the test's habits: every
+/// failure is a panic with what happened.
+pub(crate) struct FixClient(crossbook_client::fix::Initiator);
 
 impl FixClient {
     pub(crate) fn connect(address: &str, comp_id: &str) -> FixClient {
-        let stream = TcpStream::connect(address).unwrap();
-        stream.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-        FixClient { stream, buffer: Vec::new(), comp_id: comp_id.into(), next_out: 1 }
-    }
-
-    fn message(&mut self, msg_type: &str, body: &[(u32, &str)]) -> Vec<u8> {
-        let mut b = Builder::new();
-        b.str(35, msg_type).num(34, self.next_out).str(49, &self.comp_id).str(52, &format_timestamp(now_ms())).str(56, "CROSSBOOK");
-        for (tag, value) in body {
-            b.str(*tag, value);
-        }
-        self.next_out += 1;
-        b.finish("FIX.4.4")
+        let mut initiator = crossbook_client::fix::Initiator::connect(address, comp_id).unwrap_or_else(|e| panic!("connecting to {address}: {e}"));
+        initiator.set_timeout(Duration::from_secs(10));
+        FixClient(initiator)
     }
 
     pub(crate) fn send(&mut self, msg_type: &str, body: &[(u32, &str)]) {
-        let raw = self.message(msg_type, body);
-        self.stream.write_all(&raw).unwrap();
+        self.0.send(msg_type, body).unwrap_or_else(|e| panic!("send: {e}"));
+    }
+
+    /// Raw bytes, as a broken or hostile counterparty would send them.
+    pub(crate) fn send_bytes(&mut self, bytes: &[u8]) -> Result<(), crossbook_client::ClientError> {
+        self.0.send_bytes(bytes)
+    }
+
+    /// The next MsgSeqNum this client sends.
+    pub(crate) fn next_out(&self) -> u64 {
+        self.0.writer.next_out
+    }
+
+    /// Its message writer (header, MsgSeqNum), to build a message by hand
+    /// or to set the sequence number.
+    pub(crate) fn writer(&mut self) -> &mut crossbook_client::fix::Writer {
+        &mut self.0.writer
     }
 
     pub(crate) fn logon(&mut self, account: u64, key: &str) -> Message {
-        let account = account.to_string();
-        self.send("A", &[(98, "0"), (108, "30"), (553, &account), (554, key)]);
-        let reply = self.recv().expect("a Logon reply");
-        assert_eq!(reply.msg_type(), b"A", "{}", printable(reply.raw()));
-        reply
+        self.0.logon(account, key, false).unwrap_or_else(|e| panic!("logon as {account}: {e}"))
     }
 
     /// The next message, or `None` after 10 s (or on close).
     pub(crate) fn recv(&mut self) -> Option<Message> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match frame(&self.buffer, 1 << 20) {
-                Frame::Message(n) => {
-                    let raw: Vec<u8> = self.buffer.drain(..n).collect();
-                    return Some(Message::parse(&raw).unwrap_or_else(|e| panic!("garbled from the server ({e}): {}", printable(&raw))));
-                }
-                Frame::NeedMore => {}
-                other => panic!("server sent something unframeable: {other:?}"),
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            let mut chunk = [0u8; 4096];
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return None,
-                Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-                Err(_) => return None,
-            }
+        match self.0.recv() {
+            Ok(message) => message,
+            Err(crossbook_client::ClientError::TimedOut) => None,
+            Err(e) => panic!("recv: {e}"),
         }
     }
 
     /// The next message that is not a Heartbeat.
     pub(crate) fn next(&mut self) -> Message {
-        loop {
-            let message = self.recv().expect("a message from the server");
-            if message.msg_type() != b"0" {
-                return message;
-            }
-        }
+        self.0.next_app().unwrap_or_else(|e| panic!("expected a message from the server: {e}"))
     }
 
     pub(crate) fn closed(&mut self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            let mut chunk = [0u8; 4096];
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return true,
-                Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-                Err(_) => return true,
-            }
-        }
-        false
+        self.0.wait_closed().unwrap_or(true)
     }
 }
 
@@ -207,26 +172,26 @@ fn malformed_input_costs_only_its_own_session() {
 
     // A bad checksum and a bad body length are garbled: ignored, no Reject,
     // and the sequence number they carried is still expected.
-    let mut bad_sum = alice.message("1", &[(112, "X")]);
+    let mut bad_sum = alice.writer().message("1", &[(112, "X")]);
     let at = bad_sum.len() - 4;
     bad_sum[at] = if bad_sum[at] == b'9' { b'0' } else { bad_sum[at] + 1 };
-    alice.stream.write_all(&bad_sum).unwrap();
-    alice.next_out -= 1;
-    let good = Message::parse(&alice.message("1", &[(112, "Y")])).unwrap();
+    alice.send_bytes(&bad_sum).unwrap();
+    alice.writer().next_out -= 1;
+    let good = Message::parse(&alice.writer().message("1", &[(112, "Y")])).unwrap();
     let length: usize = good.text(9).unwrap().parse().unwrap();
     let short = String::from_utf8(good.raw().to_vec()).unwrap().replacen(&format!("9={length}"), &format!("9={}", length - 5), 1);
-    alice.stream.write_all(short.as_bytes()).unwrap();
-    alice.next_out -= 1;
+    alice.send_bytes(short.as_bytes()).unwrap();
+    alice.writer().next_out -= 1;
     // Garbage between messages is skipped.
-    alice.stream.write_all(b"this is not FIX\x01\x01").unwrap();
+    alice.send_bytes(b"this is not FIX\x01\x01").unwrap();
     alice.send("1", &[(112, "after-garbage")]);
     expect(&alice.recv().expect("a Heartbeat"), &[(35, "0"), (112, "after-garbage")]);
 
     // A 10 MB message: refused as soon as its length is read, with a
     // Logout naming why; the connection closes.
-    let huge = format!("8=FIX.4.4\x019=10000000\x0135=D\x0134={}\x01", alice.next_out);
-    alice.stream.write_all(huge.as_bytes()).unwrap();
-    let _ = alice.stream.write_all(&vec![b'x'; 1 << 20]);
+    let huge = format!("8=FIX.4.4\x019=10000000\x0135=D\x0134={}\x01", alice.next_out());
+    alice.send_bytes(huge.as_bytes()).unwrap();
+    let _ = alice.send_bytes(&vec![b'x'; 1 << 20]);
     let logout = alice.next();
     expect(&logout, &[(35, "5")]);
     assert!(logout.text(58).is_some_and(|t| t.contains("longer than")), "{}", printable(logout.raw()));
@@ -245,6 +210,8 @@ fn malformed_input_costs_only_its_own_session() {
     let refused = mallory.next();
     expect(&refused, &[(35, "5")]);
     assert!(mallory.closed());
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -258,7 +225,7 @@ fn sequence_numbers_and_missed_reports_survive_a_restart() {
     alice.send("5", &[]);
     expect(&alice.next(), &[(35, "5")]);
     assert!(alice.closed());
-    let alice_next_out = alice.next_out;
+    let alice_next_out = alice.next_out();
 
     // While Alice is away, Bob fills her order.
     let mut bob = FixClient::connect(&server.fix_address, "BOB");
@@ -272,7 +239,7 @@ fn sequence_numbers_and_missed_reports_survive_a_restart() {
 
     let server = start_default(&dir);
     let mut alice = FixClient::connect(&server.fix_address, "ALICE");
-    alice.next_out = alice_next_out;
+    alice.writer().next_out = alice_next_out;
     // Alice saw messages 1..=3 (Logon, New, Logout); the server numbered
     // her fill 4 while she was away, so its Logon is 5 and she asks for 4.
     let logon = alice.logon(1, "demo-key-1");

@@ -4,7 +4,7 @@
 
 use crossbook_engine::{OrderType, RejectReason, SelfTradePrevention, Side, TimeInForce};
 use crossbook_protocol::*;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -190,50 +190,36 @@ impl Drop for Server {
     }
 }
 
-pub(crate) struct Client {
-    pub(crate) stream: TcpStream,
-    buffer: Vec<u8>,
-}
+/// The binary client of `crossbook-client`, with the test's habits: every
+/// failure is a panic with what happened.
+pub(crate) struct Client(pub(crate) crossbook_client::binary::Client);
 
 impl Client {
     pub(crate) fn connect(address: &str) -> Client {
-        let stream = TcpStream::connect(address).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        Client { stream, buffer: Vec::new() }
+        Client(crossbook_client::binary::Client::connect(address).unwrap_or_else(|e| panic!("connecting to {address}: {e}")))
     }
 
     pub(crate) fn login(address: &str, account: u64, key: &str) -> (Client, ServerMessage) {
-        let mut client = Client::connect(address);
-        let mut api_key = [0u8; API_KEY_BYTES];
-        api_key[..key.len()].copy_from_slice(key.as_bytes());
-        client.send(&ClientMessage::Login { account, api_key, last_seen: 0 });
-        let reply = client.recv().expect("a reply to login");
-        (client, reply)
+        let (client, reply) = crossbook_client::binary::Client::login(address, account, key, 0).unwrap_or_else(|e| panic!("login as {account}: {e}"));
+        (Client(client), reply)
     }
 
     pub(crate) fn send(&mut self, message: &ClientMessage) {
-        let mut frame = Vec::new();
-        encode_client(message, &mut frame);
-        self.stream.write_all(&frame).unwrap();
+        self.0.send(message).unwrap_or_else(|e| panic!("send: {e}"));
+    }
+
+    /// Raw bytes, as a hostile client would send them.
+    pub(crate) fn send_bytes(&mut self, bytes: &[u8]) -> Result<(), crossbook_client::ClientError> {
+        self.0.send_bytes(bytes)
+    }
+
+    pub(crate) fn stream(&self) -> &TcpStream {
+        self.0.stream()
     }
 
     /// The next message, or `None` once the server has closed.
     pub(crate) fn recv(&mut self) -> Option<ServerMessage> {
-        loop {
-            if let Ok(Decoded::Message(message, used)) = decode_server(&self.buffer, 1 << 16) {
-                self.buffer.drain(..used);
-                return Some(message);
-            }
-            let mut chunk = [0u8; 4096];
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return None,
-                Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
-                // A server that closes with our bytes unread resets the
-                // connection: closed all the same.
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
-                Err(e) => panic!("read: {e}"),
-            }
-        }
+        self.0.recv().unwrap_or_else(|e| panic!("recv: {e}"))
     }
 
     fn report(&mut self) -> ExecutionReport {
@@ -305,7 +291,7 @@ fn two_accounts_trade_a_third_cannot_interfere_and_state_survives_a_restart() {
 
     // Garbage on another connection costs only that connection.
     let mut garbage = Client::connect(&address);
-    garbage.stream.write_all(&[0xff, 0xff, 0xff, 0xff, 1, 2, 3]).unwrap();
+    garbage.send_bytes(&[0xff, 0xff, 0xff, 0xff, 1, 2, 3]).unwrap();
     assert_eq!(garbage.recv(), Some(ServerMessage::Error { reason: ProtocolError::FrameTooLong }));
     assert_eq!(garbage.recv(), None);
     server.expect_log("frame_too_long");
@@ -398,8 +384,8 @@ fn garbage_costs_only_its_own_connection() {
             bytes.truncate(bytes.len().min(10));
         }
         let mut garbage = Client::connect(&server.address);
-        let _ = garbage.stream.write_all(&bytes);
-        let _ = garbage.stream.shutdown(std::net::Shutdown::Write);
+        let _ = garbage.send_bytes(&bytes);
+        let _ = garbage.stream().shutdown(std::net::Shutdown::Write);
         // Whatever the server answers, it closes this connection.
         let closed = Instant::now();
         while garbage.recv().is_some() {

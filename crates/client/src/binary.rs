@@ -1,0 +1,106 @@
+//! The binary order-entry protocol (`docs/protocol.md`), client side.
+
+use crate::{ClientError, DEFAULT_TIMEOUT, read_some};
+use crossbook_protocol::{API_KEY_BYTES, ClientMessage, Decoded, MAX_FRAME, ServerMessage, decode_server, encode_client};
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// The API key field of a Login: `key`'s bytes, zero-padded (a longer key
+/// is cut at `API_KEY_BYTES`, and the server will refuse it).
+pub fn api_key(key: &str) -> [u8; API_KEY_BYTES] {
+    let mut field = [0u8; API_KEY_BYTES];
+    let bytes = &key.as_bytes()[..key.len().min(API_KEY_BYTES)];
+    field[..bytes.len()].copy_from_slice(bytes);
+    field
+}
+
+/// One connection to the binary port.
+pub struct Client {
+    stream: TcpStream,
+    buffer: Vec<u8>,
+    timeout: Duration,
+}
+
+impl Client {
+    /// Connects (no login yet), with Nagle off.
+    pub fn connect(address: &str) -> Result<Client, ClientError> {
+        let stream = TcpStream::connect(address)?;
+        stream.set_nodelay(true)?;
+        // Short socket reads; `recv` keeps its own deadline.
+        stream.set_read_timeout(Some(Duration::from_millis(100)))?;
+        Ok(Client { stream, buffer: Vec::new(), timeout: DEFAULT_TIMEOUT })
+    }
+
+    /// Connects and logs in as `account` with `key`; `last_seen` is the
+    /// last report sequence number already had (0: replay everything kept;
+    /// `u64::MAX`: nothing). Returns the server's answer, accepted or not.
+    pub fn login(address: &str, account: u64, key: &str, last_seen: u64) -> Result<(Client, ServerMessage), ClientError> {
+        let mut client = Client::connect(address)?;
+        client.send(&ClientMessage::Login { account, api_key: api_key(key), last_seen })?;
+        let reply = client.recv()?.ok_or(ClientError::Closed)?;
+        Ok((client, reply))
+    }
+
+    /// How long `recv` waits (10 s unless changed).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    pub fn send(&mut self, message: &ClientMessage) -> Result<(), ClientError> {
+        let mut frame = Vec::new();
+        encode_client(message, &mut frame);
+        self.send_bytes(&frame)
+    }
+
+    /// Writes raw bytes (a test of what the server does with them).
+    pub fn send_bytes(&mut self, bytes: &[u8]) -> Result<(), ClientError> {
+        self.stream.write_all(bytes)?;
+        Ok(())
+    }
+
+    /// The next message; `Ok(None)` once the server has closed the
+    /// connection with nothing more buffered; `TimedOut` after the
+    /// time-out.
+    pub fn recv(&mut self) -> Result<Option<ServerMessage>, ClientError> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            match decode_server(&self.buffer, MAX_FRAME) {
+                Ok(Decoded::Message(message, used)) => {
+                    self.buffer.drain(..used);
+                    return Ok(Some(message));
+                }
+                Ok(Decoded::NeedMore) => {}
+                Err(reason) => return Err(ClientError::Garbled(reason.to_string())),
+            }
+            if Instant::now() > deadline {
+                return Err(ClientError::TimedOut);
+            }
+            if !read_some(&mut self.stream, &mut self.buffer)? {
+                // A last whole frame may have come with the end.
+                return match decode_server(&self.buffer, MAX_FRAME) {
+                    Ok(Decoded::Message(message, used)) => {
+                        self.buffer.drain(..used);
+                        Ok(Some(message))
+                    }
+                    _ => Ok(None),
+                };
+            }
+        }
+    }
+
+    /// Bytes received and not yet returned by `recv`.
+    pub fn buffered(&self) -> usize {
+        self.buffer.len()
+    }
+
+    pub fn stream(&self) -> &TcpStream {
+        &self.stream
+    }
+
+    /// The socket, for a caller that polls many sessions itself; the
+    /// bytes already buffered come with it.
+    pub fn into_parts(self) -> (TcpStream, Vec<u8>) {
+        (self.stream, self.buffer)
+    }
+}
