@@ -747,6 +747,101 @@ fn pad(text: &str) -> [u8; 32] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crossbook_engine::{Engine, InstrumentSpec, Symbol};
+
+    fn symbol(text: &str) -> Symbol {
+        Symbol::new(text).expect("a valid symbol")
+    }
+
+    fn text<'a>(message: &'a Outgoing, tag: u32) -> Option<&'a str> {
+        message.body.iter().find(|(t, _)| *t == tag).and_then(|(_, v)| std::str::from_utf8(v).ok())
+    }
+
+    /// Engine events to FIX messages, with no server around: a FIX order
+    /// (journaled with its annex) rests, a binary order of another account
+    /// fills it, and the open-order refusal of a second FIX order is
+    /// answered with the gateway's own ExecID without using up its
+    /// ClOrdID.
+    #[test]
+    fn engine_reports_become_fix_messages() {
+        let units = |text: &str| Decimal::parse(text.as_bytes()).expect("a decimal");
+        let instruments = [FixInstrument { id: 1, symbol: "BTC-USD".into(), price_unit: units("1"), qty_unit: units("0.01") }];
+        let mut engine = Engine::new();
+        let mut builder = crossbook_protocol::reports::ReportBuilder::new();
+        let mut book = FixBook::new();
+        let spec = InstrumentSpec {
+            id: 1,
+            symbol: symbol("BTC-USD"),
+            base: 1,
+            quote: 2,
+            tick_size: 1,
+            lot_size: 1,
+            min_qty: 1,
+            max_qty: 1_000,
+            min_price: 1,
+            max_price: 1_000_000,
+            maker_bps: 0,
+            taker_bps: 0,
+        };
+        let mut setup = vec![Command::AddAsset { id: 1, name: symbol("BTC") }, Command::AddAsset { id: 2, name: symbol("USD") }, Command::AddInstrument(spec)];
+        for account in [1, 2] {
+            setup.extend([Command::OpenAccount { account }, Command::Deposit { account, asset: 1, amount: 1_000 }, Command::Deposit { account, asset: 2, amount: 1_000_000 }]);
+        }
+        let mut events = Vec::new();
+        for command in &setup {
+            engine.apply(command, &mut events);
+        }
+        let mut follow = |book: &mut FixBook, command: Command, annex: Option<Annex>, refused: bool| {
+            events.clear();
+            let mut reports = Vec::new();
+            if refused {
+                if let Command::Place(place) = &command {
+                    reports.push(Addressed { account: place.account, report: crossbook_protocol::ExecutionReport::open_order_refusal(place) });
+                }
+            } else {
+                engine.apply(&command, &mut events);
+                builder.reports(&command, &events, &mut reports);
+            }
+            let seq = if refused { 0 } else { engine.seq() };
+            book.follow(&FixEvent { seq, command, annex, reports, refused }, &instruments, "20261123-00:00:00.000")
+        };
+        let place = |account, cid, side, price, qty| {
+            Command::Place(PlaceOrder { account, instrument: 1, cid, side, order_type: OrderType::Limit, tif: TimeInForce::Gtc, price, qty, post_only: false, stp: SelfTradePrevention::None, budget: None })
+        };
+        let annex = |id: &str| Some(Annex { kind: b'D', cl_ord_id: id.into(), orig_cl_ord_id: String::new() });
+
+        let out = follow(&mut book, place(1, FIX_CID_BASE + 1, Side::Sell, 100, 500), annex("A1"), false);
+        assert_eq!(out.len(), 1);
+        let new = &out[0];
+        assert_eq!((new.account, new.msg_type), (1, "8"));
+        for (tag, value) in [(tag::CL_ORD_ID, "A1"), (tag::EXEC_TYPE, "0"), (tag::ORD_STATUS, "0"), (tag::ORDER_QTY, "5"), (tag::PRICE, "100"), (tag::SIDE, "2"), (tag::LEAVES_QTY, "5"), (tag::CUM_QTY, "0")] {
+            assert_eq!(text(new, tag), Some(value), "tag {tag}");
+        }
+        let order_id = text(new, tag::ORDER_ID).expect("OrderID").to_owned();
+
+        // Account 2's binary order takes 2.00 of it: only account 1's side
+        // is FIX's to report (account 2 has no FIX session here, but the
+        // book reports every account's fills; the gateway routes them).
+        let out = follow(&mut book, place(2, 7, Side::Buy, 100, 200), None, false);
+        let fill = out.iter().find(|m| m.account == 1).expect("the maker's fill");
+        for (tag, value) in [(tag::CL_ORD_ID, "A1"), (tag::EXEC_TYPE, "F"), (tag::ORD_STATUS, "1"), (tag::LAST_QTY, "2"), (tag::LAST_PX, "100"), (tag::CUM_QTY, "2"), (tag::LEAVES_QTY, "3"), (tag::ORDER_ID, order_id.as_str())] {
+            assert_eq!(text(fill, tag), Some(value), "tag {tag}");
+        }
+
+        // Refused before the engine: the gateway's ExecID, OrdRejReason 99,
+        // and the ClOrdID free for another try.
+        let out = follow(&mut book, place(1, FIX_CID_BASE + 2, Side::Sell, 101, 100), annex("A2"), true);
+        assert_eq!(out.len(), 1);
+        let refusal = &out[0];
+        for (tag, value) in [(tag::CL_ORD_ID, "A2"), (tag::EXEC_TYPE, "8"), (tag::ORD_STATUS, "8"), (tag::ORD_REJ_REASON, "99"), (tag::TEXT, "open order limit reached"), (tag::ORDER_ID, "NONE")] {
+            assert_eq!(text(refusal, tag), Some(value), "tag {tag}");
+        }
+        assert!(text(refusal, tag::EXEC_ID).is_some_and(|id| id.starts_with("gw-")));
+        assert!(!book.seen.contains(&(1, "A2".to_string())), "a refused ClOrdID is not used up");
+        let out = follow(&mut book, place(1, FIX_CID_BASE + 3, Side::Sell, 101, 100), annex("A2"), false);
+        assert_eq!(text(&out[0], tag::EXEC_TYPE), Some("0"));
+        assert!(book.seen.contains(&(1, "A2".to_string())));
+    }
 
     #[test]
     fn annexes_round_trip_and_refuse_junk() {
