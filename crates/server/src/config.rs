@@ -205,21 +205,52 @@ impl Default for Config {
     }
 }
 
+/// Why a configuration cannot be served.
+#[derive(Debug)]
+pub enum ConfigError {
+    /// Not TOML, or not the shape of `crossbook.toml` (the message names
+    /// the key and line).
+    Parse(toml::de::Error),
+    /// An asset name or instrument symbol the engine cannot take.
+    BadName { what: &'static str, name: String },
+    /// An account's API key is empty or longer than the wire's 32 bytes.
+    BadApiKey { account: AccountId },
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::Parse(e) => write!(f, "{e}"),
+            ConfigError::BadName { what, name } => write!(f, "bad {what} {name:?} (1 to 32 of A-Z a-z 0-9 _ . - /)"),
+            ConfigError::BadApiKey { account } => write!(f, "account {account}: the API key must be 1 to 32 bytes"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ConfigError::Parse(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 impl Config {
-    pub fn from_toml(text: &str) -> Result<Config, String> {
-        toml::from_str(text).map_err(|e| e.to_string())
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(ConfigError::Parse)
     }
 
     /// The commands that set up a fresh venue: assets, instruments,
     /// accounts and their starting deposits.
-    pub fn setup_commands(&self) -> Result<Vec<Command>, String> {
+    pub fn setup_commands(&self) -> Result<Vec<Command>, ConfigError> {
         let mut commands = Vec::new();
         for asset in &self.assets {
-            let name = Symbol::new(&asset.name).ok_or_else(|| format!("bad asset name {:?}", asset.name))?;
+            let name = Symbol::new(&asset.name).ok_or_else(|| ConfigError::BadName { what: "asset name", name: asset.name.clone() })?;
             commands.push(Command::AddAsset { id: asset.id, name });
         }
         for i in &self.instruments {
-            let symbol = Symbol::new(&i.symbol).ok_or_else(|| format!("bad symbol {:?}", i.symbol))?;
+            let symbol = Symbol::new(&i.symbol).ok_or_else(|| ConfigError::BadName { what: "instrument symbol", name: i.symbol.clone() })?;
             commands.push(Command::AddInstrument(InstrumentSpec {
                 id: i.id,
                 symbol,
@@ -237,7 +268,7 @@ impl Config {
         }
         for account in &self.accounts {
             if account.api_key.is_empty() || account.api_key.len() > crossbook_protocol::API_KEY_BYTES {
-                return Err(format!("account {}: the API key must be 1 to 32 bytes", account.id));
+                return Err(ConfigError::BadApiKey { account: account.id });
             }
             commands.push(Command::OpenAccount { account: account.id });
             for &(asset, amount) in &account.deposits {

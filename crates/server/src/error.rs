@@ -13,6 +13,8 @@ use crossbook_journal::{Corruption, JournalError, RecoveryError};
 pub enum ServeError {
     /// The configuration cannot be served (which key, and why).
     Config(String),
+    /// The configuration's reference data cannot be set up.
+    Setup(crate::config::ConfigError),
     /// Recovery could not rebuild the venue from the data directory.
     Recovery(RecoveryError),
     /// Reading the journal back to rebuild the report histories failed.
@@ -37,6 +39,7 @@ impl std::fmt::Display for ServeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ServeError::Config(why) => write!(f, "configuration: {why}"),
+            ServeError::Setup(e) => write!(f, "configuration: {e}"),
             ServeError::Recovery(e) => write!(f, "recovery: {e}"),
             ServeError::History(e) => write!(f, "rebuilding the report histories from the journal: {e}"),
             ServeError::Journal(e) => write!(f, "journal: {e}"),
@@ -50,6 +53,7 @@ impl std::error::Error for ServeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ServeError::Recovery(e) => Some(e),
+            ServeError::Setup(e) => Some(e),
             ServeError::Journal(e) => Some(e),
             ServeError::Fix(e) => Some(e),
             ServeError::Io { source, .. } => Some(source),

@@ -38,6 +38,20 @@ const LISTENER: Token = Token(0);
 /// Woken by the journal's writer after a group commit, by the FIX
 /// readers after queueing commands, and by nothing else.
 pub(crate) const WAKER: Token = Token(1);
+/// Connection `n`'s token is `n + FIRST_CONNECTION` (after the two above).
+const FIRST_CONNECTION: usize = 2;
+
+fn token_of(connection: u64) -> Token {
+    Token(connection as usize + FIRST_CONNECTION)
+}
+/// Readiness events taken from epoll per round.
+const EVENTS_PER_POLL: usize = 1024;
+/// A new connection's input buffer (grows to what it is sent).
+const INBUF_START: usize = 4096;
+/// Written bytes dropped from the front of an output buffer that is not
+/// yet empty once they pass this (so a slow reader's buffer does not keep
+/// everything ever sent to it).
+const OUTBUF_COMPACT: usize = 1 << 20;
 /// Bytes asked of a socket per read.
 const READ_BYTES: usize = 64 * 1024;
 /// Reads of one socket per round before the others get their turn.
@@ -177,7 +191,7 @@ pub(crate) fn run(
         chunk: vec![0u8; READ_BYTES],
         ratelog: RateLog::default(),
     };
-    let mut events = Events::with_capacity(1024);
+    let mut events = Events::with_capacity(EVENTS_PER_POLL);
     let mut stopping: Option<Instant> = None;
     // Rounds of the loop, logged at the end: a loop that spins instead of
     // sleeping in epoll shows here (an idle server makes about 20 a
@@ -293,7 +307,7 @@ impl Gateway<'_> {
             self.flush(oldest);
             self.close(oldest, "evicted: too many connections waiting to log in".into());
         }
-        let token = Token(id as usize + 2);
+        let token = token_of(id);
         if let Err(e) = self.poll.registry().register(&mut stream, token, Interest::READABLE) {
             log(&format!("refused connection {id} from {peer}: {e}"));
             return;
@@ -302,7 +316,7 @@ impl Gateway<'_> {
             id,
             stream,
             peer,
-            inbuf: Vec::with_capacity(4096),
+            inbuf: Vec::with_capacity(INBUF_START),
             outbuf: Vec::new(),
             written: 0,
             account: None,
@@ -369,7 +383,7 @@ impl Gateway<'_> {
             // is closed now and the login goes ahead; if it is alive, the
             // login is refused.
             while let Err(Stop::Conflict(old)) = decoded {
-                let old_token = Token(old as usize + 2);
+                let old_token = token_of(old);
                 match self.conns.get(&old_token).map(Conn::is_alive) {
                     Some(true) => {
                         // Its end may still be on the way: look again for
@@ -423,7 +437,7 @@ impl Gateway<'_> {
     fn deliver_outbox(&mut self) {
         let outgoing = std::mem::take(&mut self.sessions.outbox);
         for (id, frames) in outgoing {
-            let token = Token(id as usize + 2);
+            let token = token_of(id);
             let Some(conn) = self.conns.get_mut(&token) else { continue };
             conn.outbuf.extend_from_slice(&frames);
             if conn.outbuf.len() - conn.written > MAX_OUTBUF {
@@ -461,7 +475,7 @@ impl Gateway<'_> {
         if conn.written == conn.outbuf.len() {
             conn.outbuf.clear();
             conn.written = 0;
-        } else if conn.written > (1 << 20) {
+        } else if conn.written > OUTBUF_COMPACT {
             conn.outbuf.drain(..conn.written);
             conn.written = 0;
         }

@@ -108,7 +108,7 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
     let mut journal = Journal::open(&config.data_dir, journal_config, &recovered.end)?;
     if engine.seq() == 0 {
         let mut events = Vec::new();
-        for command in config.setup_commands().map_err(ServeError::Config)? {
+        for command in config.setup_commands().map_err(ServeError::Setup)? {
             journal.append(engine.seq() + 1, &command)?;
             events.clear();
             engine.apply(&command, &mut events);

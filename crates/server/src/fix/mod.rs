@@ -79,6 +79,24 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> FixError {
     move |source| FixError::Io { what, source }
 }
 
+/// Events the reporter takes in one pass (one lock of the gateway).
+const REPORTER_BATCH: usize = 4096;
+/// Bytes asked of a FIX socket per read.
+const READ_CHUNK: usize = 16 * 1024;
+/// The smallest `fix.max_message` honoured (a Logon must fit).
+const MIN_MAX_MESSAGE: usize = 256;
+/// Bytes a writer gathers from its queue into one write.
+const WRITE_BATCH: usize = 1 << 20;
+/// How long a writer waits for the socket to take a write before it gives
+/// the connection up.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// SenderCompID (49): which session a connection's first message is for.
+const SENDER_COMP_ID: u32 = 49;
+/// Username (553): the account a Logon claims, when its CompID is not
+/// configured.
+const USERNAME: u32 = 553;
+
 /// Messages queued for one connection's writer before it is dropped as a
 /// client that does not read.
 const OUTBOUND_MESSAGES: usize = 8_192;
@@ -427,7 +445,7 @@ impl Gateway {
         while let Ok(mut events) = receiver.recv() {
             while let Ok(more) = receiver.try_recv() {
                 events.extend(more);
-                if events.len() > 4096 {
+                if events.len() > REPORTER_BATCH {
                     break;
                 }
             }
@@ -520,9 +538,9 @@ impl Gateway {
     /// Reads a connection until it ends; why, and whether it was logged on.
     fn read_loop(&self, mut stream: TcpStream, id: u64, out: SyncSender<Out>, queue: &SyncSender<Vec<Inbound>>, wake: &dyn Fn(), shutdown: &AtomicBool) -> (String, bool) {
         let _ = stream.set_read_timeout(Some(POLL));
-        let max = self.config.max_message.max(256);
-        let mut buffer: Vec<u8> = Vec::with_capacity(8192);
-        let mut chunk = vec![0u8; 16 * 1024];
+        let max = self.config.max_message.max(MIN_MAX_MESSAGE);
+        let mut buffer: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+        let mut chunk = vec![0u8; READ_CHUNK];
         // The counterparty's CompID once the first message named it.
         let mut bound: Option<String> = None;
         let in_flight = crate::sequencer::InFlight::new();
@@ -567,7 +585,7 @@ impl Gateway {
                                 }
                                 Err(why) => {
                                     let _ = out.try_send(Out::Close);
-                                    break 'connection why;
+                                    break 'connection why.to_string();
                                 }
                             }
                         }
@@ -611,9 +629,9 @@ impl Gateway {
 
     /// The first message on a connection: which session it is for. Nothing
     /// is sent to a counterparty we do not know (FIX: silent disconnect).
-    fn attach(&self, raw: &[u8], id: u64, out: &SyncSender<Out>, stream: &TcpStream) -> Result<String, String> {
-        let message = Message::parse(raw).map_err(|e| format!("garbled first message ({e})"))?;
-        let comp_id = message.text(49).ok_or("first message without SenderCompID")?.to_owned();
+    fn attach(&self, raw: &[u8], id: u64, out: &SyncSender<Out>, stream: &TcpStream) -> Result<String, AttachRefusal> {
+        let message = Message::parse(raw).map_err(|e| AttachRefusal::Garbled(e.to_string()))?;
+        let comp_id = message.text(SENDER_COMP_ID).ok_or(AttachRefusal::NoSenderCompId)?.to_owned();
         let mut guard = self.lock();
         let state = &mut *guard;
         let configured = self.config.sessions.iter().find(|s| s.comp_id == comp_id).map(|s| s.account);
@@ -621,33 +639,35 @@ impl Gateway {
             Some(account) => Some(account),
             None if self.echo => None,
             None => {
-                let claimed = message.text(553).and_then(|u| u.parse::<AccountId>().ok()).filter(|a| self.keys.contains_key(a));
+                let claimed = message.text(USERNAME).and_then(|u| u.parse::<AccountId>().ok()).filter(|a| self.keys.contains_key(a));
                 let Some(claimed) = claimed else {
-                    return Err(format!("unknown CompID {comp_id:?} and no known Username"));
+                    return Err(AttachRefusal::UnknownCompId { comp_id, username_tried: true });
                 };
                 Some(claimed)
             }
         };
         if account.is_none() && !state.sessions.contains_key(&comp_id) && configured.is_none() {
-            return Err(format!("unknown CompID {comp_id:?}"));
+            return Err(AttachRefusal::UnknownCompId { comp_id, username_tried: false });
         }
         if !state.sessions.contains_key(&comp_id) {
             let path = store::path_for(&self.dir, &comp_id);
             // The CompID file is durable before the store exists (a store
             // without one would stop the next start), and both names are
             // durable before anything is recorded in the store.
-            write_durably(&path.with_extension("compid"), comp_id.as_bytes()).map_err(|e| e.to_string())?;
-            let (store, restored) = Store::open(&path).map_err(|e| e.to_string())?;
-            crossbook_journal::sync_dir(&self.dir).map_err(|e| e.to_string())?;
+            write_durably(&path.with_extension("compid"), comp_id.as_bytes()).map_err(AttachRefusal::Store)?;
+            let (store, restored) = Store::open(&path).map_err(AttachRefusal::Store)?;
+            std::fs::File::open(&self.dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|source| AttachRefusal::Store(StoreError::Io { path: self.dir.clone(), doing: "syncing the directory", source }))?;
             let session = Session::restore(session_config(&self.config, &comp_id), self.dictionary.clone(), restored.next_in, restored.next_out, restored.stored);
             let app = if self.echo { App::Echo(EchoApplication::default()) } else { App::Venue };
             state.sessions.insert(comp_id.clone(), FixSession { session, store, account: restored.account, connection: None, app, poisoned: None, through: restored.through_seq });
         }
         let Some(session) = state.sessions.get_mut(&comp_id) else {
-            return Err("session vanished".into());
+            return Err(AttachRefusal::Vanished);
         };
         if let Some(why) = &session.poisoned {
-            return Err(format!("session {comp_id} is out of service until restart: {why}"));
+            return Err(AttachRefusal::OutOfService { comp_id, why: why.to_string() });
         }
         // A session whose connection is gone (its end not read yet by its
         // reader) must not block its own Logon: it is closed now.
@@ -661,22 +681,22 @@ impl Gateway {
             with_app(self, session, &mut state.book, &mut requests, |session, app| session.session.disconnected(app));
         }
         let Some(session) = state.sessions.get_mut(&comp_id) else {
-            return Err("session vanished".into());
+            return Err(AttachRefusal::Vanished);
         };
         if session.connection.is_some() || session.session.is_connected() {
-            return Err(format!("session {comp_id} is already logged on"));
+            return Err(AttachRefusal::AlreadyLoggedOn { comp_id });
         }
         let logged_on = state.sessions.values().filter(|s| s.connection.is_some()).count() as u64;
         if logged_on >= self.max_connections {
-            return Err(format!("{logged_on} sessions already logged on (limits.max_connections)"));
+            return Err(AttachRefusal::Full { logged_on });
         }
         let Some(session) = state.sessions.get_mut(&comp_id) else {
-            return Err("session vanished".into());
+            return Err(AttachRefusal::Vanished);
         };
         if let Some(account) = account {
             session.account = Some(account);
         }
-        let handle = stream.try_clone().map_err(|e| format!("cannot clone the socket: {e}"))?;
+        let handle = stream.try_clone().map_err(AttachRefusal::Socket)?;
         session.connection = Some(Connection { id, out: out.clone(), stream: handle });
         session.session.connect(now_ms());
         Ok(comp_id)
@@ -754,6 +774,43 @@ impl Gateway {
             session.connection = None;
             let mut requests = Vec::new();
             with_app(self, session, &mut state.book, &mut requests, |session, app| session.session.disconnected(app));
+        }
+    }
+}
+
+/// Why a connection's first message does not attach it to a session
+/// (logged; FIX sends nothing to a counterparty it does not know).
+#[derive(Debug)]
+enum AttachRefusal {
+    Garbled(String),
+    NoSenderCompId,
+    UnknownCompId { comp_id: String, username_tried: bool },
+    /// Its store could not be created.
+    Store(StoreError),
+    /// A store write or sync failed earlier; the session is closed until
+    /// restart.
+    OutOfService { comp_id: String, why: String },
+    AlreadyLoggedOn { comp_id: String },
+    /// `limits.max_connections` sessions are logged on.
+    Full { logged_on: u64 },
+    Socket(std::io::Error),
+    /// The session disappeared under the lock (cannot happen).
+    Vanished,
+}
+
+impl std::fmt::Display for AttachRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AttachRefusal::Garbled(e) => write!(f, "garbled first message ({e})"),
+            AttachRefusal::NoSenderCompId => f.write_str("first message without SenderCompID"),
+            AttachRefusal::UnknownCompId { comp_id, username_tried: true } => write!(f, "unknown CompID {comp_id:?} and no known Username"),
+            AttachRefusal::UnknownCompId { comp_id, username_tried: false } => write!(f, "unknown CompID {comp_id:?}"),
+            AttachRefusal::Store(e) => write!(f, "{e}"),
+            AttachRefusal::OutOfService { comp_id, why } => write!(f, "session {comp_id} is out of service until restart: {why}"),
+            AttachRefusal::AlreadyLoggedOn { comp_id } => write!(f, "session {comp_id} is already logged on"),
+            AttachRefusal::Full { logged_on } => write!(f, "{logged_on} sessions already logged on (limits.max_connections)"),
+            AttachRefusal::Socket(e) => write!(f, "cannot clone the socket: {e}"),
+            AttachRefusal::Vanished => f.write_str("session vanished"),
         }
     }
 }
@@ -928,7 +985,7 @@ impl FixSession {
 }
 
 fn write_loop(mut stream: TcpStream, frames: Receiver<Out>) {
-    let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
+    let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
     let mut buffer: Vec<u8> = Vec::with_capacity(1 << 16);
     'outer: loop {
         let first = match frames.recv_timeout(Duration::from_secs(1)) {
@@ -947,7 +1004,7 @@ fn write_loop(mut stream: TcpStream, frames: Receiver<Out>) {
                     break;
                 }
             }
-            if buffer.len() < 1 << 20 {
+            if buffer.len() < WRITE_BATCH {
                 next = frames.try_recv().ok();
             }
         }

@@ -505,6 +505,7 @@ fn new_order_reject(account: AccountId, cl_ord_id: &str, symbol: &str, side: Sid
 }
 
 /// A command for the engine and its annex.
+#[derive(Debug, PartialEq, Eq)]
 pub struct Request {
     pub command: Command,
     pub annex: Annex,
@@ -841,6 +842,75 @@ mod tests {
         let out = follow(&mut book, place(1, FIX_CID_BASE + 3, Side::Sell, 101, 100), annex("A2"), false);
         assert_eq!(text(&out[0], tag::EXEC_TYPE), Some("0"));
         assert!(book.seen.contains(&(1, "A2".to_string())));
+    }
+
+    /// FIX bytes to engine commands, with no server around: a session
+    /// with the venue application logs on, then a NewOrderSingle becomes a
+    /// `place` (price and quantity in ticks and lots, the gateway's client
+    /// id, the ClOrdID in the annex), a Day order and a cancel of an
+    /// unknown ClOrdID are answered at once, with no command.
+    #[test]
+    fn fix_messages_become_engine_commands() {
+        use crossbook_fix::session::{Action, Session, SessionConfig};
+        use crossbook_fix::wire::Builder;
+        let units = |text: &str| Decimal::parse(text.as_bytes()).expect("a decimal");
+        let instruments = [FixInstrument { id: 1, symbol: "BTC-USD".into(), price_unit: units("1"), qty_unit: units("0.01") }];
+        let mut book = FixBook::new();
+        let mut session = Session::new(SessionConfig::new("CROSSBOOK", "ALICE"), std::sync::Arc::new(crossbook_fix::dictionary::Dictionary::builtin()));
+        let now = 1_790_000_000_000i64;
+        session.connect(now);
+        let mut next = 1u64;
+        let mut message = |msg_type: &str, body: &[(u32, &str)]| {
+            let mut b = Builder::new();
+            b.str(35, msg_type).num(34, next).str(49, "ALICE").str(52, &crossbook_fix::time::format_timestamp(now)).str(56, "CROSSBOOK");
+            for (tag, value) in body {
+                b.str(*tag, value);
+            }
+            next += 1;
+            b.finish("FIX.4.4")
+        };
+        let mut feed = |book: &mut FixBook, raw: Vec<u8>| {
+            let mut requests = Vec::new();
+            let mut actions = Vec::new();
+            let mut app = VenueApp { account: 1, book, instruments: &instruments, requests: &mut requests, now: "20261123-00:00:00.000".into(), now_ms: now, credentials: None };
+            session.on_message(&raw, now, &mut app, &mut actions);
+            let sent: Vec<Message> = actions.iter().filter_map(|a| if let Action::Send(bytes) = a { Message::parse(bytes).ok() } else { None }).collect();
+            (requests, sent)
+        };
+        let (requests, sent) = feed(&mut book, message("A", &[(98, "0"), (108, "30")]));
+        assert!(requests.is_empty());
+        assert_eq!(sent.iter().map(|m| m.msg_type().to_vec()).collect::<Vec<_>>(), [b"A".to_vec()]);
+
+        let (requests, sent) = feed(&mut book, message("D", &[(11, "A1"), (38, "2.5"), (40, "2"), (44, "100"), (54, "1"), (55, "BTC-USD"), (59, "3"), (60, "20261123-00:00:00")]));
+        assert!(sent.is_empty(), "nothing is answered before the engine has decided");
+        let expected = Request {
+            command: Command::Place(PlaceOrder {
+                account: 1,
+                instrument: 1,
+                cid: FIX_CID_BASE + 1,
+                side: Side::Buy,
+                order_type: OrderType::Limit,
+                tif: TimeInForce::Ioc,
+                price: 100,
+                qty: 250,
+                post_only: false,
+                stp: SelfTradePrevention::None,
+                budget: None,
+            }),
+            annex: Annex { kind: b'D', cl_ord_id: "A1".into(), orig_cl_ord_id: String::new() },
+        };
+        assert_eq!(requests, [expected]);
+
+        let (requests, sent) = feed(&mut book, message("D", &[(11, "A2"), (38, "1"), (40, "2"), (44, "100"), (54, "1"), (55, "BTC-USD"), (59, "0"), (60, "20261123-00:00:00")]));
+        assert!(requests.is_empty());
+        assert_eq!(sent.len(), 1);
+        assert_eq!((sent[0].text(tag::EXEC_TYPE), sent[0].text(tag::CL_ORD_ID), sent[0].text(tag::ORD_REJ_REASON)), (Some("8"), Some("A2"), Some("99")));
+        assert!(sent[0].text(tag::TEXT).is_some_and(|t| t.starts_with("TimeInForce 0 (Day) is not supported")));
+
+        let (requests, sent) = feed(&mut book, message("F", &[(11, "C1"), (41, "NOBODY"), (54, "1"), (55, "BTC-USD"), (60, "20261123-00:00:00")]));
+        assert!(requests.is_empty());
+        assert_eq!(sent.len(), 1);
+        assert_eq!((sent[0].msg_type(), sent[0].text(tag::CXL_REJ_REASON), sent[0].text(tag::CXL_REJ_RESPONSE_TO)), (&b"9"[..], Some("1"), Some("1")));
     }
 
     #[test]
