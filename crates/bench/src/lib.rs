@@ -1,5 +1,10 @@
-//! Fixtures for the micro-benchmarks in `benches/book.rs`: an engine with
-//! one instrument and funded accounts, and order commands.
+//! The benchmark harness of `crossbook bench` ([`harness`]: workloads,
+//! throughput, latency, stages, journal figures, reports and their
+//! comparison), and the fixtures of the micro-benchmarks in
+//! `benches/book.rs`: an engine with one instrument and funded accounts,
+//! and order commands.
+
+pub mod harness;
 
 use crossbook_engine::*;
 

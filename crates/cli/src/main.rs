@@ -247,7 +247,7 @@ fn real_main() -> Result<()> {
             acked_out,
             last_seen_out,
         }),
-        Cmd::Compat { engine: CompatEngine::ExchangeCore { dir, flow } } => compat::run(&compat::flow_dir(dir.or(flow))?),
+        Cmd::Compat { engine: CompatEngine::ExchangeCore { dir, flow } } => compat::run(&crossbook_compat::flow_dir(dir.or(flow))?),
         Cmd::Journal { action: JournalAction::Verify { dir } } => journaled::verify(&dir),
         Cmd::Journal { action: JournalAction::Inspect { dir } } => journaled::inspect(&dir),
         Cmd::Journal { action: JournalAction::Snapshot { dir, keep } } => journaled::snapshot(&dir, keep),
@@ -375,16 +375,4 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Applies every command; returns the number of trades. Kept out of line so
-/// that `scripts/instructions` can count exactly this loop with callgrind's
-/// `--toggle-collect`.
-#[inline(never)]
-pub(crate) fn replay(engine: &mut Engine, commands: &[Command], events: &mut Vec<Event>) -> u64 {
-    let trades_before = engine.trades();
-    for command in commands {
-        events.clear();
-        engine.apply(command, events);
-    }
-    engine.trades() - trades_before
-}
 
