@@ -128,7 +128,14 @@ pub fn record_crc(previous: u32, body: &[u8]) -> u32 {
 /// Appends one record to `out`; returns its checksum (the next record's
 /// chain value).
 pub fn encode_record(out: &mut Vec<u8>, previous: u32, seq: u64, payload: &[u8]) -> u32 {
-    assert!(!payload.is_empty() && payload.len() <= MAX_PAYLOAD, "payload of {} bytes", payload.len());
+    encode_record_bounded(out, previous, seq, payload, MAX_PAYLOAD)
+}
+
+/// [`encode_record`] for a file of records of up to `max_payload` bytes
+/// (the same framing: the FIX session stores use it).
+#[inline]
+pub fn encode_record_bounded(out: &mut Vec<u8>, previous: u32, seq: u64, payload: &[u8], max_payload: usize) -> u32 {
+    assert!(!payload.is_empty() && payload.len() <= max_payload, "payload of {} bytes", payload.len());
     let start = out.len();
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
@@ -184,9 +191,15 @@ impl std::fmt::Display for RecordError {
 /// contiguous bytes.
 #[inline]
 pub fn decode_record_at(buffer: &[u8], at: usize, previous: u32) -> Result<RecordView<'_>, RecordError> {
+    decode_record_at_bounded(buffer, at, previous, MAX_PAYLOAD)
+}
+
+/// [`decode_record_at`] for records of up to `max_payload` bytes.
+#[inline]
+pub fn decode_record_at_bounded(buffer: &[u8], at: usize, previous: u32, max_payload: usize) -> Result<RecordView<'_>, RecordError> {
     let contiguous = at >= 4 && u32_at(buffer, at - 4) == previous;
     let bytes = &buffer[at..];
-    let size = record_size(bytes)?;
+    let size = record_size(bytes, max_payload)?;
     let crc = u32_at(bytes, size - 4);
     let computed = if contiguous { crc32c::crc32c(&buffer[at - 4..at + size - 4]) } else { record_crc(previous, &bytes[..size - 4]) };
     if computed != crc {
@@ -198,12 +211,12 @@ pub fn decode_record_at(buffer: &[u8], at: usize, previous: u32) -> Result<Recor
 /// The total size of the record at the start of `bytes`, once its length
 /// field is sane and the whole record is there.
 #[inline]
-fn record_size(bytes: &[u8]) -> Result<usize, RecordError> {
+fn record_size(bytes: &[u8], max_payload: usize) -> Result<usize, RecordError> {
     if bytes.len() < 4 {
         return Err(RecordError::Incomplete);
     }
     let len = u32_at(bytes, 0);
-    if len == 0 || len as usize > MAX_PAYLOAD {
+    if len == 0 || len as usize > max_payload {
         return Err(RecordError::BadLength(len));
     }
     let size = RECORD_OVERHEAD + len as usize;

@@ -53,12 +53,12 @@ pub struct JournalEnd {
 /// Is there a record anywhere in `bytes[from..]` that verifies against the
 /// checksum stored just before it? Such a record means the damage at
 /// `from` is followed by history, not by the end of a torn write.
-fn valid_record_after(bytes: &[u8], from: usize) -> bool {
+fn valid_record_after(bytes: &[u8], from: usize, max_payload: usize) -> bool {
     let start = from.max(4) + 1;
     if bytes.len() < RECORD_OVERHEAD + 1 {
         return false;
     }
-    (start..=bytes.len() - RECORD_OVERHEAD - 1).any(|at| decode_record(&bytes[at..], u32_at(bytes, at - 4)).is_ok())
+    (start..=bytes.len() - RECORD_OVERHEAD - 1).any(|at| decode_record_at_bounded(bytes, at, u32_at(bytes, at - 4), max_payload).is_ok())
 }
 
 /// Whether the record at `bytes[at..]`, whole (its length sane and all its
@@ -68,18 +68,103 @@ fn valid_record_after(bytes: &[u8], from: usize) -> bool {
 /// flipped bit in stored history), not a write torn by a crash: a torn
 /// write leaves nothing whole after it, so a later record that chains from
 /// this one proves it was complete, and (in sync mode) acknowledged.
-fn whole_record_chains_after(bytes: &[u8], at: usize, previous: u32) -> bool {
+fn whole_record_chains_after(bytes: &[u8], at: usize, previous: u32, max_payload: usize) -> bool {
     let rest = &bytes[at..];
     if rest.len() < RECORD_OVERHEAD {
         return false;
     }
     let len = u32_at(rest, 0) as usize;
-    if len == 0 || len > MAX_PAYLOAD || rest.len() < RECORD_OVERHEAD + len {
+    if len == 0 || len > max_payload || rest.len() < RECORD_OVERHEAD + len {
         return false;
     }
     let size = RECORD_OVERHEAD + len;
     let should_be = record_crc(previous, &rest[..size - 4]);
-    at + size < bytes.len() && decode_record_at(bytes, at + size, should_be).is_ok()
+    at + size < bytes.len() && decode_record_at_bounded(bytes, at + size, should_be, max_payload).is_ok()
+}
+
+/// Where the chained records of a buffer stopped ([`read_records`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Records {
+    /// The offset after the last valid record.
+    pub end: usize,
+    /// The sequence number the next record would have.
+    pub next_seq: u64,
+    /// The last valid record's checksum (the next record's chain value).
+    pub chain: u32,
+    pub count: u64,
+    /// Set when a torn last record was cut off: why it does not verify.
+    pub torn: Option<String>,
+}
+
+/// A damaged record: not a torn tail, since history follows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordDamage {
+    pub offset: usize,
+    /// The sequence number due there.
+    pub seq: u64,
+    pub what: String,
+}
+
+/// Reads the chained records of `bytes` from offset `at` on, the first
+/// numbered `seq` and chained from `chain`, each of at most `max_payload`
+/// bytes, calling `visit(seq, payload, crc)` for each. Zeros (space a
+/// writer reserved ahead) end the records. A record that does not verify
+/// ends them too when nothing after it says it was history (a torn write
+/// of the last record, which was never acknowledged) and `may_be_torn`
+/// says the buffer is the last one written; anything else is damage.
+/// The journal's segments and the FIX session stores are read with it.
+pub fn read_records(
+    bytes: &[u8],
+    mut at: usize,
+    seq: u64,
+    mut chain: u32,
+    max_payload: usize,
+    may_be_torn: bool,
+    mut visit: impl FnMut(u64, &[u8], u32) -> Result<(), String>,
+) -> Result<Records, RecordDamage> {
+    let mut expected = seq;
+    let mut count = 0;
+    let damage = |offset: usize, seq: u64, what: String| RecordDamage { offset, seq, what };
+    while at < bytes.len() {
+        match decode_record_at_bounded(bytes, at, chain, max_payload) {
+            Ok(record) if record.seq == expected => {
+                visit(record.seq, record.payload, record.crc).map_err(|what| damage(at, expected, what))?;
+                chain = record.crc;
+                count += 1;
+                expected += 1;
+                at += record.size;
+            }
+            Ok(record) => return Err(damage(at, expected, format!("holds seq {}", record.seq))),
+            // Zeros written ahead: the records end here.
+            Err(_) if zeros_from(bytes, at) => break,
+            Err(error) => {
+                let rest = &bytes[at..];
+                // A complete record whose sequence number is past the one
+                // due is history out of order (a record missing, or two
+                // swapped), not a torn write. A torn write cannot look like
+                // that: its sequence field holds a prefix of the due
+                // number's little-endian bytes, then zeros (the space
+                // written ahead), so at most the number due.
+                let out_of_order = rest.len() >= 12 && {
+                    let len = u32_at(rest, 0) as usize;
+                    len > 0 && len <= max_payload && rest.len() >= RECORD_OVERHEAD + len && u64_at(rest, 4) > expected
+                };
+                let chained_after = whole_record_chains_after(bytes, at, chain, max_payload);
+                if may_be_torn && !out_of_order && !chained_after && !valid_record_after(bytes, at, max_payload) {
+                    return Ok(Records { end: at, next_seq: expected, chain, count, torn: Some(error.to_string()) });
+                }
+                let what = if out_of_order {
+                    format!("{error}; the record there says seq {}", u64_at(rest, 4))
+                } else if chained_after {
+                    format!("{error} in a whole record followed by a whole record that chains from it: its checksum field is damaged")
+                } else {
+                    format!("{error}, and valid records follow")
+                };
+                return Err(damage(at, expected, what));
+            }
+        }
+    }
+    Ok(Records { end: at.min(bytes.len()), next_seq: expected, chain, count, torn: None })
 }
 
 /// Whether everything from `at` on is zero: the space a writer reserved
@@ -191,7 +276,7 @@ pub fn scan_chained(dir: &Path, mut visit: impl FnMut(u64, &[u8], u32) -> Result
         let header = match parse_segment_header(&bytes) {
             Ok(header) => header,
             Err(what) => {
-                if is_last && !valid_record_after(&bytes, SEGMENT_HEADER_BYTES.min(bytes.len())) {
+                if is_last && !valid_record_after(&bytes, SEGMENT_HEADER_BYTES.min(bytes.len()), MAX_PAYLOAD) {
                     end.torn = Some(TornTail { file: path.clone(), offset: 0, seq: expected, what, whole_segment: true });
                     break;
                 }
@@ -207,60 +292,18 @@ pub fn scan_chained(dir: &Path, mut visit: impl FnMut(u64, &[u8], u32) -> Result
         if resume == 0 && header.chain_seed != chain {
             return Err(corrupt(0, expected, "does not chain to the end of the previous segment".into()));
         }
-        let mut at = resume.max(SEGMENT_HEADER_BYTES);
-        while at < bytes.len() {
-            match decode_record_at(&bytes, at, chain) {
-                Ok(record) if record.seq == expected => {
-                    visit(record.seq, record.payload, record.crc).map_err(|what| corrupt(at, expected, what))?;
-                    chain = record.crc;
-                    end.last_seq = expected;
-                    end.records += 1;
-                    expected += 1;
-                    at += record.size;
-                }
-                Ok(record) => {
-                    return Err(corrupt(at, expected, format!("holds seq {}", record.seq)));
-                }
-                Err(_) if zeros_from(&bytes, at) => {
-                    // Zeros written ahead: the segment's records end here.
-                    break;
-                }
-                Err(error) => {
-                    let rest = &bytes[at..];
-                    // A complete record whose sequence number is past the
-                    // one due is history out of order (a record missing,
-                    // or two swapped), not a torn write. A torn write
-                    // cannot look like that: its sequence field holds a
-                    // prefix of the due number's little-endian bytes, then
-                    // zeros (the space written ahead), so at most the
-                    // number due.
-                    let out_of_order = rest.len() >= 12 && {
-                        let len = u32_at(rest, 0) as usize;
-                        len > 0 && len <= MAX_PAYLOAD && rest.len() >= RECORD_OVERHEAD + len && u64_at(rest, 4) > expected
-                    };
-                    let chained_after = whole_record_chains_after(&bytes, at, chain);
-                    if is_last && !out_of_order && !chained_after && !valid_record_after(&bytes, at) {
-                        end.torn = Some(TornTail {
-                            file: path.clone(),
-                            offset: at as u64,
-                            seq: expected,
-                            what: error.to_string(),
-                            whole_segment: false,
-                        });
-                        end.tail = Some((path.clone(), at as u64));
-                        end.last_crc = chain;
-                        return Ok(end);
-                    }
-                    let what = if out_of_order {
-                        format!("{error}; the record there says seq {}", u64_at(rest, 4))
-                    } else if chained_after {
-                        format!("{error} in a whole record followed by a whole record that chains from it: its checksum field is damaged")
-                    } else {
-                        format!("{error}, and valid records follow")
-                    };
-                    return Err(corrupt(at, expected, what));
-                }
-            }
+        let records = read_records(&bytes, resume.max(SEGMENT_HEADER_BYTES), expected, chain, MAX_PAYLOAD, is_last, &mut visit)
+            .map_err(|damage| corrupt(damage.offset, damage.seq, damage.what))?;
+        end.last_seq = records.next_seq - 1;
+        end.records += records.count;
+        expected = records.next_seq;
+        chain = records.chain;
+        let at = records.end;
+        if let Some(what) = records.torn {
+            end.torn = Some(TornTail { file: path.clone(), offset: at as u64, seq: expected, what, whole_segment: false });
+            end.tail = Some((path.clone(), at as u64));
+            end.last_crc = chain;
+            return Ok(end);
         }
         end.tail = Some((path.clone(), at.min(bytes.len()) as u64));
     }

@@ -165,6 +165,7 @@ struct Gateway<'a> {
 /// (or a wake-up), take the FIX gateway's queued commands and what every
 /// readable connection sent, apply them all as one batch, hand out the
 /// reports of every batch the journal has made durable, and write.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     poll: Poll,
     listener: std::net::TcpListener,

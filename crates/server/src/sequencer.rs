@@ -294,7 +294,7 @@ impl<'a> Sequencer<'a> {
             ));
         }
         let h = &self.residence;
-        if h.len() > 0 {
+        if !h.is_empty() {
             log(&format!(
                 "in the server: {} commands, applied to reports released p50 {} p90 {} p99 {} p99.9 {} max {} us",
                 h.len(),

@@ -4,10 +4,15 @@
 //! again, the account it is bound to and how far into the journal its
 //! execution reports go).
 //!
-//! Record: `len u32 | kind u8 | body | crc32c u32` (little-endian; the
-//! checksum covers `len`, `kind` and `body`). A torn last record is cut
-//! off; a bad record followed by good ones is corruption and stops the
-//! server, as with the journal (docs/fix.md).
+//! The file: a 16-byte header (`XBFIXSTR`, format version 2, reserved),
+//! then records framed exactly as the journal's (`crossbook_journal::
+//! format`: `len u32 | seq u64 | payload | crc32c u32`, little-endian,
+//! numbered from 1, each checksum chained from the one before), whose
+//! payload is a kind byte and its body. It is read with the journal's own
+//! reader (`crossbook_journal::read_records`), so a torn last record is cut
+//! off and a bad record followed by good ones is corruption that stops the
+//! server, by the same rules as the journal (docs/fix.md). A store of the
+//! first format (no header, unchained records) is converted on open.
 
 use crossbook_fix::session::StoreOp;
 use std::collections::BTreeMap;
@@ -25,15 +30,23 @@ const BOUND: u8 = 4;
 const REWIND: u8 = 5;
 /// Largest record body (a stored message plus a little).
 const MAX_BODY: usize = 1 << 20;
+/// Largest record payload: the kind byte and the body.
+const MAX_PAYLOAD: usize = MAX_BODY + 1;
+const MAGIC: &[u8; 8] = b"XBFIXSTR";
+const VERSION: u32 = 2;
+const HEADER_BYTES: usize = 16;
 
 /// Why a store could not be read or written.
 #[derive(Debug)]
 pub enum StoreError {
     /// The file system refused (`doing` says what was being done).
     Io { path: PathBuf, doing: &'static str, source: std::io::Error },
-    /// A damaged record with valid ones after it: not a torn tail, so
-    /// something overwrote the file; the server refuses to guess.
-    Damaged { path: PathBuf, offset: usize },
+    /// A damaged record with valid ones after it (or out of order, or one
+    /// whose content makes no sense): not a torn tail, so something
+    /// overwrote the file; the server refuses to guess.
+    Damaged { path: PathBuf, offset: usize, what: String },
+    /// A header this build does not read.
+    UnknownFormat { path: PathBuf, version: u32 },
     /// A record whose checksum holds but whose content makes no sense.
     BadRecord { path: PathBuf, offset: usize, what: &'static str },
 }
@@ -42,7 +55,8 @@ impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StoreError::Io { path, doing, source } => write!(f, "{doing} {}: {source}", path.display()),
-            StoreError::Damaged { path, offset } => write!(f, "{}: damaged record at byte {offset} followed by valid ones: refusing to guess", path.display()),
+            StoreError::Damaged { path, offset, what } => write!(f, "{}: damaged record at byte {offset} ({what}): refusing to guess", path.display()),
+            StoreError::UnknownFormat { path, version } => write!(f, "{}: store format version {version}; this build reads version {VERSION}", path.display()),
             StoreError::BadRecord { path, offset, what } => write!(f, "{}: record at byte {offset}: {what}", path.display()),
         }
     }
@@ -88,22 +102,15 @@ pub struct Store {
     /// Bound to an account (a Logon succeeded once): only such stores keep
     /// a reserve, so that failed Logons cost no disk beyond their records.
     bound: bool,
+    /// The next record's number, and the last record's checksum.
+    next_seq: u64,
+    chain: u32,
 }
 
 /// Bytes reserved past the end of a store (without changing its size), so
 /// that the Logout telling a counterparty why the venue stops can be
 /// recorded, and so sent, when the disk is full.
 const RESERVE_BYTES: u64 = 64 << 10;
-
-fn record(kind: u8, body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(body.len() + 9);
-    out.extend_from_slice(&((body.len() + 1) as u32).to_le_bytes());
-    out.push(kind);
-    out.extend_from_slice(body);
-    let crc = crc32c::crc32c(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
-    out
-}
 
 fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
     bytes.get(at..at + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
@@ -122,37 +129,62 @@ impl Store {
         let mut file = OpenOptions::new().read(true).append(true).create(true).open(path).map_err(io(path, "opening"))?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(io(path, "reading"))?;
+        if bytes.is_empty() {
+            let mut header = [0u8; HEADER_BYTES];
+            header[..8].copy_from_slice(MAGIC);
+            header[8..12].copy_from_slice(&VERSION.to_le_bytes());
+            file.write_all(&header).map_err(io(path, "writing"))?;
+            bytes.extend_from_slice(&header);
+        } else if !bytes.starts_with(MAGIC) {
+            drop(file);
+            legacy::convert(path, &bytes)?;
+            return Store::open(path);
+        }
+        if bytes.len() < HEADER_BYTES {
+            return Err(StoreError::Damaged { path: path.to_path_buf(), offset: 0, what: "short header".into() });
+        }
+        let version = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+        if version != VERSION {
+            return Err(StoreError::UnknownFormat { path: path.to_path_buf(), version });
+        }
         let mut restored = Restored { next_in: 1, next_out: 1, ..Restored::default() };
-        let mut at = 0usize;
-        while at < bytes.len() {
-            match parse(&bytes[at..]) {
-                Some((kind, body, size)) => {
-                    apply(&mut restored, kind, body).map_err(|what| StoreError::BadRecord { path: path.to_path_buf(), offset: at, what })?;
-                    at += size;
-                }
-                None => {
-                    if later_record_is_valid(&bytes[at..]) {
-                        return Err(StoreError::Damaged { path: path.to_path_buf(), offset: at });
-                    }
-                    // A torn write at the end: it was never acknowledged.
-                    file.set_len(at as u64).map_err(io(path, "truncating"))?;
-                    file.seek(SeekFrom::End(0)).map_err(io(path, "seeking"))?;
-                    break;
-                }
-            }
+        let records = crossbook_journal::read_records(&bytes, HEADER_BYTES, 1, 0, MAX_PAYLOAD, true, |_, payload, _| {
+            let (&kind, body) = payload.split_first().ok_or("an empty record")?;
+            apply(&mut restored, kind, body).map_err(str::to_owned)
+        })
+        .map_err(|damage| StoreError::Damaged { path: path.to_path_buf(), offset: damage.offset, what: damage.what })?;
+        if records.torn.is_some() {
+            // A torn write at the end: it was never acknowledged.
+            file.set_len(records.end as u64).map_err(io(path, "truncating"))?;
+            file.seek(SeekFrom::End(0)).map_err(io(path, "seeking"))?;
         }
         let length = file.metadata().map_err(io(path, "reading"))?.len();
-        let mut store = Store { file, path: path.to_path_buf(), pending: Vec::new(), dirty: false, length, reserved: length, bound: restored.account.is_some() };
+        let mut store = Store {
+            file,
+            path: path.to_path_buf(),
+            pending: Vec::new(),
+            dirty: false,
+            length,
+            reserved: length,
+            bound: restored.account.is_some(),
+            next_seq: records.next_seq,
+            chain: records.chain,
+        };
         store.reserve();
         Ok((store, restored))
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Appends one record (to be written by the next flush).
+    fn append(&mut self, kind: u8, body: &[u8]) {
+        let mut payload = Vec::with_capacity(1 + body.len());
+        payload.push(kind);
+        payload.extend_from_slice(body);
+        self.chain = crossbook_journal::format::encode_record_bounded(&mut self.pending, self.chain, self.next_seq, &payload, MAX_PAYLOAD);
+        self.next_seq += 1;
     }
 
-    fn write(&mut self, bytes: &[u8]) {
-        self.pending.extend_from_slice(bytes);
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Hands what was recorded to the operating system (enough to survive
@@ -186,8 +218,8 @@ impl Store {
     /// Records a session store operation; `engine_seq` is the command whose
     /// report a sent message is (0 for the session's own messages).
     pub fn record(&mut self, op: &StoreOp, engine_seq: u64) {
-        let bytes = match op {
-            StoreOp::Reset => record(RESET, &[]),
+        match op {
+            StoreOp::Reset => self.append(RESET, &[]),
             StoreOp::Sent { seq, app } => {
                 let mut body = Vec::with_capacity(16 + app.as_ref().map_or(0, Vec::len));
                 body.extend_from_slice(&seq.to_le_bytes());
@@ -195,11 +227,10 @@ impl Store {
                 if let Some(app) = app {
                     body.extend_from_slice(app);
                 }
-                record(SENT, &body)
+                self.append(SENT, &body);
             }
-            StoreOp::Received { next_in } => record(RECEIVED, &next_in.to_le_bytes()),
-        };
-        self.write(&bytes);
+            StoreOp::Received { next_in } => self.append(RECEIVED, &next_in.to_le_bytes()),
+        }
     }
 
     /// Binds the session to `account` from engine sequence number `seq` on.
@@ -207,13 +238,13 @@ impl Store {
         let mut body = account.to_le_bytes().to_vec();
         body.extend_from_slice(&seq.to_le_bytes());
         self.bound = true;
-        self.write(&record(BOUND, &body));
+        self.append(BOUND, &body);
     }
 
     /// Records that the journal ends at `seq`, before reports this store
     /// holds (see `REWIND`), and syncs it.
     pub fn rewind(&mut self, seq: u64) -> Result<(), StoreError> {
-        self.write(&record(REWIND, &seq.to_le_bytes()));
+        self.append(REWIND, &seq.to_le_bytes());
         self.sync()
     }
 
@@ -228,24 +259,68 @@ impl Store {
     }
 }
 
-/// (kind, body, record size) of a whole, checksummed record at the start.
-fn parse(bytes: &[u8]) -> Option<(u8, &[u8], usize)> {
-    let len = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?) as usize;
-    if len == 0 || len > MAX_BODY + 1 {
-        return None;
-    }
-    let size = 4 + len + 4;
-    let record = bytes.get(..size)?;
-    let crc = u32::from_le_bytes(record[size - 4..].try_into().ok()?);
-    if crc32c::crc32c(&record[..size - 4]) != crc {
-        return None;
-    }
-    Some((record[4], &record[5..size - 4], size))
-}
+/// The first format (before 2026-11-23): no header, records `len u32 |
+/// kind u8 | body | crc32c u32`, unchained. Read once, to convert.
+mod legacy {
+    use super::*;
 
-/// Whether a valid record starts anywhere after the first byte.
-fn later_record_is_valid(bytes: &[u8]) -> bool {
-    (1..bytes.len()).any(|at| parse(&bytes[at..]).is_some_and(|(kind, _, _)| (RESET..=REWIND).contains(&kind)))
+    /// (kind, body, record size) of a whole, checksummed record at the start.
+    fn parse(bytes: &[u8]) -> Option<(u8, &[u8], usize)> {
+        let len = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?) as usize;
+        if len == 0 || len > MAX_PAYLOAD {
+            return None;
+        }
+        let size = 4 + len + 4;
+        let record = bytes.get(..size)?;
+        let crc = u32::from_le_bytes(record[size - 4..].try_into().ok()?);
+        if crc32c::crc32c(&record[..size - 4]) != crc {
+            return None;
+        }
+        Some((record[4], &record[5..size - 4], size))
+    }
+
+    /// Reads a first-format store and writes what it says in the current
+    /// format in its place (a new file, synced, renamed over the old one).
+    pub(super) fn convert(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+        let mut restored = Restored { next_in: 1, next_out: 1, ..Restored::default() };
+        let mut at = 0usize;
+        while at < bytes.len() {
+            match parse(&bytes[at..]) {
+                Some((kind, body, size)) => {
+                    apply(&mut restored, kind, body).map_err(|what| StoreError::Damaged { path: path.to_path_buf(), offset: at, what: what.into() })?;
+                    at += size;
+                }
+                None if (at + 1..bytes.len()).any(|later| parse(&bytes[later..]).is_some_and(|(kind, _, _)| (RESET..=REWIND).contains(&kind))) => {
+                    return Err(StoreError::Damaged { path: path.to_path_buf(), offset: at, what: "a bad record followed by valid ones".into() });
+                }
+                // A torn write at the end: it was never acknowledged.
+                None => break,
+            }
+        }
+        let converting = path.with_extension("converting");
+        let _ = std::fs::remove_file(&converting);
+        {
+            let (mut store, _) = Store::open(&converting)?;
+            if let Some(account) = restored.account {
+                store.bind(account, 0);
+            }
+            let mut last_sent = 0;
+            for (&seq, message) in &restored.stored {
+                store.record(&StoreOp::Sent { seq, app: Some(message.clone()) }, 0);
+                last_sent = seq;
+            }
+            if restored.next_out > last_sent + 1 {
+                store.record(&StoreOp::Sent { seq: restored.next_out - 1, app: None }, 0);
+            }
+            store.record(&StoreOp::Received { next_in: restored.next_in }, 0);
+            store.rewind(restored.through_seq)?;
+        }
+        std::fs::rename(&converting, path).map_err(io(path, "replacing (converting the store)"))?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir, "syncing"))?;
+        crate::log(&format!("FIX store {} converted to format version {VERSION}", path.display()));
+        Ok(())
+    }
 }
 
 fn apply(restored: &mut Restored, kind: u8, body: &[u8]) -> Result<(), &'static str> {
@@ -331,6 +406,43 @@ mod tests {
         let mut damaged = full.clone();
         damaged[30] ^= 0xff;
         std::fs::write(&path, &damaged).expect("write");
-        assert!(matches!(Store::open(&path), Err(StoreError::Damaged { offset: 25, .. })), "damage before valid records is refused");
+        match Store::open(&path) {
+            Err(StoreError::Damaged { offset, .. }) => assert_eq!(offset, HEADER_BYTES, "the first record is the damaged one"),
+            other => panic!("damage before valid records is refused, not {:?}", other.map(|(_, r)| r)),
+        }
+    }
+
+    /// A store written in the first format (no header, unchained records)
+    /// is converted on open, with everything it said kept.
+    #[test]
+    fn a_first_format_store_is_converted() {
+        let path = temp("legacy");
+        let legacy = |kind: u8, body: &[u8]| {
+            let mut out = ((body.len() + 1) as u32).to_le_bytes().to_vec();
+            out.push(kind);
+            out.extend_from_slice(body);
+            let crc = crc32c::crc32c(&out);
+            out.extend_from_slice(&crc.to_le_bytes());
+            out
+        };
+        let sent = |seq: u64, engine_seq: u64, app: &[u8]| [&seq.to_le_bytes()[..], &engine_seq.to_le_bytes(), app].concat();
+        let mut bytes = legacy(BOUND, &[&7u64.to_le_bytes()[..], &40u64.to_le_bytes()].concat());
+        bytes.extend(legacy(SENT, &sent(1, 0, b"")));
+        bytes.extend(legacy(SENT, &sent(2, 41, b"8=FIX.4.4|app")));
+        bytes.extend(legacy(SENT, &sent(3, 0, b"")));
+        bytes.extend(legacy(RECEIVED, &5u64.to_le_bytes()));
+        std::fs::write(&path, &bytes).expect("write");
+        let want = |r: &Restored| {
+            assert_eq!((r.next_in, r.next_out, r.account, r.through_seq), (5, 4, Some(7), 41));
+            assert_eq!(r.stored.get(&2).map(Vec::as_slice), Some(&b"8=FIX.4.4|app"[..]));
+        };
+        let (mut store, restored) = Store::open(&path).expect("converted");
+        want(&restored);
+        assert!(std::fs::read(&path).expect("read").starts_with(MAGIC));
+        store.record(&StoreOp::Received { next_in: 6 }, 0);
+        store.sync().expect("sync");
+        drop(store);
+        let (_, again) = Store::open(&path).expect("reopen");
+        assert_eq!((again.next_in, again.next_out, again.through_seq), (6, 4, 41));
     }
 }
