@@ -13,7 +13,6 @@ use crossbook_journal::{Durability, JournalConfig};
 mod bench;
 mod compat;
 mod journaled;
-mod load;
 
 #[derive(Parser)]
 #[command(name = "crossbook", version, about = "An exchange core: order books, matching, accounts, settlement.")]
@@ -226,20 +225,21 @@ fn real_main() -> Result<()> {
         }
         Cmd::Recover { journal } => journaled::recover(&journal),
         Cmd::Serve { config, listen, data, fix_listen } => serve(config, listen, data, fix_listen),
-        Cmd::Load { address, protocol, workload, count, connections, duration, rate, window, json, acked_out, last_seen_out } => load::run(load::Options {
+        Cmd::Load { address, protocol, workload, count, connections, duration, rate, window, json, acked_out, last_seen_out } => crossbook_load::run(crossbook_load::Options {
             protocol: match protocol.as_str() {
-                "binary" => load::Protocol::Binary,
-                "fix" => load::Protocol::Fix,
+                "binary" => crossbook_load::Protocol::Binary,
+                "fix" => crossbook_load::Protocol::Fix,
                 other => bail!("--protocol must be binary or fix, not {other:?}"),
             },
             count: {
-                if !load::WORKLOADS.contains(&workload.as_str()) {
-                    bail!("unknown load workload {workload:?}; known: {}", load::WORKLOADS.join(", "));
+                if !crossbook_load::WORKLOADS.contains(&workload.as_str()) {
+                    bail!("unknown load workload {workload:?}; known: {}", crossbook_load::WORKLOADS.join(", "));
                 }
                 count
             },
             address: address.unwrap_or_else(|| if protocol == "fix" { "127.0.0.1:7701".into() } else { "127.0.0.1:7700".into() }),
             connections,
+            keys: (1..=crossbook_server::config::DEMO_ACCOUNTS).map(crossbook_server::config::demo_key).collect(),
             duration: Duration::from_secs_f64(duration.max(0.0)),
             rate,
             window: window.max(1),

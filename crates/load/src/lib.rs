@@ -1,6 +1,7 @@
-//! `crossbook load`: a load generator for `crossbook serve`.
+//! The load generator behind `crossbook load`, for `crossbook serve`.
 //!
-//! N sessions (demo accounts 1..=N, the server's default credentials) send
+//! N sessions (accounts 1..=N, with the keys the caller gives: the
+//! server's demo credentials for `crossbook load`) send
 //! limit orders around a fixed mid: half GTC at passive prices that rest,
 //! half IOC at prices that cross, so orders trade with other sessions. All
 //! sessions run on one thread: each round writes everything each session
@@ -31,6 +32,9 @@ use std::time::{Duration, Instant};
 pub struct Options {
     pub address: String,
     pub connections: u64,
+    /// The API key (binary) or Password (FIX) of account `n` at `n - 1`;
+    /// at least `connections` of them.
+    pub keys: Vec<String>,
     pub duration: Duration,
     pub rate: Option<f64>,
     pub window: u64,
@@ -154,10 +158,10 @@ impl Wire for FixWire {
 }
 
 /// Logs on over FIX (a fresh sequence, ResetSeqNumFlag) as demo `account`.
-fn connect_fix(address: &str, account: u64) -> Result<(TcpStream, FixWire)> {
+fn connect_fix(address: &str, account: u64, key: &str) -> Result<(TcpStream, FixWire)> {
     let mut initiator = crossbook_client::fix::Initiator::connect(address, &format!("LOAD{account}")).with_context(|| format!("connecting to {address}"))?;
     initiator.set_timeout(Duration::from_secs(5));
-    initiator.logon(account, &crossbook_server::config::demo_key(account), true).with_context(|| format!("FIX logon as account {account}"))?;
+    initiator.logon(account, key, true).with_context(|| format!("FIX logon as account {account}"))?;
     let (stream, writer, buffered) = initiator.into_parts();
     if !buffered.is_empty() {
         bail!("account {account}: the server sent more than the Logon reply before any order");
@@ -188,8 +192,8 @@ fn histogram() -> Histogram<u64> {
 
 /// Logs in over the binary protocol as demo `account`, asking for no
 /// replay of an earlier run's reports.
-fn connect(address: &str, account: u64) -> Result<TcpStream> {
-    let (mut client, reply) = crossbook_client::binary::Client::login(address, account, &crossbook_server::config::demo_key(account), u64::MAX)
+fn connect(address: &str, account: u64, key: &str) -> Result<TcpStream> {
+    let (mut client, reply) = crossbook_client::binary::Client::login(address, account, key, u64::MAX)
         .with_context(|| format!("logging in to {address} as account {account}"))?;
     client.set_timeout(Duration::from_secs(5));
     match reply {
@@ -495,16 +499,16 @@ fn percentiles(h: &Histogram<u64>) -> serde_json::Value {
 }
 
 pub fn run(options: Options) -> Result<()> {
-    if options.connections == 0 || options.connections > crossbook_server::config::DEMO_ACCOUNTS {
-        bail!("--connections must be 1 to {} (one demo account each)", crossbook_server::config::DEMO_ACCOUNTS);
+    if options.connections == 0 || options.connections > options.keys.len() as u64 {
+        bail!("--connections must be 1 to {} (one account each)", options.keys.len());
     }
     let options = Arc::new(options);
     let mut streams: Vec<(TcpStream, Box<dyn Wire + Send>)> = Vec::new();
     for index in 0..options.connections {
         streams.push(match options.protocol {
-            Protocol::Binary => (connect(&options.address, index + 1)?, Box::new(BinaryWire)),
+            Protocol::Binary => (connect(&options.address, index + 1, &options.keys[index as usize])?, Box::new(BinaryWire)),
             Protocol::Fix => {
-                let (stream, wire) = connect_fix(&options.address, index + 1)?;
+                let (stream, wire) = connect_fix(&options.address, index + 1, &options.keys[index as usize])?;
                 (stream, Box::new(wire))
             }
         });
