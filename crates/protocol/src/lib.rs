@@ -187,7 +187,32 @@ pub enum Decoded<T> {
 }
 
 /// Body length of each client message type.
-fn client_body(kind: u8) -> Option<usize> {
+/// The longest body of any message type, client or server, with its
+/// version and type bytes: the default frame bound must take every message
+/// (a longer message type would otherwise be refused as `frame_too_long`
+/// by a server on its defaults).
+pub const LONGEST_FRAME: usize = {
+    let mut longest = 0;
+    let mut kind = 0u8;
+    loop {
+        let body = match (client_body(kind), server_body(kind)) {
+            (Some(a), Some(b)) => if a > b { a } else { b },
+            (Some(a), None) | (None, Some(a)) => a,
+            (None, None) => 0,
+        };
+        if body > longest {
+            longest = body;
+        }
+        if kind == u8::MAX {
+            break;
+        }
+        kind += 1;
+    }
+    2 + longest
+};
+const _: () = assert!(LONGEST_FRAME <= MAX_FRAME);
+
+const fn client_body(kind: u8) -> Option<usize> {
     Some(match kind {
         1 => 8 + API_KEY_BYTES + 8,
         2 => 8 + 4 + 5 + 8 + 8 + 8,
@@ -199,7 +224,7 @@ fn client_body(kind: u8) -> Option<usize> {
     })
 }
 
-fn server_body(kind: u8) -> Option<usize> {
+const fn server_body(kind: u8) -> Option<usize> {
     Some(match kind {
         101 => 24,
         102 => 9,

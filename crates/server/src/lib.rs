@@ -101,6 +101,13 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
     }));
     // A round's batch is published whole and released whole (see
     // `Sequencer::apply`): no eager hand-off of its first records.
+    if config.limits.max_frame < crossbook_protocol::LONGEST_FRAME {
+        return Err(ServeError::Config(format!(
+            "limits.max_frame must be at least {} (the longest message of the binary protocol), not {}",
+            crossbook_protocol::LONGEST_FRAME,
+            config.limits.max_frame
+        )));
+    }
     if config.segment_bytes < 4096 {
         return Err(ServeError::Config(format!("segment_bytes must be at least 4096, not {}", config.segment_bytes)));
     }
