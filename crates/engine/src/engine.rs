@@ -610,20 +610,9 @@ impl Engine {
     /// stopped by self-trade prevention.
     fn match_taker(&mut self, instrument: u32, taker: &mut Taker, out: &mut Vec<Event>) -> bool {
         let inst_index = instrument as usize;
-        let terms = {
-            let inst = &self.instruments[inst_index];
-            Terms {
-                id: inst.spec.id,
-                base: inst.base,
-                quote: inst.quote,
-                tick_size: inst.spec.tick_size,
-                lot_size: inst.spec.lot_size,
-                maker_bps: inst.spec.maker_bps,
-                taker_bps: inst.spec.taker_bps,
-            }
-        };
         while taker.remaining() > 0 {
-            let book = &self.instruments[inst_index].book;
+            let inst = &self.instruments[inst_index];
+            let book = &inst.book;
             let Some(best) = book.best_opposite(taker.side) else {
                 return false;
             };
@@ -655,6 +644,20 @@ impl Engine {
                     SelfTradePrevention::None => unreachable!(),
                 }
             }
+            // What settling needs of the instrument, taken only when there
+            // is a trade to settle.
+            let terms = {
+                let inst = &self.instruments[inst_index];
+                Terms {
+                    id: inst.spec.id,
+                    base: inst.base,
+                    quote: inst.quote,
+                    tick_size: inst.spec.tick_size,
+                    lot_size: inst.spec.lot_size,
+                    maker_bps: inst.spec.maker_bps,
+                    taker_bps: inst.spec.taker_bps,
+                }
+            };
             let mut qty = maker.remaining.min(taker.remaining());
             if let Some(budget) = taker.budget_left {
                 qty = qty.min(affordable(terms.tick_size, terms.taker_bps, best.price, budget));
