@@ -23,7 +23,7 @@ mod ratelog;
 mod replay;
 mod sequencer;
 mod sessions;
-mod sink;
+pub mod sink;
 mod snapshotter;
 
 pub use crossbook_protocol::reports::OPEN_ORDER_LIMIT;
@@ -61,6 +61,14 @@ pub struct Controls {
 /// what was queued, syncs the journal, writes a snapshot and returns.
 /// `listening` is told the bound address once connections are accepted.
 pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAddr)) -> Result<Summary, ServeError> {
+    serve_with_sinks(config, controls, Vec::new(), listening)
+}
+
+/// [`serve`], with more gateways: each of `sinks` is handed every durable
+/// batch after the built-in gateways, on the sequencer's thread (so it
+/// must not block: a gateway with clients of its own queues and returns),
+/// and every journaled command at start-up (`ReportSink::recovered`).
+pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<dyn ReportSink + Send>>, listening: impl FnOnce(SocketAddr)) -> Result<Summary, ServeError> {
     let Controls { shutdown, snapshot: snapshot_now } = controls;
     let durability = match config.durability.as_str() {
         "sync" => Durability::Sync,
@@ -140,6 +148,9 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
     let mut others: Vec<&mut dyn ReportSink> = Vec::new();
     if let Some(sink) = fix_sink.as_mut() {
         others.push(sink);
+    }
+    for sink in sinks.iter_mut() {
+        others.push(sink.as_mut());
     }
     let started = Instant::now();
     {

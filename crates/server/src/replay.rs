@@ -58,7 +58,7 @@ pub(crate) fn replay_journal(dir: &Path, through: u64, sinks: &mut [&mut dyn Rep
             reports.clear();
             engine.apply(&command, &mut events);
             builder.reports(&command, &events, &mut reports);
-            let durable = Durable { seq, command: &command, annex: annex.as_deref(), reports: &reports };
+            let durable = Durable { seq, command: &command, annex: annex.as_deref(), reports: &reports, events: &events };
             for sink in sinks.iter_mut() {
                 sink.recovered(&durable);
             }

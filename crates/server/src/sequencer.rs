@@ -112,6 +112,7 @@ struct Waiting {
     applied_at: Instant,
     commands: Vec<Applied>,
     reports: Vec<Addressed>,
+    events: Vec<Event>,
     refused: Vec<Refusal>,
     answered: Vec<Arc<InFlight>>,
 }
@@ -167,6 +168,7 @@ impl<'a> Sequencer<'a> {
             applied_at: Instant::now(),
             commands: Vec::with_capacity(batch.len()),
             reports: Vec::new(),
+            events: Vec::new(),
             refused: Vec::new(),
             answered: Vec::with_capacity(batch.len()),
         };
@@ -185,7 +187,15 @@ impl<'a> Sequencer<'a> {
             self.engine.apply(&item.command, &mut self.events);
             let first = done.reports.len();
             self.builder.reports(&item.command, &self.events, &mut done.reports);
-            done.commands.push(Applied { seq, command: item.command, annex: item.annex, reports: first..done.reports.len() });
+            let first_event = done.events.len();
+            done.events.extend_from_slice(&self.events);
+            done.commands.push(Applied {
+                seq,
+                command: item.command,
+                annex: item.annex,
+                reports: first..done.reports.len(),
+                events: first_event..done.events.len(),
+            });
             self.commands += 1;
         }
         self.journal.publish()?;
@@ -213,7 +223,7 @@ impl<'a> Sequencer<'a> {
     fn release_through(&mut self, acked: u64, sinks: &mut [&mut dyn ReportSink]) {
         while self.waiting.front().is_some_and(|w| w.last_seq <= acked) {
             let Some(done) = self.waiting.pop_front() else { break };
-            let batch = Released { commands: &done.commands, reports: &done.reports, refused: &done.refused };
+            let batch = Released { commands: &done.commands, reports: &done.reports, events: &done.events, refused: &done.refused };
             for sink in sinks.iter_mut() {
                 sink.released(&batch);
             }

@@ -3,7 +3,7 @@
 //! The sequencer journals and applies commands and, once the journal holds
 //! a batch durably, hands each of its commands (sequence number, command,
 //! the annex its gateway journaled with it, the execution reports it
-//! caused) to every sink, in sequence order, the way ripgrep's searcher
+//! caused and the engine's events) to every sink, in sequence order, the way ripgrep's searcher
 //! hands matches to a `Sink`. It knows nothing of how a gateway numbers,
 //! stores, encodes or routes them: the binary gateway numbers reports per
 //! account and writes frames; the FIX gateway turns them into FIX messages
@@ -15,40 +15,46 @@
 //! of the journal, so a gateway rebuilds what it had sent (a session's
 //! numbering and history, a FIX store's missing messages) exactly.
 
-use crossbook_engine::{Command, PlaceOrder};
+use crossbook_engine::{Command, Event, PlaceOrder};
 use crossbook_protocol::reports::Addressed;
 use std::ops::Range;
 
 /// Which gateway sent a command. The sequencer only carries it, so that a
 /// gateway can tell its own refusals from another's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Source(pub(crate) u8);
+pub struct Source(pub(crate) u8);
 
 /// The binary gateway's commands.
 pub(crate) const BINARY: Source = Source(0);
 /// The FIX gateway's commands.
 pub(crate) const FIX: Source = Source(1);
+/// Commands of gateways added with [`crate::serve_with_sinks`] (none
+/// today send any).
+pub const OTHER: Source = Source(2);
 
 /// One durable command and what it caused.
-pub(crate) struct Durable<'a> {
-    pub(crate) seq: u64,
-    pub(crate) command: &'a Command,
+pub struct Durable<'a> {
+    pub seq: u64,
+    pub command: &'a Command,
     /// What the sending gateway journaled with the command (the FIX
     /// ClOrdIDs), or `None`.
-    pub(crate) annex: Option<&'a [u8]>,
+    pub annex: Option<&'a [u8]>,
     /// The execution reports, each addressed to the account it is for,
     /// not yet numbered.
-    pub(crate) reports: &'a [Addressed],
+    pub reports: &'a [Addressed],
+    /// The engine's events (what a market-data gateway needs: every
+    /// order that rests, trades, leaves).
+    pub events: &'a [Event],
 }
 
 /// An order refused by the open-order limit before it reached the engine
 /// or the journal: answered with `report` (sequence number 0) by the
 /// gateway it came from.
-pub(crate) struct Refused<'a> {
-    pub(crate) source: Source,
-    pub(crate) place: &'a PlaceOrder,
-    pub(crate) annex: Option<&'a [u8]>,
-    pub(crate) report: &'a Addressed,
+pub struct Refused<'a> {
+    pub source: Source,
+    pub place: &'a PlaceOrder,
+    pub annex: Option<&'a [u8]>,
+    pub report: &'a Addressed,
 }
 
 /// A command the sequencer applied, as it keeps it until it is durable.
@@ -56,8 +62,10 @@ pub(crate) struct Applied {
     pub(crate) seq: u64,
     pub(crate) command: Command,
     pub(crate) annex: Option<Vec<u8>>,
-    /// Its reports in the batch's report list.
+    /// Its reports in the batch's report list, its events in its event
+    /// list.
     pub(crate) reports: Range<usize>,
+    pub(crate) events: Range<usize>,
 }
 
 /// An order the open-order limit refused, as the sequencer keeps it.
@@ -69,26 +77,33 @@ pub(crate) struct Refusal {
 }
 
 /// A batch the journal has made durable, as the sinks see it.
-pub(crate) struct Released<'a> {
+pub struct Released<'a> {
     pub(crate) commands: &'a [Applied],
     pub(crate) reports: &'a [Addressed],
+    pub(crate) events: &'a [Event],
     pub(crate) refused: &'a [Refusal],
 }
 
 impl<'a> Released<'a> {
     /// Its commands, in sequence order.
-    pub(crate) fn durable(&self) -> impl Iterator<Item = Durable<'a>> + use<'a> {
-        let reports = self.reports;
-        self.commands.iter().map(move |c| Durable { seq: c.seq, command: &c.command, annex: c.annex.as_deref(), reports: &reports[c.reports.clone()] })
+    pub fn durable(&self) -> impl Iterator<Item = Durable<'a>> + use<'a> {
+        let (reports, events) = (self.reports, self.events);
+        self.commands.iter().map(move |c| Durable {
+            seq: c.seq,
+            command: &c.command,
+            annex: c.annex.as_deref(),
+            reports: &reports[c.reports.clone()],
+            events: &events[c.events.clone()],
+        })
     }
 
     /// The orders refused while it was applied, in the order they came.
-    pub(crate) fn refused(&self) -> impl Iterator<Item = Refused<'a>> + use<'a> {
+    pub fn refused(&self) -> impl Iterator<Item = Refused<'a>> + use<'a> {
         self.refused.iter().map(|r| Refused { source: r.source, place: &r.place, annex: r.annex.as_deref(), report: &r.report })
     }
 }
 
-pub(crate) trait ReportSink {
+pub trait ReportSink {
     /// A batch the journal has made durable: its commands in sequence
     /// order, and the orders refused while it was applied.
     fn released(&mut self, batch: &Released<'_>);
