@@ -162,6 +162,13 @@ pub fn recover(dir: &Path) -> Result<Recovered, RecoveryError> {
     std::fs::create_dir_all(dir).map_err(io_error(format!("creating {}", dir.display())))?;
     let mut warnings = Vec::new();
     let mut set_asides = Vec::new();
+    // A snapshot being written when the process stopped: never renamed
+    // into place, so never part of the state; removed so it takes no
+    // room.
+    for leftover in read::snapshot_leftovers(dir).map_err(io_error(format!("listing {}", dir.display())))? {
+        std::fs::remove_file(&leftover).map_err(io_error(format!("removing {}", leftover.display())))?;
+        warnings.push(format!("unfinished snapshot {} (its writing was cut short) removed", leftover.display()));
+    }
     let candidates = read::snapshots(dir).map_err(io_error(format!("listing {}", dir.display())))?;
     let mut candidates: Vec<Option<(u64, PathBuf)>> = candidates.into_iter().map(Some).collect();
     candidates.push(None);
@@ -184,7 +191,12 @@ pub fn recover(dir: &Path) -> Result<Recovered, RecoveryError> {
                     continue;
                 }
                 Err(SnapshotError::Damaged(why)) => {
-                    warnings.push(format!("snapshot {} is unusable ({why}); trying an older one", path.display()));
+                    // Set aside too (kept for a look, never listed again):
+                    // left in place, a damaged snapshot newer than the
+                    // good ones would count among those pruning keeps.
+                    let target = set_aside(dir, path).map_err(RecoveryError::Io)?;
+                    warnings.push(format!("snapshot {} is damaged ({why}): set aside as {}; trying an older one", path.display(), target.display()));
+                    set_asides.push((path.to_path_buf(), target));
                     continue;
                 }
             },

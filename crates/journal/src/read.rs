@@ -416,3 +416,10 @@ pub fn snapshots(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
     found.reverse();
     Ok(found)
 }
+
+/// Temporary snapshot files (`snapshot-N.xbs.tmp`) a stopped process left:
+/// a snapshot is renamed into place only once it is whole and synced, so
+/// these are never part of the state.
+pub fn snapshot_leftovers(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    Ok(list(dir, "snapshot-", ".xbs.tmp")?.into_iter().map(|(_, path)| path).collect())
+}

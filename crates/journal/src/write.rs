@@ -454,10 +454,17 @@ fn create_segment(dir: &Path, first_seq: u64, chain_seed: u32) -> Result<Segment
 }
 
 impl Segment {
+    /// Whether `extra` more bytes need a new reservation (and so a sync).
+    fn needs_reserve(&self, extra: u64) -> bool {
+        self.size + extra > self.allocated
+    }
+
     /// Makes sure `extra` more bytes fit in the space reserved: reserves
     /// (`posix_fallocate`) and syncs the next `PREALLOCATE_BYTES` when they
-    /// would not.
-    fn reserve(&mut self, extra: u64) -> Result<(), JournalError> {
+    /// would not. The caller holds the async syncer's lock (the sync here
+    /// shares the file's error state with the syncer's, see `Syncer`), and
+    /// a failed sync poisons the journal before that lock is released.
+    fn reserve(&mut self, extra: u64, poisoned: &AtomicBool) -> Result<(), JournalError> {
         use std::os::fd::AsRawFd;
         if self.size + extra <= self.allocated {
             return Ok(());
@@ -469,7 +476,10 @@ impl Segment {
         if failed != 0 {
             return Err(JournalError::Io { context: format!("reserving space in {}", self.path.display()), source: std::io::Error::from_raw_os_error(failed) });
         }
-        self.file.sync_data().map_err(io(format!("fdatasync {}", self.path.display())))?;
+        if let Err(e) = self.file.sync_data() {
+            poisoned.store(true, Ordering::Release);
+            return Err(io(format!("fdatasync {}", self.path.display()))(e));
+        }
         self.allocated = target;
         Ok(())
     }
@@ -854,7 +864,7 @@ impl Writer {
         if chunk.is_empty() {
             return Ok(());
         }
-        self.segment.reserve(chunk.len() as u64)?;
+        self.segment.reserve(chunk.len() as u64, &self.shared.poisoned)?;
         self.segment.file.write_all(chunk).map_err(io(format!("writing {}", self.segment.path.display())))?;
         self.segment.size += chunk.len() as u64;
         self.last_crc = u32_at(chunk, chunk.len() - 4);
@@ -892,8 +902,12 @@ impl Writer {
         // the new one; it waits for the lock (once per segment).
         let syncer_file = self.syncer.as_ref().map(|syncer| syncer.file.clone());
         let crossing = self.segment.size + batch.len() as u64 >= self.config.segment_bytes;
+        // And while a reservation syncs the file: a failed sync there must
+        // poison the journal before the syncer can sync again and count
+        // records that failed sync lost.
+        let reserving = self.segment.needs_reserve(batch.len() as u64);
         let mut syncer_guard = match &syncer_file {
-            Some(file) if crossing => Some(file.lock().unwrap_or_else(|e| e.into_inner())),
+            Some(file) if crossing || reserving => Some(file.lock().unwrap_or_else(|e| e.into_inner())),
             _ => None,
         };
         let mut new_segment = false;
@@ -910,8 +924,13 @@ impl Writer {
                 self.segment.trim()?;
                 self.dirty = true;
                 self.sync_if_dirty()?;
+                if new_segment {
+                    // A segment begun in this batch: its name is synced
+                    // before its records count as durable.
+                    sync_dir(&self.dir).inspect_err(|_| self.shared.poisoned.store(true, Ordering::Release))?;
+                }
                 // The ended segment's records are durable (its name was
-                // synced when it began).
+                // synced when it began, or just now).
                 self.shared.durable.fetch_max(next_seq - 1, Ordering::AcqRel);
                 self.segment = create_segment(&self.dir, next_seq, self.last_crc)?;
                 self.dirty = true;

@@ -89,6 +89,6 @@ fn write_when_durable(dir: &Path, journal: &DurableWatch, seq: u64, state: &[u8]
     };
     let header = crossbook_journal::SnapshotHeader { seq, chain };
     if let Err(e) = crossbook_journal::write_snapshot_state(dir, header, state, KEEP_SNAPSHOTS) {
-        log(&format!("snapshot at seq {seq} failed: {e}; its temporary file is removed, the snapshots before it are kept, and the next one is tried when due"));
+        log(&format!("snapshot at seq {seq} failed: {e}; the temporary file is never left behind, the snapshots before it are kept, and the next one is tried when due"));
     }
 }

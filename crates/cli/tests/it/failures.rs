@@ -248,7 +248,7 @@ fn a_full_disk_stops_the_venue_with_a_reason_and_it_restarts_once_space_is_back(
     assert!(std::process::Command::new("kill").args(["-USR1", &pid]).status().unwrap().success());
     let line = server.expect_log("snapshot at seq");
     let line = if line.contains("failed") { line } else { server.expect_log("failed") };
-    assert!(line.contains("temporary file is removed"), "{line}");
+    assert!(line.contains("temporary file is never left behind"), "{line}");
     let files = |suffix: &str| -> Vec<String> {
         std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.ends_with(suffix)).collect()
     };
