@@ -114,7 +114,10 @@ fn another_accounts_order_looks_like_no_order_at_all() {
     let mut bob = FixClient::connect(&server.fix_address, "BOB");
     bob.logon(2, "bob");
     send_owned(&mut bob, "D", &order("SHARED", "2", "200", "1"));
-    expect(&bob.next(), &[(150, "0")]);
+    let new = bob.next();
+    expect(&new, &[(150, "0")]);
+    let bobs_order = new.text(37).expect("OrderID").to_owned();
+    let no_order = (bobs_order.parse::<u64>().unwrap() + 1_000).to_string();
     let mut eve = FixClient::connect(&server.fix_address, "EVE");
     eve.logon(3, "mallory");
     let mut texts = Vec::new();
@@ -125,6 +128,29 @@ fn another_accounts_order_looks_like_no_order_at_all() {
         texts.push((reply.text(58).map(str::to_owned), reply.text(39).map(str::to_owned)));
     }
     assert_eq!(texts[0], texts[1], "FIX: another account's ClOrdID vs none");
+    // By OrderID (37): cancel, replace without Price (the gateway would
+    // take it from an order it knows), replace with one. Each answer for
+    // bob's order must be the answer for an order nobody has.
+    let now = crossbook_fix::time::format_timestamp(now_ms());
+    let mut answer = |msg_type: &str, order_id: &str, price: Option<&str>, n: usize| {
+        let cl = format!("E-{msg_type}-{n}");
+        let mut fields: Vec<(u32, &str)> = vec![(11, &cl), (41, "NOT-MINE"), (37, order_id), (54, "2"), (55, "BTC-USD"), (60, &now)];
+        if msg_type == "G" {
+            fields.extend([(38, "1"), (40, "2")]);
+            if let Some(price) = price {
+                fields.push((44, price));
+            }
+        }
+        eve.send(msg_type, &fields);
+        let reply = eve.next();
+        expect(&reply, &[(35, "9")]);
+        [58, 102, 39, 434].map(|tag| reply.text(tag).map(str::to_owned))
+    };
+    for (n, (msg_type, price)) in [("F", None), ("G", None), ("G", Some("201"))].into_iter().enumerate() {
+        let theirs = answer(msg_type, &bobs_order, price, 2 * n);
+        let nobodys = answer(msg_type, &no_order, price, 2 * n + 1);
+        assert_eq!(theirs, nobodys, "FIX {msg_type} by OrderID (Price {price:?}): another account's order vs none");
+    }
 }
 
 /// A client that closes its connection and logs in again at once is never

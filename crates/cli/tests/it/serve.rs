@@ -567,6 +567,28 @@ fn limits_on_open_orders_and_connections() {
 }
 
 #[test]
+fn a_login_past_the_history_learns_what_was_taken_back() {
+    // Only an async-mode power cut does this: the client saw reports of
+    // commands the journal lost. The login is accepted with the truth
+    // (`next_seq` at or below `last_seen`), nothing is replayed, the
+    // server says so in its log, and numbering goes on from the truth.
+    let dir = temp_dir("taken-back");
+    let server = start(&dir);
+    let (client, reply) = crossbook_client::binary::Client::login(&server.address, 1, "alice", 50).unwrap();
+    let mut alice = Client(client);
+    match reply {
+        ServerMessage::LoginAccepted { next_seq, account, .. } => assert_eq!((next_seq, account), (1, 1)),
+        other => panic!("login answered {other:?}"),
+    }
+    server.expect_log("account 1 saw reports up to 50 but the history ends at 0: reports 1..=50 were taken back with their commands");
+    alice.send(&limit(1, Side::Buy, 90, 1, TimeInForce::Gtc));
+    let accepted = alice.report();
+    assert_eq!((accepted.kind, accepted.seq), (ReportKind::Accepted, 1), "the first report after the login, not one replayed");
+    assert!(server.terminate().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn an_idle_session_leaves_the_server_asleep() {
     // The gateway sleeps in epoll until a socket, the journal or the FIX
     // gateway wakes it. A connection left marked for reading after its
@@ -577,11 +599,22 @@ fn an_idle_session_leaves_the_server_asleep() {
     let (mut alice, _) = Client::login(&server.address, 1, "alice");
     alice.send(&limit(1, Side::Buy, 90, 1, TimeInForce::Gtc));
     assert_eq!(alice.report().kind, ReportKind::Accepted);
-    std::thread::sleep(Duration::from_millis(1500));
+    // Longer than the 5 s between throughput lines: an idle server logs
+    // none (one line per 5 s of nothing once flooded the log).
+    std::thread::sleep(Duration::from_millis(5600));
     alice.send(&ClientMessage::Heartbeat);
     assert_eq!(alice.recv(), Some(ServerMessage::Heartbeat));
+    let startup = server.startup.join("\n");
     let (status, lines) = server.terminate_with_log();
     assert!(status.success());
+    let throughput: Vec<&String> = lines.iter().filter(|l| l.starts_with("throughput")).collect();
+    assert!(throughput.len() <= 1, "an idle server keeps logging its throughput: {throughput:?}");
+    // The start-up log says where, in what mode, and what was recovered.
+    assert!(startup.contains(&format!("starting: data directory {}, ", dir.join("data").display())), "{startup}");
+    assert!(startup.contains("durability sync"), "{startup}");
+    assert!(startup.contains("binary protocol on 127.0.0.1:"), "{startup}");
+    assert!(startup.contains("recovered seq 0 from the start of the journal (no snapshot)"), "{startup}");
+    assert!(startup.contains("new venue: "), "{startup}");
     let rounds: u64 = lines
         .iter()
         .find_map(|line| line.strip_prefix("gateway: ")?.strip_suffix(" polling rounds")?.parse().ok())

@@ -652,13 +652,17 @@ impl VenueApp<'_> {
             return self.cancel_reject(message, "OrigClOrdID longer than 60 characters", false, outbox);
         }
         let Some(order) = self.target(message) else {
-            return self.cancel_reject(message, "unknown order", true, outbox);
+            return self.cancel_reject(message, "unknown_order", true, outbox);
         };
         let kind = message.msg_type()[0];
         let command = if kind == b'F' {
             Command::Cancel { account: self.account, order }
         } else {
-            let known = self.book.orders.get(&order).cloned();
+            // Only this account's orders are known here: another
+            // account's must get exactly the answers a missing one gets
+            // (Price missing, unknown symbol, then the engine's
+            // unknown_order), or ids could be scanned for live orders.
+            let known = self.book.orders.get(&order).filter(|o| o.account == self.account).cloned();
             let Some(instrument) = known.as_ref().and_then(|o| self.instruments.iter().find(|i| i.id == o.instrument)).or_else(|| self.instrument(message)).cloned() else {
                 return self.cancel_reject(message, "unknown symbol", false, outbox);
             };
