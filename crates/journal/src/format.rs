@@ -19,9 +19,13 @@ pub const MAX_PAYLOAD: usize = MAX_COMMAND_BYTES + 1 + MAX_ANNEX;
 
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"XBSNAPSH";
 /// Version 2 names the journal record it continues (`chain`); version 1
-/// snapshots, which cannot, are never used (`docs/journal.md`).
-pub const SNAPSHOT_VERSION: u32 = 2;
-/// magic 8 | version u32 | seq u64 | chain u32 | state_len u64 | state | crc u32
+/// snapshots, which cannot, are never used (`docs/journal.md`). Version 3
+/// adds the attachments: bytes the gateways keep with the state (their own
+/// state at the same command), opaque to the journal. Version 2 files are
+/// still read (no attachments).
+pub const SNAPSHOT_VERSION: u32 = 3;
+/// magic 8 | version u32 | seq u64 | chain u32 | state_len u64 | state |
+/// attachments_len u64 | attachments | crc u32 (version 2: no attachments)
 pub const SNAPSHOT_HEADER_BYTES: usize = 32;
 
 pub fn segment_name(first_seq: u64) -> String {
@@ -243,14 +247,16 @@ pub struct SnapshotHeader {
     pub chain: u32,
 }
 
-pub fn encode_snapshot(header: SnapshotHeader, state: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(SNAPSHOT_HEADER_BYTES + state.len() + 4);
+pub fn encode_snapshot(header: SnapshotHeader, state: &[u8], attachments: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(SNAPSHOT_HEADER_BYTES + state.len() + 8 + attachments.len() + 4);
     out.extend_from_slice(SNAPSHOT_MAGIC);
     out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
     out.extend_from_slice(&header.seq.to_le_bytes());
     out.extend_from_slice(&header.chain.to_le_bytes());
     out.extend_from_slice(&(state.len() as u64).to_le_bytes());
     out.extend_from_slice(state);
+    out.extend_from_slice(&(attachments.len() as u64).to_le_bytes());
+    out.extend_from_slice(attachments);
     let crc = crc32c::crc32c(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     out
@@ -276,8 +282,18 @@ impl std::fmt::Display for SnapshotError {
     }
 }
 
-/// The header and state bytes of a snapshot file, checked.
-pub fn decode_snapshot(bytes: &[u8]) -> Result<(SnapshotHeader, &[u8]), SnapshotError> {
+/// A snapshot file's parts, checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotParts<'a> {
+    pub header: SnapshotHeader,
+    /// The engine state.
+    pub state: &'a [u8],
+    /// What the gateways kept with it (empty in version 2).
+    pub attachments: &'a [u8],
+}
+
+/// The header, state and attachment bytes of a snapshot file, checked.
+pub fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotParts<'_>, SnapshotError> {
     let damaged = |what: String| SnapshotError::Damaged(what);
     if bytes.len() < 12 || &bytes[0..8] != SNAPSHOT_MAGIC {
         return Err(damaged("not a snapshot (bad magic)".into()));
@@ -290,18 +306,30 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<(SnapshotHeader, &[u8]), Snapshot
     if version == 1 {
         return Err(SnapshotError::Unbound { version });
     }
-    if version != SNAPSHOT_VERSION {
+    if version != 2 && version != SNAPSHOT_VERSION {
         return Err(damaged(format!("unsupported snapshot version {version}")));
     }
     if bytes.len() < SNAPSHOT_HEADER_BYTES + 4 {
         return Err(damaged(format!("truncated ({} bytes)", bytes.len())));
     }
     let header = SnapshotHeader { seq: u64_at(bytes, 12), chain: u32_at(bytes, 20) };
+    let rest = &body[SNAPSHOT_HEADER_BYTES..];
     let len = u64_at(bytes, 24);
-    if len != (body.len() - SNAPSHOT_HEADER_BYTES) as u64 {
+    if version == 2 {
+        if len != rest.len() as u64 {
+            return Err(damaged(format!("length field {len} disagrees with the file size")));
+        }
+        return Ok(SnapshotParts { header, state: rest, attachments: &[] });
+    }
+    if len > rest.len() as u64 || rest.len() as u64 - len < 8 {
         return Err(damaged(format!("length field {len} disagrees with the file size")));
     }
-    Ok((header, &body[SNAPSHOT_HEADER_BYTES..]))
+    let (state, rest) = rest.split_at(len as usize);
+    let attached = u64_at(rest, 0);
+    if attached != (rest.len() - 8) as u64 {
+        return Err(damaged(format!("attachments length field {attached} disagrees with the file size")));
+    }
+    Ok(SnapshotParts { header, state, attachments: &rest[8..] })
 }
 
 #[cfg(test)]
@@ -342,8 +370,10 @@ mod tests {
         bad[17] ^= 1;
         assert!(parse_segment_header(&bad).is_err());
         let header = SnapshotHeader { seq: 9, chain: 0xdead_beef };
-        let file = encode_snapshot(header, b"state");
-        assert_eq!(decode_snapshot(&file), Ok((header, &b"state"[..])));
+        let file = encode_snapshot(header, b"state", b"gateways");
+        assert_eq!(decode_snapshot(&file), Ok(SnapshotParts { header, state: b"state", attachments: b"gateways" }));
+        let bare = encode_snapshot(header, b"state", b"");
+        assert_eq!(decode_snapshot(&bare), Ok(SnapshotParts { header, state: b"state", attachments: b"" }));
         let mut bad = file.clone();
         bad[30] ^= 4;
         assert!(decode_snapshot(&bad).is_err());
@@ -358,6 +388,17 @@ mod tests {
         let at = old.len() - 4;
         old[at..].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(decode_snapshot(&old), Err(SnapshotError::Unbound { version: 1 }));
+        // A version 2 file (state, no attachments) is still read.
+        let mut two = Vec::new();
+        two.extend_from_slice(SNAPSHOT_MAGIC);
+        two.extend_from_slice(&2u32.to_le_bytes());
+        two.extend_from_slice(&9u64.to_le_bytes());
+        two.extend_from_slice(&0xdead_beefu32.to_le_bytes());
+        two.extend_from_slice(&5u64.to_le_bytes());
+        two.extend_from_slice(b"state");
+        let crc = crc32c::crc32c(&two);
+        two.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(decode_snapshot(&two), Ok(SnapshotParts { header, state: b"state", attachments: b"" }));
     }
 
     #[test]

@@ -12,7 +12,7 @@ pub mod format;
 pub mod read;
 pub mod write;
 
-pub use read::{Corruption, JournalEnd, RecordDamage, Records, TornTail, read_records, scan, scan_chained};
+pub use read::{Corruption, JournalEnd, RecordDamage, Records, TornTail, read_records, scan, scan_chained, scan_chained_from};
 pub use format::{SnapshotError, SnapshotHeader};
 pub use write::{CommitStats, Durability, DurableWatch, Journal, JournalConfig, JournalError, micros_histogram, sync_dir};
 
@@ -40,16 +40,49 @@ pub fn state_hash(engine: &Engine) -> String {
 pub fn write_snapshot(dir: &Path, engine: &Engine, chain: u32, keep: usize) -> Result<PathBuf, JournalError> {
     let mut state = Vec::new();
     engine.encode_state(&mut state);
-    write_snapshot_state(dir, SnapshotHeader { seq: engine.seq(), chain }, &state, keep)
+    write_snapshot_state(dir, SnapshotHeader { seq: engine.seq(), chain }, &state, &[], Retention { newest: keep, reach: 0 })
+}
+
+/// Which snapshots stay when a new one is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// The newest this many (at least 1), whatever they hold.
+    pub newest: usize,
+    /// Among those with attachments (`crossbook serve` rebuilds its report
+    /// histories from one): the newest at or below `N - reach` (`N` the
+    /// newest snapshot's seq) and the oldest above it, so that one with
+    /// attachments between `reach` and about twice `reach` commands
+    /// before the newest stays once the journal is that long. 0: none kept
+    /// for this.
+    pub reach: u64,
+}
+
+/// The snapshots (newest first, as [`read::snapshots`] lists them) that
+/// `retention` keeps; `attached(path)` says whether one has attachments.
+pub fn retained(all: &[(u64, PathBuf)], retention: Retention, attached: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
+    let mut keep: Vec<PathBuf> = all.iter().take(retention.newest.max(1)).map(|(_, p)| p.clone()).collect();
+    if let (Some((newest, _)), true) = (all.first(), retention.reach > 0) {
+        let horizon = newest.saturating_sub(retention.reach);
+        let with: Vec<&(u64, PathBuf)> = all.iter().filter(|(_, p)| attached(p)).collect();
+        let anchor = with.iter().find(|(seq, _)| *seq <= horizon);
+        let candidate = with.iter().rev().find(|(seq, _)| *seq > horizon);
+        for (_, path) in anchor.into_iter().chain(candidate) {
+            if !keep.contains(path) {
+                keep.push(path.clone());
+            }
+        }
+    }
+    keep
 }
 
 /// [`write_snapshot`] of a state already encoded (`Engine::encode_state`)
-/// at `header.seq`: the encoding is quick and must happen on the engine's
+/// at `header.seq`, with the gateways' `attachments` (opaque here; empty
+/// for none): the encoding is quick and must happen on the engine's
 /// thread; the writing and syncing can happen on another. A failure
 /// removes the temporary file (best effort) and leaves every snapshot
 /// that was there.
-pub fn write_snapshot_state(dir: &Path, header: SnapshotHeader, state: &[u8], keep: usize) -> Result<PathBuf, JournalError> {
-    let bytes = encode_snapshot(header, state);
+pub fn write_snapshot_state(dir: &Path, header: SnapshotHeader, state: &[u8], attachments: &[u8], retention: Retention) -> Result<PathBuf, JournalError> {
+    let bytes = encode_snapshot(header, state, attachments);
     let path = dir.join(snapshot_name(header.seq));
     let temporary = path.with_extension("xbs.tmp");
     let written = (|| {
@@ -70,8 +103,9 @@ pub fn write_snapshot_state(dir: &Path, header: SnapshotHeader, state: &[u8], ke
     }
     sync_dir(dir)?;
     let all = read::snapshots(dir).map_err(write::io(format!("listing {}", dir.display())))?;
-    for (_, old) in all.into_iter().skip(keep.max(1)) {
-        std::fs::remove_file(&old).map_err(write::io(format!("removing {}", old.display())))?;
+    let keep = retained(&all, retention, |p| read::snapshot_has_attachments(p).unwrap_or(false));
+    for (_, old) in all.iter().filter(|(_, p)| !keep.contains(p)) {
+        std::fs::remove_file(old).map_err(write::io(format!("removing {}", old.display())))?;
     }
     Ok(path)
 }
@@ -80,9 +114,14 @@ pub fn write_snapshot_state(dir: &Path, header: SnapshotHeader, state: &[u8], ke
 /// the full invariant check, and that its name, header and state agree on
 /// the sequence number.
 pub fn load_snapshot(path: &Path) -> Result<(SnapshotHeader, Engine), SnapshotError> {
+    load_snapshot_with_attachments(path).map(|(header, engine, _)| (header, engine))
+}
+
+/// [`load_snapshot`], with the attachments the gateways kept with it.
+pub fn load_snapshot_with_attachments(path: &Path) -> Result<(SnapshotHeader, Engine, Vec<u8>), SnapshotError> {
     let damaged = SnapshotError::Damaged;
     let bytes = std::fs::read(path).map_err(|e| damaged(format!("cannot read: {e}")))?;
-    let (header, state) = decode_snapshot(&bytes)?;
+    let SnapshotParts { header, state, attachments } = decode_snapshot(&bytes)?;
     if numbered(path, "snapshot-", ".xbs").is_some_and(|named| named != header.seq) {
         return Err(damaged(format!("named for seq {} but its header says {}", numbered(path, "snapshot-", ".xbs").unwrap_or(0), header.seq)));
     }
@@ -90,7 +129,7 @@ pub fn load_snapshot(path: &Path) -> Result<(SnapshotHeader, Engine), SnapshotEr
     if engine.seq() != header.seq {
         return Err(damaged(format!("header says seq {}, state says {}", header.seq, engine.seq())));
     }
-    Ok((header, engine))
+    Ok((header, engine, attachments.to_vec()))
 }
 
 /// What recovery rebuilt, and how.
@@ -418,4 +457,34 @@ pub fn verify(dir: &Path) -> (Option<JournalEnd>, Vec<Problem>) {
         }
     }
     (end, problems)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Snapshots every 100 commands, a reach of 1,000: whatever the newest,
+    /// one with attachments between 1,000 and about 2,000 commands before
+    /// it stays (once there is one), and at most the newest two plus two
+    /// others are kept.
+    #[test]
+    fn retention_keeps_a_snapshot_with_attachments_a_reach_back() {
+        let retention = Retention { newest: 2, reach: 1_000 };
+        let mut kept: Vec<(u64, PathBuf)> = Vec::new();
+        for newest in (100..=20_000u64).step_by(100) {
+            kept.insert(0, (newest, PathBuf::from(format!("{newest}"))));
+            let keep = retained(&kept, retention, |_| true);
+            kept.retain(|(_, p)| keep.contains(p));
+            assert!(kept.len() <= 4, "at {newest}: {kept:?}");
+            if newest >= 1_100 {
+                let anchor = kept.iter().map(|(s, _)| *s).filter(|s| *s <= newest - 1_000).max();
+                let anchor = anchor.unwrap_or_else(|| panic!("at {newest}: none far enough back in {kept:?}"));
+                assert!(newest - anchor <= 2_000 + 100, "at {newest}: the one to start from is {anchor}");
+            }
+        }
+        // Those without attachments count only among the newest.
+        let all: Vec<(u64, PathBuf)> = [900u64, 800, 500, 100].iter().map(|s| (*s, PathBuf::from(format!("{s}")))).collect();
+        let keep = retained(&all, Retention { newest: 1, reach: 300 }, |p| p != Path::new("500"));
+        assert_eq!(keep, vec![PathBuf::from("900"), PathBuf::from("100"), PathBuf::from("800")]);
+    }
 }

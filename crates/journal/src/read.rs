@@ -249,7 +249,15 @@ pub fn scan(dir: &Path, mut visit: impl FnMut(u64, &[u8]) -> Result<(), String>)
 
 /// [`scan`], with each record's chained checksum: `visit(seq, payload,
 /// crc)`. A snapshot names the checksum of the record it continues.
-pub fn scan_chained(dir: &Path, mut visit: impl FnMut(u64, &[u8], u32) -> Result<(), String>) -> Result<JournalEnd, Corruption> {
+pub fn scan_chained(dir: &Path, visit: impl FnMut(u64, &[u8], u32) -> Result<(), String>) -> Result<JournalEnd, Corruption> {
+    scan_chained_from(dir, 1, visit)
+}
+
+/// [`scan_chained`] from the segment that holds record `from` on (the
+/// segments before it are not read: their end is that segment's chain
+/// seed, which its checksummed header carries). Records before `from` in
+/// that segment are visited too.
+pub fn scan_chained_from(dir: &Path, from: u64, mut visit: impl FnMut(u64, &[u8], u32) -> Result<(), String>) -> Result<JournalEnd, Corruption> {
     let segments = list(dir, "segment-", ".xbj").map_err(|e| Corruption {
         file: dir.to_path_buf(),
         offset: 0,
@@ -259,7 +267,20 @@ pub fn scan_chained(dir: &Path, mut visit: impl FnMut(u64, &[u8], u32) -> Result
     let mut end = JournalEnd { last_seq: 0, last_crc: 0, tail: None, torn: None, records: 0, segments: segments.len() };
     let mut expected = 1u64;
     let mut chain = 0u32;
-    for (index, (named_seq, path)) in segments.iter().enumerate() {
+    let start = segments.iter().rposition(|(first, _)| *first <= from).unwrap_or(0);
+    if start > 0 {
+        let (named_seq, path) = &segments[start];
+        let corrupt = |what: String| Corruption { file: path.clone(), offset: 0, seq: *named_seq, what };
+        let mut file = File::open(path).map_err(|e| corrupt(format!("cannot open: {e}")))?;
+        let mut header = [0u8; SEGMENT_HEADER_BYTES];
+        let got = read_full(&mut file, &mut header).map_err(|e| corrupt(format!("cannot read: {e}")))?;
+        let parsed = parse_segment_header(&header[..got]).map_err(corrupt)?;
+        expected = parsed.first_seq;
+        chain = parsed.chain_seed;
+        end.last_seq = expected - 1;
+        end.last_crc = chain;
+    }
+    for (index, (named_seq, path)) in segments.iter().enumerate().skip(start) {
         let is_last = index + 1 == segments.len();
         let corrupt = |offset: usize, seq: u64, what: String| Corruption { file: path.clone(), offset: offset as u64, seq, what };
         // The common case: read in chunks, every record fine.
@@ -422,4 +443,20 @@ pub fn snapshots(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
 /// these are never part of the state.
 pub fn snapshot_leftovers(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(list(dir, "snapshot-", ".xbs.tmp")?.into_iter().map(|(_, path)| path).collect())
+}
+
+/// Whether a snapshot file carries attachments (version 3 with a non-empty
+/// attachments part). Reads the header and one length, not the state; the
+/// file is not checked (loading it does that).
+pub fn snapshot_has_attachments(path: &Path) -> std::io::Result<bool> {
+    use std::io::{Seek, SeekFrom};
+    let mut file = File::open(path)?;
+    let mut header = [0u8; SNAPSHOT_HEADER_BYTES];
+    if read_full(&mut file, &mut header)? < SNAPSHOT_HEADER_BYTES || &header[0..8] != SNAPSHOT_MAGIC || u32_at(&header, 8) < 3 {
+        return Ok(false);
+    }
+    let state_len = u64_at(&header, 24);
+    file.seek(SeekFrom::Start(SNAPSHOT_HEADER_BYTES as u64 + state_len))?;
+    let mut length = [0u8; 8];
+    Ok(read_full(&mut file, &mut length)? == 8 && u64::from_le_bytes(length) > 0)
 }

@@ -16,6 +16,12 @@ pub struct Config {
     pub durability: String,
     /// Snapshot every this many commands (0: only at shutdown).
     pub snapshot_every: u64,
+    /// A restart rebuilds, for replay to sessions that reconnect, the
+    /// reports of at least this many of the last commands (up to twice as
+    /// many, and the last 100,000 per account at most): it starts from a
+    /// snapshot that far back, so a restart's cost does not grow with the
+    /// journal (docs/protocol.md, docs/ARCHITECTURE.md).
+    pub history_commands: u64,
     /// A new journal segment starts once the current one reaches this many
     /// bytes (docs/journal.md).
     pub segment_bytes: u64,
@@ -177,6 +183,7 @@ impl Default for Config {
             data_dir: PathBuf::from("data"),
             durability: "sync".into(),
             snapshot_every: 100_000,
+            history_commands: 1_000_000,
             segment_bytes: 64 << 20,
             limits: Limits::default(),
             fix: FixConfig::default(),

@@ -15,6 +15,7 @@
 //! Threads besides those: the journal's **writer** (it wakes the gateway
 //! after each group commit) and, in async mode, **syncer**.
 
+mod checkpoint;
 pub mod config;
 mod error;
 pub mod fix;
@@ -145,6 +146,9 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
     // gateway's loop adds them first) and the others.
     let mut sessions = sessions::Sessions::default();
     let mut fix_sink = gateway.clone().map(fix::FixSink::new);
+    // The FIX stores' messages end there: the start-up replay must begin
+    // at or before it for them to get what comes after.
+    let not_after = fix_sink.as_ref().and_then(|sink| sink.stores_through()).unwrap_or(u64::MAX);
     let mut others: Vec<&mut dyn ReportSink> = Vec::new();
     if let Some(sink) = fix_sink.as_mut() {
         others.push(sink);
@@ -153,17 +157,29 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         others.push(sink.as_mut());
     }
     let started = Instant::now();
-    {
+    // The gateways' state (report numbering and histories, the FIX book)
+    // from the newest snapshot with their checkpoints at least
+    // `history_commands` back, plus the journal after it: bounded by that,
+    // not by the journal's length (docs/ARCHITECTURE.md, "Start-up").
+    log(&format!("rebuilding the gateways' report histories (the last {} commands at least) from a snapshot with their checkpoints and the journal after it", config.history_commands));
+    let rebuilt = {
         let mut all: Vec<&mut dyn ReportSink> = vec![&mut sessions];
         all.extend(others.iter_mut().map(|s| &mut **s as &mut dyn ReportSink));
-        replay::replay_journal(&config.data_dir, engine.seq(), &mut all)?;
-    }
+        replay::rebuild(&config.data_dir, engine.seq(), config.history_commands, not_after, &mut all)?
+    };
     let replayable: usize = sessions.histories.values().map(|h| h.reports.len()).sum();
     log(&format!(
-        "rebuilt {replayable} execution reports of {} accounts for replay from the journal, in {} ms",
+        "rebuilt {replayable} execution reports of {} accounts for replay from {}, {} commands re-read, in {} ms",
         sessions.histories.len(),
+        rebuilt.from.map_or_else(|| "the start of the journal".to_string(), |seq| format!("the gateways' checkpoints at seq {seq}")),
+        rebuilt.commands,
         started.elapsed().as_millis()
     ));
+    // A snapshot of this very state with the gateways' checkpoints, unless
+    // the newest already is one (a shutdown snapshot carries none).
+    let newest = crossbook_journal::read::snapshots(&config.data_dir).ok().and_then(|all| all.into_iter().next());
+    let checkpoint_now = engine.seq() > 0
+        && !newest.is_some_and(|(seq, path)| seq == engine.seq() && crossbook_journal::read::snapshot_has_attachments(&path).unwrap_or(false));
     // Only now: a client that connects is answered at once, not left
     // waiting in the backlog while the venue recovers.
     let listener = TcpListener::bind(&config.listen).map_err(ServeError::io(format!("listening on {}", config.listen)))?;
@@ -174,8 +190,9 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         open_orders: config.limits.open_orders,
         snapshot_now: &snapshot_now,
         applied,
+        history_commands: config.history_commands,
     };
-    let mut sequencer = Sequencer::new(engine, journal, settings)?;
+    let mut sequencer = Sequencer::new(engine, journal, settings, checkpoint_now)?;
     if let Some(gateway) = &gateway {
         let wake = waker.clone();
         gateway.start(queue.clone(), Arc::new(move || drop(wake.wake())), shutdown.clone())?;

@@ -1,12 +1,15 @@
-//! Start-up: every journaled command handed to the gateways again, so that
+//! Start-up: the journaled commands handed to the gateways again, so that
 //! they rebuild what they had sent before the restart (reports are a
 //! function of the journal: replaying it through a [`ReportBuilder`]
-//! gives every report exactly as it was given live).
+//! gives every report exactly as it was given live). Not the whole
+//! journal: the gateways start from their checkpoints in a snapshot about
+//! `history_commands` before its end (`checkpoint.rs`), so a restart
+//! costs the same however long the journal is.
 //!
 //! One thread reads, checks and decodes the journal while this one applies
 //! and hands each command to the sinks ([`ReportSink::recovered`]).
 
-use crate::ServeError;
+use crate::{ServeError, checkpoint};
 use crate::sink::{Durable, ReportSink};
 use crossbook_engine::{Command, Engine};
 use crossbook_journal::Corruption;
@@ -21,17 +24,105 @@ const BATCH: usize = 4096;
 
 type Decoded = (u64, Command, Option<Vec<u8>>);
 
-/// Re-applies the journal in `dir` up to `through` on a fresh engine and
-/// hands every command, with its reports, to each of `sinks` in order.
-pub(crate) fn replay_journal(dir: &Path, through: u64, sinks: &mut [&mut dyn ReportSink]) -> Result<(), ServeError> {
+/// How the gateways were brought up to the journal's end.
+pub(crate) struct Rebuilt {
+    /// The snapshot whose gateway checkpoints they started from (`None`:
+    /// the journal's first command).
+    pub(crate) from: Option<u64>,
+    /// Commands handed over after it.
+    pub(crate) commands: u64,
+}
+
+/// Brings every sink up to `through` (the journal's end): from the newest
+/// snapshot with every sink's checkpoint that is at least
+/// `history_commands` commands before it (and at or before `not_after`,
+/// where the FIX stores' messages end), or else from the journal's first
+/// command; the commands after it are re-applied and handed over with
+/// their reports (`ReportSink::recovered`). Snapshots that cannot serve
+/// are passed over with a warning; a checkpoint that passed its checksum
+/// but does not restore is an error.
+pub(crate) fn rebuild(dir: &Path, through: u64, history_commands: u64, not_after: u64, sinks: &mut [&mut dyn ReportSink]) -> Result<Rebuilt, ServeError> {
+    let horizon = through.saturating_sub(history_commands).min(not_after);
+    let candidates = if horizon == 0 { Vec::new() } else { crossbook_journal::read::snapshots(dir).map_err(ServeError::io(format!("listing {}", dir.display())))? };
+    for (seq, path) in candidates.into_iter().filter(|(seq, _)| *seq <= horizon) {
+        let Some(engine) = usable(dir, seq, &path, sinks)? else { continue };
+        let commands = replay_after(dir, engine, through, sinks)?;
+        return Ok(Rebuilt { from: Some(seq), commands });
+    }
+    let commands = replay_after(dir, Engine::new(), through, sinks)?;
+    Ok(Rebuilt { from: None, commands })
+}
+
+/// The engine of the snapshot at `path`, with every sink restored from its
+/// checkpoint, if the snapshot belongs to the journal and has one for each
+/// (`None`, with a warning, if not; nothing is restored then).
+fn usable(dir: &Path, seq: u64, path: &Path, sinks: &mut [&mut dyn ReportSink]) -> Result<Option<Engine>, ServeError> {
+    let pass = |why: String| {
+        crate::log(&format!("warning: report histories not rebuilt from {}: {why}; trying an older one", path.display()));
+        Ok(None)
+    };
+    let (header, engine, attachments) = match crossbook_journal::load_snapshot_with_attachments(path) {
+        Ok(loaded) => loaded,
+        Err(e) => return pass(e.to_string()),
+    };
+    if attachments.is_empty() {
+        // A shutdown snapshot, or one written before checkpoints: no
+        // warning, it is not meant for this.
+        return Ok(None);
+    }
+    match chain_at(dir, seq)? {
+        Some(chain) if chain == header.chain => {}
+        _ => return pass(format!("it does not continue the journal's record {seq}")),
+    }
+    let sections = match checkpoint::decode(&attachments) {
+        Ok(sections) => sections,
+        Err(e) => return pass(format!("its gateway checkpoints are unreadable ({e})")),
+    };
+    let mut found = Vec::with_capacity(sinks.len());
+    for sink in sinks.iter() {
+        match sections.iter().find(|(name, _)| name == sink.name()) {
+            Some((_, state)) => found.push(*state),
+            None => return pass(format!("it has no checkpoint of the {} gateway", sink.name())),
+        }
+    }
+    for (sink, state) in sinks.iter_mut().zip(found) {
+        sink.restore(state).map_err(|e| ServeError::Checkpoint { snapshot: path.to_path_buf(), gateway: sink.name().to_owned(), why: e })?;
+    }
+    Ok(Some(engine))
+}
+
+/// The chained checksum of the journal's record `seq`, if it has one.
+fn chain_at(dir: &Path, seq: u64) -> Result<Option<u32>, ServeError> {
+    const FOUND: &str = "found";
+    let mut chain = None;
+    let scanned = crossbook_journal::scan_chained_from(dir, seq, |at, _, crc| {
+        if at == seq {
+            chain = Some(crc);
+            return Err(FOUND.into());
+        }
+        Ok(())
+    });
+    match scanned {
+        Err(corruption) if corruption.what != FOUND => Err(ServeError::History(corruption)),
+        _ => Ok(chain),
+    }
+}
+
+/// Re-applies the journal's commands after `engine`'s on it, through
+/// `through` (the journal's end), handing each with its reports to every
+/// sink in order; returns how many. One thread reads, checks and decodes
+/// the journal (from the segment holding the first command needed) while
+/// this one applies.
+fn replay_after(dir: &Path, mut engine: Engine, through: u64, sinks: &mut [&mut dyn ReportSink]) -> Result<u64, ServeError> {
+    let from = engine.seq();
     let (sender, receiver) = sync_channel::<Vec<Decoded>>(4);
     let reader_dir: PathBuf = dir.to_path_buf();
     let reader = thread::Builder::new()
         .name("history-reader".into())
         .spawn(move || -> Result<(), Corruption> {
             let mut batch = Vec::with_capacity(BATCH);
-            let result = crossbook_journal::scan(&reader_dir, |seq, payload| {
-                if seq > through {
+            let result = crossbook_journal::scan_chained_from(&reader_dir, from + 1, |seq, payload, _| {
+                if seq <= from || seq > through {
                     return Ok(());
                 }
                 let (command, annex) = crossbook_journal::format::split_payload(payload)?;
@@ -48,10 +139,10 @@ pub(crate) fn replay_journal(dir: &Path, through: u64, sinks: &mut [&mut dyn Rep
             result.map(|_| ())
         })
         .map_err(ServeError::io("starting the history reader thread"))?;
-    let mut engine = Engine::new();
-    let mut builder = ReportBuilder::new();
+    let mut builder = ReportBuilder::from_engine(&engine);
     let mut events = Vec::new();
     let mut reports = Vec::new();
+    let mut commands = 0u64;
     for batch in receiver {
         for (seq, command, annex) in batch {
             events.clear();
@@ -62,10 +153,20 @@ pub(crate) fn replay_journal(dir: &Path, through: u64, sinks: &mut [&mut dyn Rep
             for sink in sinks.iter_mut() {
                 sink.recovered(&durable);
             }
+            commands += 1;
         }
     }
     match reader.join() {
-        Ok(result) => result.map_err(ServeError::History),
-        Err(_) => Err(ServeError::Io { what: "the history reader thread".into(), source: std::io::Error::other("panicked") }),
+        Ok(result) => result.map_err(ServeError::History)?,
+        Err(_) => return Err(ServeError::Io { what: "the history reader thread".into(), source: std::io::Error::other("panicked") }),
     }
+    if engine.seq() != through {
+        return Err(ServeError::History(Corruption {
+            file: dir.to_path_buf(),
+            offset: 0,
+            seq: engine.seq() + 1,
+            what: format!("the journal ends at {} but recovery reached {through}", engine.seq()),
+        }));
+    }
+    Ok(commands)
 }

@@ -9,11 +9,11 @@
 //! out; the journal's writer syncs on its own thread and wakes the gateway
 //! when a group commit is done.
 
-use crate::sink::{Applied, Refusal, Released, ReportSink, Source};
-use crate::snapshotter::{KEEP_SNAPSHOTS, Snapshotter};
+use crate::sink::{Applied, Checkpoint, Refusal, Released, ReportSink, Source};
+use crate::snapshotter::{KEEP_SNAPSHOTS, Offer, Snapshotter};
 use crate::{ServeError, Summary, log};
 use crossbook_engine::{Command, Engine, Event};
-use crossbook_journal::{Journal, micros_histogram, write_snapshot};
+use crossbook_journal::{Journal, Retention, SnapshotHeader, micros_histogram, write_snapshot_state};
 use crossbook_protocol::ExecutionReport;
 use crossbook_protocol::reports::{Addressed, ReportBuilder};
 use std::collections::VecDeque;
@@ -101,6 +101,9 @@ pub(crate) struct Settings<'a> {
     /// The sequence number of the last command applied, for whoever needs
     /// the sequencer's progress (the FIX gateway binds a session from it).
     pub(crate) applied: Arc<AtomicU64>,
+    /// Commands whose reports a restart rebuilds for replay, at least
+    /// (snapshots with the gateways' checkpoints that far back are kept).
+    pub(crate) history_commands: u64,
 }
 
 /// A batch applied and waiting for the journal: its last sequence number,
@@ -132,17 +135,34 @@ pub(crate) struct Sequencer<'a> {
     last_log: Instant,
     logged: u64,
     last_snapshot: u64,
+    /// The engine's state at a sequence number, encoded when a snapshot
+    /// was due, waiting for the release of the batch that ends there: the
+    /// gateways' checkpoints are taken at the same command.
+    snapshot_pending: Option<(u64, Vec<u8>)>,
+    /// The last sequence number handed to the sinks.
+    released: u64,
     snapshotter: Snapshotter,
     settings: Settings<'a>,
 }
 
 impl<'a> Sequencer<'a> {
-    pub(crate) fn new(engine: Engine, journal: Journal, settings: Settings<'a>) -> Result<Sequencer<'a>, ServeError> {
+    /// A sequencer going on from `engine` (every command of which the sinks
+    /// have seen). With `checkpoint_now`, a snapshot with the gateways'
+    /// checkpoints is taken at once (start-up does when the newest snapshot
+    /// has none: a shutdown snapshot carries none).
+    pub(crate) fn new(engine: Engine, journal: Journal, settings: Settings<'a>, checkpoint_now: bool) -> Result<Sequencer<'a>, ServeError> {
         settings.applied.store(engine.seq(), Ordering::Release);
-        let snapshotter = Snapshotter::start(settings.data_dir.to_path_buf(), journal.watch())?;
+        let snapshotter = Snapshotter::start(settings.data_dir.to_path_buf(), journal.watch(), settings.history_commands)?;
+        let snapshot_pending = checkpoint_now.then(|| {
+            let mut state = Vec::new();
+            engine.encode_state(&mut state);
+            (engine.seq(), state)
+        });
         Ok(Sequencer {
             builder: ReportBuilder::from_engine(&engine),
             last_snapshot: engine.seq(),
+            snapshot_pending,
+            released: engine.seq(),
             engine,
             journal,
             events: Vec::new(),
@@ -210,6 +230,18 @@ impl<'a> Sequencer<'a> {
     /// those commands are durable, and their clients hear of them; then the
     /// failure is the error.
     pub(crate) fn release(&mut self, sinks: &mut [&mut dyn ReportSink]) -> Result<(), ServeError> {
+        // A snapshot due when its command was already out: the gateways
+        // are at it now, before anything more is released.
+        match self.snapshot_pending.as_ref().map(|(seq, _)| *seq) {
+            Some(seq) if seq == self.released => self.offer_snapshot(sinks),
+            Some(seq) if seq < self.released => {
+                // Cannot happen (it is offered as its batch goes out); if
+                // it did, the next one is taken when due.
+                log(&format!("snapshot at seq {seq} dropped: the gateways went past it before their checkpoints were taken"));
+                self.snapshot_pending = None;
+            }
+            _ => {}
+        }
         if !self.waiting.is_empty() {
             let acked = self.journal.acked();
             self.release_through(acked, sinks);
@@ -227,6 +259,15 @@ impl<'a> Sequencer<'a> {
             for sink in sinks.iter_mut() {
                 sink.released(&batch);
             }
+            self.released = done.last_seq;
+            // The gateways have seen exactly the commands the pending
+            // snapshot's state covers (a batch of refusals only can end at
+            // the same number: its turn comes next).
+            if self.snapshot_pending.as_ref().is_some_and(|(seq, _)| *seq == done.last_seq)
+                && self.waiting.front().is_none_or(|next| next.last_seq > done.last_seq)
+            {
+                self.offer_snapshot(sinks);
+            }
             let micros = done.applied_at.elapsed().as_micros() as u64;
             self.residence.saturating_record_n(micros, done.answered.len() as u64);
             for counter in &done.answered {
@@ -240,6 +281,14 @@ impl<'a> Sequencer<'a> {
         self.waiting.is_empty()
     }
 
+    /// Hands the pending snapshot's state to the snapshotter with every
+    /// gateway's checkpoint, taken now (the gateways are at its command).
+    fn offer_snapshot(&mut self, sinks: &mut [&mut dyn ReportSink]) {
+        let Some((seq, state)) = self.snapshot_pending.take() else { return };
+        let checkpoints: Option<Vec<(String, Checkpoint)>> = sinks.iter_mut().map(|sink| sink.checkpoint(seq).map(|c| (sink.name().to_owned(), c))).collect();
+        self.snapshotter.offer(Offer { seq, state, checkpoints });
+    }
+
     /// Snapshots (due or asked for) and the periodic throughput line.
     pub(crate) fn tick(&mut self) {
         let requested = self.settings.snapshot_now.swap(false, Ordering::AcqRel);
@@ -249,10 +298,10 @@ impl<'a> Sequencer<'a> {
             // once the journal holds everything it covers. If the last one
             // is still being written, this one is skipped: the next comes
             // `snapshot_every` commands later (or ask again).
-            if self.snapshotter.is_free() {
+            if self.snapshotter.is_free() && self.snapshot_pending.is_none() {
                 let mut state = Vec::new();
                 self.engine.encode_state(&mut state);
-                self.snapshotter.offer(seq, state);
+                self.snapshot_pending = Some((seq, state));
                 if requested {
                     log(&format!("snapshot requested: writing one at seq {seq}"));
                 }
@@ -321,7 +370,14 @@ impl<'a> Sequencer<'a> {
         // replay, nothing else.
         let seq = self.engine.seq();
         let snapshot = match watch.chain_at(seq) {
-            Some(chain) => write_snapshot(self.settings.data_dir, &self.engine, chain, KEEP_SNAPSHOTS).map(|_| ()).map_err(|e| e.to_string()),
+            Some(chain) => {
+                // Without the gateways' checkpoints (the last commands
+                // never reached them); the next start writes one with.
+                let mut state = Vec::new();
+                self.engine.encode_state(&mut state);
+                let retention = Retention { newest: KEEP_SNAPSHOTS, reach: self.settings.history_commands };
+                write_snapshot_state(self.settings.data_dir, SnapshotHeader { seq, chain }, &state, &[], retention).map(|_| ()).map_err(|e| e.to_string())
+            }
             None => Err("the checksum of the journal's last record is not at hand".to_string()),
         };
         match snapshot {

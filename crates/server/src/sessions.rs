@@ -4,7 +4,8 @@
 //! the gateway's thread, which also runs the sequencer: plain fields, no
 //! locks.
 
-use crate::sink::{BINARY, Durable, Released, ReportSink};
+use crate::checkpoint::Reader;
+use crate::sink::{BINARY, Checkpoint, Durable, Released, ReportSink, RestoreError};
 use crossbook_engine::AccountId;
 use crossbook_protocol::{ExecutionReport, ServerMessage, encode_server};
 use std::collections::{HashMap, VecDeque};
@@ -83,5 +84,33 @@ impl ReportSink for Sessions {
         for addressed in durable.reports {
             self.histories.entry(addressed.account).or_default().record(addressed.report);
         }
+    }
+
+    fn name(&self) -> &str {
+        "binary"
+    }
+
+    /// Each account's last report number: the reports themselves are
+    /// rebuilt from the journal after the snapshot.
+    fn checkpoint(&mut self, _seq: u64) -> Option<Checkpoint> {
+        let mut numbering: Vec<(AccountId, u64)> = self.histories.iter().map(|(account, history)| (*account, history.last)).collect();
+        numbering.sort_unstable();
+        let mut out = Vec::with_capacity(8 + 16 * numbering.len());
+        out.extend_from_slice(&(numbering.len() as u64).to_le_bytes());
+        for (account, last) in numbering {
+            out.extend_from_slice(&account.to_le_bytes());
+            out.extend_from_slice(&last.to_le_bytes());
+        }
+        Some(Checkpoint::Now(out))
+    }
+
+    fn restore(&mut self, state: &[u8]) -> Result<(), RestoreError> {
+        let mut reader = Reader::new(state);
+        let count = reader.count(16)?;
+        for _ in 0..count {
+            let (account, last) = (reader.u64()?, reader.u64()?);
+            self.histories.insert(account, History { last, reports: VecDeque::new() });
+        }
+        reader.end()
     }
 }

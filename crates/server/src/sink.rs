@@ -103,6 +103,26 @@ impl<'a> Released<'a> {
     }
 }
 
+/// A gateway's state for a snapshot (see [`ReportSink::checkpoint`]).
+pub enum Checkpoint {
+    /// Ready now.
+    Now(Vec<u8>),
+    /// Being made by a thread of the gateway's own, which follows the
+    /// released batches behind the sequencer: the bytes come through this
+    /// channel once that thread has caught up with the same command.
+    Soon(std::sync::mpsc::Receiver<Vec<u8>>),
+}
+
+/// A checkpoint that cannot be restored: what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreError(pub String);
+
+impl std::fmt::Display for RestoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 pub trait ReportSink {
     /// A batch the journal has made durable: its commands in sequence
     /// order, and the orders refused while it was applied.
@@ -111,4 +131,31 @@ pub trait ReportSink {
     /// One journaled command re-applied at start-up, in sequence order,
     /// before any connection is served.
     fn recovered(&mut self, durable: &Durable<'_>);
+
+    /// The name its checkpoints are kept under in a snapshot: unique among
+    /// a venue's gateways, at most 64 bytes.
+    fn name(&self) -> &str {
+        "gateway"
+    }
+
+    /// Its state after every batch released (or recovered) so far (the
+    /// last command of which is `seq`), kept in the snapshot of the engine
+    /// at that same command: what it cannot
+    /// rebuild from the engine's state there and the journal's commands
+    /// after it. At start-up the venue then hands it back
+    /// ([`ReportSink::restore`]) and only the commands after that snapshot
+    /// (`recovered`), so a restart does not re-read the whole journal.
+    /// `None` (the default): it needs every command from the first at
+    /// start-up, and the venue re-reads the whole journal for it.
+    fn checkpoint(&mut self, seq: u64) -> Option<Checkpoint> {
+        let _ = seq;
+        None
+    }
+
+    /// Takes back what `checkpoint` gave, at start-up, before `recovered`
+    /// hands over the commands after the snapshot it was kept in.
+    fn restore(&mut self, state: &[u8]) -> Result<(), RestoreError> {
+        let _ = state;
+        Err(RestoreError(format!("the {} gateway keeps no checkpoints", self.name())))
+    }
 }

@@ -1,8 +1,10 @@
 //! The snapshotter thread: writes the states the sequencer offers, once
 //! the journal has synced everything they cover.
 
+use crate::checkpoint;
+use crate::sink::Checkpoint;
 use crate::{ServeError, log};
-use crossbook_journal::DurableWatch;
+use crossbook_journal::{DurableWatch, Retention};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, sync_channel};
@@ -19,7 +21,7 @@ use std::time::Duration;
 /// again later. A failed write (a full disk, say) removes its temporary
 /// file and is logged; the next one is tried when it is due.
 pub(crate) struct Snapshotter {
-    offers: SyncSender<(u64, Vec<u8>)>,
+    offers: SyncSender<Offer>,
     /// 1 while a snapshot is being written.
     busy: Arc<AtomicU64>,
     /// Set when the server stops: a snapshot still waiting for the journal
@@ -28,20 +30,36 @@ pub(crate) struct Snapshotter {
     handle: thread::JoinHandle<()>,
 }
 
-/// Snapshots kept by `serve`.
+/// Snapshots kept by `serve` besides those its report histories are
+/// rebuilt from (`Retention::reach`).
 pub(crate) const KEEP_SNAPSHOTS: usize = 2;
 
+/// How long the snapshotter waits for a gateway's checkpoint made on a
+/// thread of the gateway's own: past it the snapshot is written without
+/// the gateways' checkpoints (it still serves the engine's recovery).
+const CHECKPOINT_WAIT: Duration = Duration::from_secs(10);
+
+/// A state offered for a snapshot: the engine's at `seq`, and every
+/// gateway's checkpoint at the same command, by name (`None`: a gateway
+/// keeps none, so the snapshot carries none).
+pub(crate) struct Offer {
+    pub(crate) seq: u64,
+    pub(crate) state: Vec<u8>,
+    pub(crate) checkpoints: Option<Vec<(String, Checkpoint)>>,
+}
+
 impl Snapshotter {
-    pub(crate) fn start(dir: std::path::PathBuf, journal: DurableWatch) -> Result<Snapshotter, ServeError> {
-        let (offers, receive) = sync_channel::<(u64, Vec<u8>)>(1);
+    pub(crate) fn start(dir: std::path::PathBuf, journal: DurableWatch, history_commands: u64) -> Result<Snapshotter, ServeError> {
+        let (offers, receive) = sync_channel::<Offer>(1);
         let busy = Arc::new(AtomicU64::new(0));
         let stopping = Arc::new(AtomicBool::new(false));
         let (thread_busy, thread_stopping) = (busy.clone(), stopping.clone());
         let handle = thread::Builder::new()
             .name("snapshotter".into())
             .spawn(move || {
-                while let Ok((seq, state)) = receive.recv() {
-                    write_when_durable(&dir, &journal, seq, &state, &thread_stopping);
+                let retention = Retention { newest: KEEP_SNAPSHOTS, reach: history_commands };
+                while let Ok(offer) = receive.recv() {
+                    write_when_durable(&dir, &journal, offer, retention, &thread_stopping);
                     thread_busy.store(0, Ordering::Release);
                 }
             })
@@ -54,9 +72,9 @@ impl Snapshotter {
     }
 
     /// Hands a state over.
-    pub(crate) fn offer(&self, seq: u64, state: Vec<u8>) {
+    pub(crate) fn offer(&self, offer: Offer) {
         self.busy.store(1, Ordering::Release);
-        if self.offers.try_send((seq, state)).is_err() {
+        if self.offers.try_send(offer).is_err() {
             self.busy.store(0, Ordering::Release);
         }
     }
@@ -73,7 +91,8 @@ impl Snapshotter {
 /// The snapshotter's work for one offer: wait until the journal has synced
 /// `seq`, then write the snapshot bound to that record. Failures are
 /// logged, never fatal: the journal holds everything the snapshot would.
-fn write_when_durable(dir: &Path, journal: &DurableWatch, seq: u64, state: &[u8], stopping: &AtomicBool) {
+fn write_when_durable(dir: &Path, journal: &DurableWatch, offer: Offer, retention: Retention, stopping: &AtomicBool) {
+    let Offer { seq, state, checkpoints } = offer;
     loop {
         match journal.wait_durable(seq, Duration::from_millis(100)) {
             Ok(durable) if durable >= seq => break,
@@ -87,8 +106,35 @@ fn write_when_durable(dir: &Path, journal: &DurableWatch, seq: u64, state: &[u8]
         log(&format!("snapshot at seq {seq} skipped: the journal no longer has its record's checksum at hand; the next one is taken when due"));
         return;
     };
+    let attachments = checkpoints.and_then(|checkpoints| gather(seq, checkpoints, stopping)).map(|sections| checkpoint::encode(&sections)).unwrap_or_default();
     let header = crossbook_journal::SnapshotHeader { seq, chain };
-    if let Err(e) = crossbook_journal::write_snapshot_state(dir, header, state, KEEP_SNAPSHOTS) {
+    if let Err(e) = crossbook_journal::write_snapshot_state(dir, header, &state, &attachments, retention) {
         log(&format!("snapshot at seq {seq} failed: {e}; the temporary file is never left behind, the snapshots before it are kept, and the next one is tried when due"));
     }
+}
+
+/// The gateways' checkpoints for the snapshot at `seq`, once every one has
+/// come; `None` (logged) if one does not come in time.
+fn gather(seq: u64, checkpoints: Vec<(String, Checkpoint)>, stopping: &AtomicBool) -> Option<Vec<(String, Vec<u8>)>> {
+    let mut sections = Vec::with_capacity(checkpoints.len());
+    for (name, checkpoint) in checkpoints {
+        let bytes = match checkpoint {
+            Checkpoint::Now(bytes) => bytes,
+            Checkpoint::Soon(answer) => {
+                let deadline = std::time::Instant::now() + CHECKPOINT_WAIT;
+                loop {
+                    match answer.recv_timeout(Duration::from_millis(100)) {
+                        Ok(bytes) => break bytes,
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) if !stopping.load(Ordering::Acquire) && std::time::Instant::now() < deadline => {}
+                        Err(_) => {
+                            log(&format!("snapshot at seq {seq}: the {name} gateway's checkpoint did not come; written without the gateways' checkpoints (report histories are rebuilt from an older one)"));
+                            return None;
+                        }
+                    }
+                }
+            }
+        };
+        sections.push((name, bytes));
+    }
+    Some(sections)
 }

@@ -46,7 +46,7 @@ fn with_venue(dir: &std::path::Path, work: impl FnOnce(&str)) -> Seen {
     let (tell, address) = channel();
     let sink = Box::new(Recorder(seen.clone()));
     let config = config(dir);
-    let venue = std::thread::spawn(move || serve_with_sinks(config, controls, vec![sink], move |a| drop(tell.send(a))));
+    let venue = std::thread::spawn(move || serve_with_sinks(config, controls, vec![sink], move |a| { let _ = tell.send(a); }));
     let address = address.recv_timeout(std::time::Duration::from_secs(30)).expect("the venue listens").to_string();
     work(&address);
     shutdown.store(true, Ordering::Release);

@@ -12,6 +12,7 @@ mod hostile;
 mod invariants;
 mod journal;
 mod powercut;
+mod restart;
 mod rules;
 mod serve;
 mod snapshot;

@@ -104,7 +104,7 @@ pub(crate) fn spawn_with(args: &[&str], envs: &[(&str, PathBuf)]) -> Server {
     let mut fix_address = String::new();
     let mut startup = Vec::new();
     loop {
-        let line = log.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("server never said where it listens");
+        let line = log.recv_timeout(deadline.saturating_duration_since(Instant::now())).unwrap_or_else(|e| panic!("server never said where it listens ({e}); it said {startup:#?}"));
         if let Some(rest) = line.strip_prefix("FIX 4.4 acceptor on ") {
             fix_address = rest.split_whitespace().next().unwrap_or_default().to_string();
         }

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::sequencer::Inbound;
-use crate::sink::{Durable, Released, ReportSink};
+use crate::sink::{Checkpoint, Durable, Released, ReportSink, RestoreError};
 use store::{Store, StoreError};
 use venue::{Annex, FixBook, FixEvent, FixInstrument, Request, VenueApp};
 
@@ -187,7 +187,7 @@ pub struct Gateway {
     state: Mutex<State>,
     /// Accounts whose reports the sequencer must pass on.
     fix_accounts: RwLock<HashSet<AccountId>>,
-    reports: Mutex<Option<SyncSender<Vec<FixEvent>>>>,
+    reports: Mutex<Option<SyncSender<ToReporter>>>,
     next_connection: AtomicU64,
     /// The sequence number of the sequencer's last applied command: a
     /// session bound to an account gets the reports of later ones.
@@ -323,9 +323,54 @@ impl Gateway {
     /// reporter thread.
     fn deliver(&self, events: Vec<FixEvent>) {
         let sender = self.reports.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(sender) = sender {
-            let _ = sender.send(events);
+        match sender {
+            Some(sender) => {
+                let _ = sender.send(ToReporter::Events(events));
+            }
+            // No reporter (not started yet, or stopped): the book follows,
+            // nothing is sent or stored (the next start regenerates what
+            // the stores lack).
+            None => self.follow(events, Some(&HashMap::new())),
         }
+    }
+
+    /// The book's state once the reporter has followed every batch
+    /// delivered so far (see `ReportSink::checkpoint`).
+    fn checkpoint(&self, seq: u64) -> Checkpoint {
+        let sender = self.reports.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(sender) = sender {
+            let (answer, answered) = sync_channel(1);
+            if sender.send(ToReporter::Checkpoint(seq, answer)).is_ok() {
+                return Checkpoint::Soon(answered);
+            }
+        }
+        Checkpoint::Now(self.checkpoint_now(seq))
+    }
+
+    /// The book's checkpoint at `seq`, every command through which it has
+    /// followed; each bound store records that it has every message up to
+    /// there (so a start-up from this checkpoint may begin there) and is
+    /// synced.
+    fn checkpoint_now(&self, seq: u64) -> Vec<u8> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        for session in state.sessions.values_mut() {
+            if let (Some(account), None) = (session.account, &session.poisoned) {
+                session.store.bind(account, seq);
+                session.through = session.through.max(seq);
+                if let Err(e) = session.store.sync() {
+                    session.poison(e);
+                }
+            }
+        }
+        state.book.checkpoint()
+    }
+
+    /// Takes back a checkpoint of the book, at start-up.
+    fn restore(&self, state: &[u8]) -> Result<(), RestoreError> {
+        let book = FixBook::restore(state)?;
+        self.lock().book = book;
+        Ok(())
     }
 
     /// Turns events into FIX messages and sends them. `replaying` holds the
@@ -375,7 +420,7 @@ impl Gateway {
         let listener = TcpListener::bind(&self.config.listen).map_err(io(format!("listening on {}", self.config.listen)))?;
         listener.set_nonblocking(true).map_err(io("setting the listener non-blocking"))?;
         let address = listener.local_addr().map_err(io("reading the listening address"))?;
-        let (sender, receiver) = sync_channel::<Vec<FixEvent>>(REPORT_QUEUE);
+        let (sender, receiver) = sync_channel::<ToReporter>(REPORT_QUEUE);
         *self.reports.lock().unwrap_or_else(|e| e.into_inner()) = Some(sender);
         {
             let gateway = self.clone();
@@ -441,15 +486,32 @@ impl Gateway {
         }
     }
 
-    fn report_loop(&self, receiver: Receiver<Vec<FixEvent>>) {
-        while let Ok(mut events) = receiver.recv() {
-            while let Ok(more) = receiver.try_recv() {
-                events.extend(more);
-                if events.len() > REPORTER_BATCH {
-                    break;
+    fn report_loop(&self, receiver: Receiver<ToReporter>) {
+        let mut next = receiver.recv().ok();
+        while let Some(message) = next.take() {
+            match message {
+                ToReporter::Events(mut events) => {
+                    // What else is queued, up to a checkpoint request
+                    // (answered after exactly the batches before it).
+                    while events.len() <= REPORTER_BATCH {
+                        match receiver.try_recv() {
+                            Ok(ToReporter::Events(more)) => events.extend(more),
+                            Ok(other) => {
+                                next = Some(other);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    self.follow(events, None);
+                }
+                ToReporter::Checkpoint(seq, answer) => {
+                    let _ = answer.send(self.checkpoint_now(seq));
                 }
             }
-            self.follow(events, None);
+            if next.is_none() {
+                next = receiver.recv().ok();
+            }
         }
     }
 
@@ -862,6 +924,37 @@ impl ReportSink for FixSink {
             self.gateway.follow(vec![event], Some(&self.through));
         }
     }
+
+    fn name(&self) -> &str {
+        "fix"
+    }
+
+    fn checkpoint(&mut self, seq: u64) -> Option<Checkpoint> {
+        Some(self.gateway.checkpoint(seq))
+    }
+
+    fn restore(&mut self, state: &[u8]) -> Result<(), RestoreError> {
+        self.gateway.restore(state)
+    }
+}
+
+impl FixSink {
+    /// The lowest engine sequence number a bound account's store has its
+    /// reports up to: a start-up that hands over only the commands after a
+    /// snapshot must start at or before it, or the store would miss the
+    /// messages in between.
+    pub(crate) fn stores_through(&self) -> Option<u64> {
+        self.through.values().copied().min()
+    }
+}
+
+/// What the reporter thread is handed.
+enum ToReporter {
+    /// Batches the journal has made durable, to follow and send.
+    Events(Vec<FixEvent>),
+    /// Send the book's checkpoint at this command once the batches before
+    /// are followed.
+    Checkpoint(u64, SyncSender<Vec<u8>>),
 }
 
 /// Writes a new file and syncs it and its directory.
