@@ -110,11 +110,17 @@ pub enum StoreOp {
     Received { next_in: u64 },
 }
 
+/// Why the application refused a Logon: `text` goes in the Text (58) of
+/// the Logout the counterparty is sent before the disconnect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogonRefusal {
+    pub text: String,
+}
+
 /// What the application does with the messages the session accepts.
 pub trait Application {
-    /// Decides whether a Logon may proceed (credentials); `Err` is the
-    /// text of the Logout the counterparty is sent before the disconnect.
-    fn on_logon(&mut self, logon: &Message) -> Result<(), String>;
+    /// Decides whether a Logon may proceed (credentials).
+    fn on_logon(&mut self, logon: &Message) -> Result<(), LogonRefusal>;
     /// An application message, accepted in sequence.
     fn on_message(&mut self, message: &Message, shape: &Shape, outbox: &mut Outbox<'_>);
     /// The session has logged out or lost its connection.
@@ -427,7 +433,7 @@ impl Session {
         let Some(seq) = message.number(tag::MSG_SEQ_NUM) else {
             return self.drop_connection("Logon without MsgSeqNum".into(), app, actions);
         };
-        if let Err(text) = app.on_logon(&message) {
+        if let Err(LogonRefusal { text }) = app.on_logon(&message) {
             self.outbound.admin("5", vec![(tag::TEXT, text.clone().into_bytes())], now_ms, actions);
             // The application's text says why (and that the Logon was refused).
             return self.drop_connection(text, app, actions);
@@ -735,7 +741,7 @@ pub struct EchoApplication {
 }
 
 impl Application for EchoApplication {
-    fn on_logon(&mut self, _logon: &Message) -> Result<(), String> {
+    fn on_logon(&mut self, _logon: &Message) -> Result<(), LogonRefusal> {
         Ok(())
     }
 

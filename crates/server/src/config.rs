@@ -222,7 +222,22 @@ pub enum ConfigError {
     BadName { what: &'static str, name: String },
     /// An account's API key is empty or longer than the wire's 32 bytes.
     BadApiKey { account: AccountId },
+    /// `durability` is neither `sync` nor `async`.
+    BadDurability(String),
+    /// `limits.max_frame` is below the longest message of the binary
+    /// protocol.
+    FrameTooSmall { max_frame: usize, longest: usize },
+    /// `segment_bytes` is below `MIN_SEGMENT_BYTES`.
+    SegmentTooSmall(u64),
+    /// `fix.application` is neither `venue` nor `echo`.
+    BadFixApplication(String),
+    /// An instrument's `fix_price_unit` or `fix_qty_unit` is not a
+    /// positive decimal.
+    BadFixUnit { symbol: String, what: &'static str, value: String },
 }
+
+/// The smallest `segment_bytes` accepted.
+pub const MIN_SEGMENT_BYTES: u64 = 4096;
 
 impl std::fmt::Display for ConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -230,6 +245,13 @@ impl std::fmt::Display for ConfigError {
             ConfigError::Parse(e) => write!(f, "{e}"),
             ConfigError::BadName { what, name } => write!(f, "bad {what} {name:?} (1 to 32 of A-Z a-z 0-9 _ . - /)"),
             ConfigError::BadApiKey { account } => write!(f, "account {account}: the API key must be 1 to 32 bytes"),
+            ConfigError::BadDurability(other) => write!(f, "durability must be sync or async, not {other:?}"),
+            ConfigError::FrameTooSmall { max_frame, longest } => {
+                write!(f, "limits.max_frame must be at least {longest} (the longest message of the binary protocol), not {max_frame}")
+            }
+            ConfigError::SegmentTooSmall(bytes) => write!(f, "segment_bytes must be at least {MIN_SEGMENT_BYTES}, not {bytes}"),
+            ConfigError::BadFixApplication(other) => write!(f, "fix.application must be venue or echo, not {other:?}"),
+            ConfigError::BadFixUnit { symbol, what, value } => write!(f, "instrument {symbol}: {what} {value:?} is not a positive decimal"),
         }
     }
 }
@@ -246,6 +268,31 @@ impl std::error::Error for ConfigError {
 impl Config {
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
         toml::from_str(text).map_err(ConfigError::Parse)
+    }
+
+    /// The journal's durability mode (async syncs every 10 ms).
+    pub fn durability(&self) -> Result<crossbook_journal::Durability, ConfigError> {
+        match self.durability.as_str() {
+            "sync" => Ok(crossbook_journal::Durability::Sync),
+            "async" => Ok(crossbook_journal::Durability::Async { interval: std::time::Duration::from_millis(10) }),
+            other => Err(ConfigError::BadDurability(other.to_string())),
+        }
+    }
+
+    /// Checks what `serve` needs of the settings before it touches the
+    /// data directory: every refusal here names the key.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        self.durability()?;
+        if self.limits.max_frame < crossbook_protocol::LONGEST_FRAME {
+            return Err(ConfigError::FrameTooSmall { max_frame: self.limits.max_frame, longest: crossbook_protocol::LONGEST_FRAME });
+        }
+        if self.segment_bytes < MIN_SEGMENT_BYTES {
+            return Err(ConfigError::SegmentTooSmall(self.segment_bytes));
+        }
+        if !matches!(self.fix.application.as_str(), "venue" | "echo") {
+            return Err(ConfigError::BadFixApplication(self.fix.application.clone()));
+        }
+        Ok(())
     }
 
     /// The commands that set up a fresh venue: assets, instruments,

@@ -11,10 +11,9 @@ use crossbook_journal::{Corruption, JournalError, RecoveryError};
 
 #[derive(Debug)]
 pub enum ServeError {
-    /// The configuration cannot be served (which key, and why).
-    Config(String),
-    /// The configuration's reference data cannot be set up.
-    Setup(crate::config::ConfigError),
+    /// The configuration cannot be served (which key, and why), or its
+    /// reference data cannot be set up.
+    Config(crate::config::ConfigError),
     /// Recovery could not rebuild the venue from the data directory.
     Recovery(RecoveryError),
     /// Reading the journal back to rebuild the report histories failed.
@@ -41,8 +40,7 @@ impl ServeError {
 impl std::fmt::Display for ServeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ServeError::Config(why) => write!(f, "configuration: {why}"),
-            ServeError::Setup(e) => write!(f, "configuration: {e}"),
+            ServeError::Config(e) => write!(f, "configuration: {e}"),
             ServeError::Recovery(e) => write!(f, "recovery: {e}"),
             ServeError::History(e) => write!(f, "rebuilding the report histories from the journal: {e}"),
             ServeError::Checkpoint { snapshot, gateway, why } => write!(f, "the {gateway} gateway's checkpoint in {} does not restore: {why}", snapshot.display()),
@@ -57,11 +55,11 @@ impl std::error::Error for ServeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ServeError::Recovery(e) => Some(e),
-            ServeError::Setup(e) => Some(e),
+            ServeError::Config(e) => Some(e),
             ServeError::Journal(e) => Some(e),
             ServeError::Fix(e) => Some(e),
             ServeError::Io { source, .. } => Some(source),
-            ServeError::Config(_) | ServeError::History(_) | ServeError::Checkpoint { .. } => None,
+            ServeError::History(_) | ServeError::Checkpoint { .. } => None,
         }
     }
 }
@@ -69,6 +67,12 @@ impl std::error::Error for ServeError {
 impl From<JournalError> for ServeError {
     fn from(e: JournalError) -> ServeError {
         ServeError::Journal(e)
+    }
+}
+
+impl From<crate::config::ConfigError> for ServeError {
+    fn from(e: crate::config::ConfigError) -> ServeError {
+        ServeError::Config(e)
     }
 }
 

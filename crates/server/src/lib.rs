@@ -38,7 +38,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::sync_channel;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 pub(crate) fn log(line: &str) {
     eprintln!("{line}");
@@ -71,11 +71,8 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
 /// and every journaled command at start-up (`ReportSink::recovered`).
 pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<dyn ReportSink + Send>>, listening: impl FnOnce(SocketAddr)) -> Result<Summary, ServeError> {
     let Controls { shutdown, snapshot: snapshot_now } = controls;
-    let durability = match config.durability.as_str() {
-        "sync" => Durability::Sync,
-        "async" => Durability::Async { interval: Duration::from_millis(10) },
-        other => return Err(ServeError::Config(format!("durability must be sync or async, not {other:?}"))),
-    };
+    config.check()?;
+    let durability = config.durability()?;
     log(&format!(
         "starting: data directory {}, durability {}, binary protocol on {}, FIX {}",
         config.data_dir.display(),
@@ -110,26 +107,10 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
     }));
     // A round's batch is published whole and released whole (see
     // `Sequencer::apply`): no eager hand-off of its first records.
-    if config.limits.max_frame < crossbook_protocol::LONGEST_FRAME {
-        return Err(ServeError::Config(format!(
-            "limits.max_frame must be at least {} (the longest message of the binary protocol), not {}",
-            crossbook_protocol::LONGEST_FRAME,
-            config.limits.max_frame
-        )));
-    }
-    if config.segment_bytes < 4096 {
-        return Err(ServeError::Config(format!("segment_bytes must be at least 4096, not {}", config.segment_bytes)));
-    }
     let journal_config = JournalConfig { durability, on_ack: Some(on_ack), eager: false, segment_bytes: config.segment_bytes };
     let mut journal = Journal::open(&config.data_dir, journal_config, &recovered.end)?;
     if engine.seq() == 0 {
-        let mut events = Vec::new();
-        for command in config.setup_commands().map_err(ServeError::Setup)? {
-            journal.append(engine.seq() + 1, &command)?;
-            events.clear();
-            engine.apply(&command, &mut events);
-        }
-        journal.flush()?;
+        sequencer::set_up(&mut engine, &mut journal, &config.setup_commands()?)?;
         log(&format!("new venue: {} set-up commands from the configuration", engine.seq()));
     } else {
         log(&format!("recovered {} commands from {}", engine.seq(), config.data_dir.display()));

@@ -89,6 +89,20 @@ impl InFlight {
     }
 }
 
+/// Journals and applies a new venue's reference data (assets,
+/// instruments, accounts, deposits) before anything else, and waits until
+/// the journal holds it.
+pub(crate) fn set_up(engine: &mut Engine, journal: &mut Journal, commands: &[Command]) -> Result<(), ServeError> {
+    let mut events = Vec::new();
+    for command in commands {
+        journal.append(engine.seq() + 1, command)?;
+        events.clear();
+        engine.apply(command, &mut events);
+    }
+    journal.flush()?;
+    Ok(())
+}
+
 /// What the sequencer runs with besides its queue.
 pub(crate) struct Settings<'a> {
     pub(crate) data_dir: &'a Path,
@@ -369,20 +383,22 @@ impl<'a> Sequencer<'a> {
         // record. Its failure (a full disk) costs the next start a longer
         // replay, nothing else.
         let seq = self.engine.seq();
-        let snapshot = match watch.chain_at(seq) {
+        let not_written = |why: &dyn std::fmt::Display| {
+            log(&format!("warning: the shutdown snapshot at seq {seq} was not written ({why}); the journal holds everything, and the next start replays it"));
+        };
+        match watch.chain_at(seq) {
             Some(chain) => {
                 // Without the gateways' checkpoints (the last commands
                 // never reached them); the next start writes one with.
                 let mut state = Vec::new();
                 self.engine.encode_state(&mut state);
                 let retention = Retention { newest: KEEP_SNAPSHOTS, reach: self.settings.history_commands };
-                write_snapshot_state(self.settings.data_dir, SnapshotHeader { seq, chain }, &state, &[], retention).map(|_| ()).map_err(|e| e.to_string())
+                match write_snapshot_state(self.settings.data_dir, SnapshotHeader { seq, chain }, &state, &[], retention) {
+                    Ok(_) => log(&format!("snapshot written at seq {seq}")),
+                    Err(e) => not_written(&e),
+                }
             }
-            None => Err("the checksum of the journal's last record is not at hand".to_string()),
-        };
-        match snapshot {
-            Ok(()) => log(&format!("snapshot written at seq {seq}")),
-            Err(e) => log(&format!("warning: the shutdown snapshot at seq {seq} was not written ({e}); the journal holds everything, and the next start replays it")),
+            None => not_written(&"the checksum of the journal's last record is not at hand"),
         }
         Ok(Summary { seq, commands: self.commands })
     }

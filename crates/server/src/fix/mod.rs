@@ -41,7 +41,11 @@ use venue::{Annex, FixBook, FixEvent, FixInstrument, Request, VenueApp};
 #[derive(Debug)]
 pub enum FixError {
     /// `[fix]` or the instruments cannot be served as configured.
-    Config(String),
+    Config(crate::config::ConfigError),
+    /// The data dictionary named by `fix.dictionary` cannot be read.
+    Dictionary { path: String, why: crossbook_fix::dictionary::DictionaryError },
+    /// A session store has no `.compid` file beside it (so no CompID).
+    NoCompId { store: PathBuf },
     /// A session store could not be read back (or rewound).
     Store(StoreError),
     /// The listening socket or a thread could not be set up.
@@ -51,7 +55,9 @@ pub enum FixError {
 impl std::fmt::Display for FixError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            FixError::Config(why) => f.write_str(why),
+            FixError::Config(e) => write!(f, "{e}"),
+            FixError::Dictionary { path, why } => write!(f, "{path}: {why}"),
+            FixError::NoCompId { store } => write!(f, "{}: no CompID file beside the store", store.display()),
             FixError::Store(e) => write!(f, "session store: {e}"),
             FixError::Io { what, source } => write!(f, "{what}: {source}"),
         }
@@ -63,7 +69,8 @@ impl std::error::Error for FixError {
         match self {
             FixError::Store(e) => Some(e),
             FixError::Io { source, .. } => Some(source),
-            FixError::Config(_) => None,
+            FixError::Config(e) => Some(e),
+            FixError::Dictionary { .. } | FixError::NoCompId { .. } => None,
         }
     }
 }
@@ -228,13 +235,13 @@ impl Gateway {
         let echo = match fix.application.as_str() {
             "echo" => true,
             "venue" => false,
-            other => return Err(FixError::Config(format!("fix.application must be venue or echo, not {other:?}"))),
+            other => return Err(FixError::Config(crate::config::ConfigError::BadFixApplication(other.to_string()))),
         };
         let dictionary = if fix.dictionary.is_empty() {
             Dictionary::builtin()
         } else {
             let text = std::fs::read_to_string(&fix.dictionary).map_err(io(format!("reading the FIX dictionary {}", fix.dictionary)))?;
-            Dictionary::from_xml(&text).map_err(|e| FixError::Config(format!("{}: {e}", fix.dictionary)))?
+            Dictionary::from_xml(&text).map_err(|why| FixError::Dictionary { path: fix.dictionary.clone(), why })?
         };
         let dir = config.data_dir.join("fix");
         std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
@@ -257,7 +264,7 @@ impl Gateway {
                 restored.through_seq = journal_end;
             }
             let Some(comp_id) = read_comp_id(&path) else {
-                return Err(FixError::Config(format!("{}: no CompID file beside the store", path.display())));
+                return Err(FixError::NoCompId { store: path.clone() });
             };
             let session = Session::restore(session_config(&fix, &comp_id), dictionary.clone(), restored.next_in, restored.next_out, restored.stored);
             if let Some(account) = restored.account {

@@ -150,7 +150,7 @@ impl Store {
         let mut restored = Restored { next_in: 1, next_out: 1, ..Restored::default() };
         let records = crossbook_journal::read_records(&bytes, HEADER_BYTES, 1, 0, MAX_PAYLOAD, true, |_, payload, _| {
             let (&kind, body) = payload.split_first().ok_or("an empty record")?;
-            apply(&mut restored, kind, body).map_err(str::to_owned)
+            apply(&mut restored, kind, body).map_err(|fault| fault.to_string())
         })
         .map_err(|damage| StoreError::Damaged { path: path.to_path_buf(), offset: damage.offset, what: damage.what })?;
         if records.torn.is_some() {
@@ -287,7 +287,7 @@ mod legacy {
         while at < bytes.len() {
             match parse(&bytes[at..]) {
                 Some((kind, body, size)) => {
-                    apply(&mut restored, kind, body).map_err(|what| StoreError::Damaged { path: path.to_path_buf(), offset: at, what: what.into() })?;
+                    apply(&mut restored, kind, body).map_err(|fault| StoreError::Damaged { path: path.to_path_buf(), offset: at, what: fault.to_string() })?;
                     at += size;
                 }
                 None if (at + 1..bytes.len()).any(|later| parse(&bytes[later..]).is_some_and(|(kind, _, _)| (RESET..=REWIND).contains(&kind))) => {
@@ -323,7 +323,24 @@ mod legacy {
     }
 }
 
-fn apply(restored: &mut Restored, kind: u8, body: &[u8]) -> Result<(), &'static str> {
+/// What is wrong with a store record that passed its checksum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RecordFault {
+    /// Shorter than its kind's fields (the kind's name).
+    Short(&'static str),
+    UnknownKind(u8),
+}
+
+impl std::fmt::Display for RecordFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecordFault::Short(kind) => write!(f, "short {kind} record"),
+            RecordFault::UnknownKind(kind) => write!(f, "unknown record kind {kind}"),
+        }
+    }
+}
+
+fn apply(restored: &mut Restored, kind: u8, body: &[u8]) -> Result<(), RecordFault> {
     match kind {
         RESET => {
             restored.next_in = 1;
@@ -331,8 +348,8 @@ fn apply(restored: &mut Restored, kind: u8, body: &[u8]) -> Result<(), &'static 
             restored.stored.clear();
         }
         SENT => {
-            let seq = u64_at(body, 0).ok_or("short Sent record")?;
-            let engine_seq = u64_at(body, 8).ok_or("short Sent record")?;
+            let seq = u64_at(body, 0).ok_or(RecordFault::Short("Sent"))?;
+            let engine_seq = u64_at(body, 8).ok_or(RecordFault::Short("Sent"))?;
             restored.next_out = seq + 1;
             restored.through_seq = restored.through_seq.max(engine_seq);
             if body.len() > 16 {
@@ -342,13 +359,13 @@ fn apply(restored: &mut Restored, kind: u8, body: &[u8]) -> Result<(), &'static 
                 restored.stored.insert(seq, body[16..].to_vec());
             }
         }
-        RECEIVED => restored.next_in = u64_at(body, 0).ok_or("short Received record")?,
+        RECEIVED => restored.next_in = u64_at(body, 0).ok_or(RecordFault::Short("Received"))?,
         BOUND => {
-            restored.account = Some(u64_at(body, 0).ok_or("short Bound record")?);
-            restored.through_seq = restored.through_seq.max(u64_at(body, 8).ok_or("short Bound record")?);
+            restored.account = Some(u64_at(body, 0).ok_or(RecordFault::Short("Bound"))?);
+            restored.through_seq = restored.through_seq.max(u64_at(body, 8).ok_or(RecordFault::Short("Bound"))?);
         }
-        REWIND => restored.through_seq = u64_at(body, 0).ok_or("short Rewind record")?,
-        _ => return Err("unknown record kind"),
+        REWIND => restored.through_seq = u64_at(body, 0).ok_or(RecordFault::Short("Rewind"))?,
+        other => return Err(RecordFault::UnknownKind(other)),
     }
     Ok(())
 }

@@ -11,7 +11,7 @@
 use crate::config::Config;
 use crossbook_engine::{AccountId, Command, InstrumentId, OrderId, OrderType, PlaceOrder, SelfTradePrevention, Side, TimeInForce};
 use crossbook_fix::decimal::{Decimal, average_text};
-use crossbook_fix::session::{Application, Outbox};
+use crossbook_fix::session::{Application, LogonRefusal, Outbox};
 use crossbook_fix::validate::Shape;
 use crossbook_fix::wire::Message;
 use crossbook_protocol::reports::{Addressed, Refusal};
@@ -87,17 +87,38 @@ pub struct FixInstrument {
     pub qty_unit: Decimal,
 }
 
-pub fn instruments(config: &Config) -> Result<Vec<FixInstrument>, String> {
+pub fn instruments(config: &Config) -> Result<Vec<FixInstrument>, crate::config::ConfigError> {
     config
         .instruments
         .iter()
         .map(|i| {
-            let unit = |text: &str, what: &str| {
-                Decimal::parse(text.as_bytes()).filter(|d| d.mantissa > 0).ok_or_else(|| format!("instrument {}: {what} {text:?} is not a positive decimal", i.symbol))
+            let unit = |text: &str, what: &'static str| {
+                Decimal::parse(text.as_bytes())
+                    .filter(|d| d.mantissa > 0)
+                    .ok_or_else(|| crate::config::ConfigError::BadFixUnit { symbol: i.symbol.clone(), what, value: text.to_string() })
             };
             Ok(FixInstrument { id: i.id, symbol: i.symbol.clone(), price_unit: unit(&i.fix_price_unit, "fix_price_unit")?, qty_unit: unit(&i.fix_qty_unit, "fix_qty_unit")? })
         })
         .collect()
+}
+
+/// A FIX price or quantity that is not a whole number of the
+/// instrument's ticks or lots; its text is the reject's Text (58).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AmountError {
+    NotDecimal { what: &'static str },
+    NotMultiple { what: &'static str, value: String, unit: String },
+    OutOfRange { what: &'static str },
+}
+
+impl std::fmt::Display for AmountError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AmountError::NotDecimal { what } => write!(f, "{what} is not a decimal"),
+            AmountError::NotMultiple { what, value, unit } => write!(f, "{what} {value} is not a multiple of {unit}"),
+            AmountError::OutOfRange { what } => write!(f, "{what} out of range"),
+        }
+    }
 }
 
 /// What a FIX request journals with its command: the message type, the
@@ -635,10 +656,12 @@ impl VenueApp<'_> {
         outbox.send("9", Vec::new(), body);
     }
 
-    /// A price or quantity in whole ticks or lots, or why not.
-    fn units(value: &[u8], unit: Decimal, what: &str) -> Result<i128, String> {
-        let decimal = Decimal::parse(value).ok_or_else(|| format!("{what} is not a decimal"))?;
-        decimal.whole_units(unit).ok_or_else(|| format!("{what} {} is not a multiple of {}", String::from_utf8_lossy(value), unit.to_text()))
+    /// A price or quantity in whole ticks or lots (of the width the engine
+    /// takes), or why not.
+    fn units<T: TryFrom<i128>>(value: &[u8], unit: Decimal, what: &'static str) -> Result<T, AmountError> {
+        let decimal = Decimal::parse(value).ok_or(AmountError::NotDecimal { what })?;
+        let units = decimal.whole_units(unit).ok_or_else(|| AmountError::NotMultiple { what, value: String::from_utf8_lossy(value).into_owned(), unit: unit.to_text() })?;
+        T::try_from(units).map_err(|_| AmountError::OutOfRange { what })
     }
 
     fn new_order(&mut self, message: &Message, outbox: &mut Outbox<'_>) {
@@ -678,15 +701,15 @@ impl VenueApp<'_> {
         let Some(qty) = message.get(tag::ORDER_QTY) else {
             return self.reject_order(message, "13", "OrderQty missing", outbox);
         };
-        let qty = match Self::units(qty, instrument.qty_unit, "OrderQty").and_then(|q| u64::try_from(q).map_err(|_| "OrderQty out of range".to_string())) {
+        let qty = match Self::units::<u64>(qty, instrument.qty_unit, "OrderQty") {
             Ok(qty) => qty,
-            Err(why) => return self.reject_order(message, "13", &why, outbox),
+            Err(why) => return self.reject_order(message, "13", &why.to_string(), outbox),
         };
         let price = match (order_type, message.get(tag::PRICE)) {
             (OrderType::Limit, None) => return self.reject_order(message, "99", "a limit order needs a Price", outbox),
-            (OrderType::Limit, Some(price)) => match Self::units(price, instrument.price_unit, "Price").and_then(|p| i64::try_from(p).map_err(|_| "Price out of range".to_string())) {
+            (OrderType::Limit, Some(price)) => match Self::units::<i64>(price, instrument.price_unit, "Price") {
                 Ok(price) => price,
-                Err(why) => return self.reject_order(message, "99", &why, outbox),
+                Err(why) => return self.reject_order(message, "99", &why.to_string(), outbox),
             },
             (OrderType::Market, _) => 0,
         };
@@ -748,14 +771,14 @@ impl VenueApp<'_> {
             let Some(qty) = message.get(tag::ORDER_QTY) else {
                 return self.cancel_reject(message, "OrderQty missing", false, outbox);
             };
-            let qty = match Self::units(qty, instrument.qty_unit, "OrderQty").and_then(|q| u64::try_from(q).map_err(|_| "OrderQty out of range".to_string())) {
+            let qty = match Self::units::<u64>(qty, instrument.qty_unit, "OrderQty") {
                 Ok(qty) => qty,
-                Err(why) => return self.cancel_reject(message, &why, false, outbox),
+                Err(why) => return self.cancel_reject(message, &why.to_string(), false, outbox),
             };
             let price = match message.get(tag::PRICE) {
-                Some(price) => match Self::units(price, instrument.price_unit, "Price").and_then(|p| i64::try_from(p).map_err(|_| "Price out of range".to_string())) {
+                Some(price) => match Self::units::<i64>(price, instrument.price_unit, "Price") {
                     Ok(price) => price,
-                    Err(why) => return self.cancel_reject(message, &why, false, outbox),
+                    Err(why) => return self.cancel_reject(message, &why.to_string(), false, outbox),
                 },
                 None => match known {
                     Some(order) => order.price,
@@ -797,12 +820,12 @@ impl VenueApp<'_> {
 }
 
 impl Application for VenueApp<'_> {
-    fn on_logon(&mut self, logon: &Message) -> Result<(), String> {
+    fn on_logon(&mut self, logon: &Message) -> Result<(), LogonRefusal> {
         match (&self.credentials, logon.text(553), logon.text(554)) {
             // Bound by CompID in the configuration; credentials optional.
             (None, _, _) => Ok(()),
             (Some((user, password)), Some(u), Some(p)) if u == user && crate::config::keys_match(&pad(password), &pad(p)) => Ok(()),
-            _ => Err("Logon refused: bad Username (553) or Password (554)".into()),
+            _ => Err(LogonRefusal { text: "Logon refused: bad Username (553) or Password (554)".into() }),
         }
     }
 
