@@ -5,9 +5,13 @@ use crossbook_engine::codec::MAX_COMMAND_BYTES;
 use std::path::{Path, PathBuf};
 
 pub const SEGMENT_MAGIC: &[u8; 8] = b"XBJOURNL";
-/// Version 2 records may carry an annex after the command; version 1
-/// segments (no annexes) are still read.
-pub const SEGMENT_VERSION: u32 = 2;
+/// Version 3 records begin their payload with the sequencer's timestamp
+/// (u64 milliseconds since the Unix epoch); version 2 records may carry an
+/// annex after the command; segments of versions 1 and 2 are still read
+/// (no time: 0).
+pub const SEGMENT_VERSION: u32 = 3;
+/// Bytes of a version 3 payload's timestamp.
+pub const TIME_BYTES: usize = 8;
 /// magic 8 | version u32 | command format u32 | first_seq u64 | chain_seed u32 | header_crc u32
 pub const SEGMENT_HEADER_BYTES: usize = 32;
 
@@ -15,7 +19,7 @@ pub const SEGMENT_HEADER_BYTES: usize = 32;
 pub const RECORD_OVERHEAD: usize = 16;
 /// An annex: bytes a gateway keeps with a command (length u8 + bytes).
 pub const MAX_ANNEX: usize = 128;
-pub const MAX_PAYLOAD: usize = MAX_COMMAND_BYTES + 1 + MAX_ANNEX;
+pub const MAX_PAYLOAD: usize = TIME_BYTES + MAX_COMMAND_BYTES + 1 + MAX_ANNEX;
 
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"XBSNAPSH";
 /// Version 2 names the journal record it continues (`chain`); version 1
@@ -75,6 +79,7 @@ pub fn segment_header(first_seq: u64, chain_seed: u32) -> [u8; SEGMENT_HEADER_BY
 pub struct SegmentHeader {
     pub first_seq: u64,
     pub chain_seed: u32,
+    pub version: u32,
 }
 
 pub fn parse_segment_header(bytes: &[u8]) -> Result<SegmentHeader, String> {
@@ -93,7 +98,19 @@ pub fn parse_segment_header(bytes: &[u8]) -> Result<SegmentHeader, String> {
     if !(1..=SEGMENT_VERSION).contains(&version) || format != crossbook_engine::codec::COMMAND_FORMAT_VERSION {
         return Err(format!("unsupported segment version {version} / command format {format}"));
     }
-    Ok(SegmentHeader { first_seq: u64_at(bytes, 16), chain_seed: u32_at(bytes, 24) })
+    Ok(SegmentHeader { first_seq: u64_at(bytes, 16), chain_seed: u32_at(bytes, 24), version })
+}
+
+/// A record's timestamp and the rest of its payload (the command and its
+/// annex), by the version of the segment it is in.
+pub fn split_time(version: u32, payload: &[u8]) -> Result<(u64, &[u8]), String> {
+    if version < 3 {
+        return Ok((0, payload));
+    }
+    if payload.len() < TIME_BYTES {
+        return Err(format!("a payload of {} bytes has no room for its timestamp", payload.len()));
+    }
+    Ok((u64_at(payload, 0), &payload[TIME_BYTES..]))
 }
 
 /// A record's payload: the command and, if there is one, its annex
@@ -365,7 +382,7 @@ mod tests {
     #[test]
     fn headers_and_snapshots_check_out_and_catch_damage() {
         let header = segment_header(42, 7);
-        assert_eq!(parse_segment_header(&header), Ok(SegmentHeader { first_seq: 42, chain_seed: 7 }));
+        assert_eq!(parse_segment_header(&header), Ok(SegmentHeader { first_seq: 42, chain_seed: 7, version: SEGMENT_VERSION }));
         let mut bad = header;
         bad[17] ^= 1;
         assert!(parse_segment_header(&bad).is_err());

@@ -12,7 +12,7 @@ pub mod format;
 pub mod read;
 pub mod write;
 
-pub use read::{Corruption, JournalEnd, RecordDamage, Records, TornTail, read_records, scan, scan_chained, scan_chained_from};
+pub use read::{Corruption, JournalEnd, RecordDamage, Records, TornTail, read_records, scan, scan_chained, scan_chained_from, scan_timed_from};
 pub use format::{SnapshotError, SnapshotHeader};
 pub use write::{CommitStats, Durability, DurableWatch, Journal, JournalConfig, JournalError, micros_histogram, sync_dir};
 

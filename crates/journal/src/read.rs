@@ -247,6 +247,13 @@ pub fn scan(dir: &Path, mut visit: impl FnMut(u64, &[u8]) -> Result<(), String>)
     scan_chained(dir, |seq, payload, _| visit(seq, payload))
 }
 
+/// [`scan_chained_from`], with each record's timestamp (milliseconds since
+/// the Unix epoch; 0 in segments before version 3):
+/// `visit(seq, time_ms, payload, crc)`, the payload without its timestamp.
+pub fn scan_timed_from(dir: &Path, from: u64, visit: impl FnMut(u64, u64, &[u8], u32) -> Result<(), String>) -> Result<JournalEnd, Corruption> {
+    scan_segments(dir, from, visit)
+}
+
 /// [`scan`], with each record's chained checksum: `visit(seq, payload,
 /// crc)`. A snapshot names the checksum of the record it continues.
 pub fn scan_chained(dir: &Path, visit: impl FnMut(u64, &[u8], u32) -> Result<(), String>) -> Result<JournalEnd, Corruption> {
@@ -258,6 +265,10 @@ pub fn scan_chained(dir: &Path, visit: impl FnMut(u64, &[u8], u32) -> Result<(),
 /// seed, which its checksummed header carries). Records before `from` in
 /// that segment are visited too.
 pub fn scan_chained_from(dir: &Path, from: u64, mut visit: impl FnMut(u64, &[u8], u32) -> Result<(), String>) -> Result<JournalEnd, Corruption> {
+    scan_segments(dir, from, |seq, _, payload, crc| visit(seq, payload, crc))
+}
+
+fn scan_segments(dir: &Path, from: u64, mut visit: impl FnMut(u64, u64, &[u8], u32) -> Result<(), String>) -> Result<JournalEnd, Corruption> {
     let segments = list(dir, "segment-", ".xbj").map_err(|e| Corruption {
         file: dir.to_path_buf(),
         offset: 0,
@@ -313,7 +324,12 @@ pub fn scan_chained_from(dir: &Path, from: u64, mut visit: impl FnMut(u64, &[u8]
         if resume == 0 && header.chain_seed != chain {
             return Err(corrupt(0, expected, "does not chain to the end of the previous segment".into()));
         }
-        let records = read_records(&bytes, resume.max(SEGMENT_HEADER_BYTES), expected, chain, MAX_PAYLOAD, is_last, &mut visit)
+        let version = header.version;
+        let timed = |seq: u64, payload: &[u8], crc: u32| -> Result<(), String> {
+            let (time, rest) = split_time(version, payload)?;
+            visit(seq, time, rest, crc)
+        };
+        let records = read_records(&bytes, resume.max(SEGMENT_HEADER_BYTES), expected, chain, MAX_PAYLOAD, is_last, timed)
             .map_err(|damage| corrupt(damage.offset, damage.seq, damage.what))?;
         end.last_seq = records.next_seq - 1;
         end.records += records.count;
@@ -363,7 +379,7 @@ fn fast_segment(
     expected: &mut u64,
     chain: &mut u32,
     end: &mut JournalEnd,
-    visit: &mut impl FnMut(u64, &[u8], u32) -> Result<(), String>,
+    visit: &mut impl FnMut(u64, u64, &[u8], u32) -> Result<(), String>,
 ) -> Result<Fast, Corruption> {
     let corrupt = |offset: usize, seq: u64, what: String| Corruption { file: path.to_path_buf(), offset: offset as u64, seq, what };
     let mut file = File::open(path).map_err(|e| corrupt(0, *expected, format!("cannot open: {e}")))?;
@@ -395,7 +411,8 @@ fn fast_segment(
         while at < buffer.len() {
             match decode_record_at(&buffer, at, *chain) {
                 Ok(record) if record.seq == *expected => {
-                    visit(record.seq, record.payload, record.crc).map_err(|what| corrupt(base + at, *expected, what))?;
+                    let (time, rest) = split_time(parsed.version, record.payload).map_err(|what| corrupt(base + at, *expected, what))?;
+                    visit(record.seq, time, rest, record.crc).map_err(|what| corrupt(base + at, *expected, what))?;
                     *chain = record.crc;
                     end.last_seq = *expected;
                     end.records += 1;

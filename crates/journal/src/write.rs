@@ -245,6 +245,9 @@ struct Pending {
     commands: Vec<Command>,
     /// The annexes of some of them, by sequence number, in order.
     annexes: Vec<(u64, Vec<u8>)>,
+    /// Their timestamps, as runs: (first sequence number, milliseconds
+    /// since the Unix epoch) whenever the time changes.
+    times: Vec<(u64, u64)>,
     first_seq: u64,
     last_seq: u64,
     closed: bool,
@@ -395,7 +398,12 @@ pub struct Journal {
     /// engine's thread only copies each command once.
     staging: Vec<Command>,
     staging_annexes: Vec<(u64, Vec<u8>)>,
+    staging_times: Vec<(u64, u64)>,
     staging_first: u64,
+    /// The timestamp of the records appended from now on
+    /// ([`Journal::stamp`]), and whether it is staged yet.
+    time_ms: u64,
+    time_staged: bool,
     /// Publish whenever the writer is idle (sync mode).
     eager: bool,
 }
@@ -440,6 +448,18 @@ struct Segment {
 /// records reach its end, so that the `fdatasync` of a group commit never
 /// changes the file's size or allocates blocks.
 pub const PREALLOCATE_BYTES: u64 = 8 << 20;
+
+/// The format version in a segment's header (recovery has checked it; a
+/// header it cut off as torn is taken as the current one, as before).
+fn segment_version(path: &Path) -> Result<u32, JournalError> {
+    use std::io::Read;
+    let mut header = [0u8; SEGMENT_HEADER_BYTES];
+    let mut file = File::open(path).map_err(io(format!("reading the header of {}", path.display())))?;
+    if file.read_exact(&mut header).is_err() {
+        return Ok(SEGMENT_VERSION);
+    }
+    Ok(parse_segment_header(&header).map_or(SEGMENT_VERSION, |h| h.version))
+}
 
 fn create_segment(dir: &Path, first_seq: u64, chain_seed: u32) -> Result<Segment, JournalError> {
     let path = dir.join(segment_name(first_seq));
@@ -513,7 +533,19 @@ impl Journal {
                 }
                 file.seek(SeekFrom::Start(*valid_len)).map_err(io(format!("seeking in {}", path.display())))?;
                 let allocated = file.metadata().map_err(io(format!("reading {}", path.display())))?.len().max(*valid_len);
-                Segment { file, path: path.clone(), size: *valid_len, allocated }
+                let mut tail = Segment { file, path: path.clone(), size: *valid_len, allocated };
+                if segment_version(path)? < SEGMENT_VERSION {
+                    // A segment of an older format is not appended to: it
+                    // ends here, and the records go on in a new one.
+                    tail.trim()?;
+                    tail.file.sync_all().map_err(io(format!("syncing {}", path.display())))?;
+                    let segment = create_segment(dir, end.last_seq + 1, end.last_crc)?;
+                    segment.file.sync_all().map_err(io(format!("syncing {}", segment.path.display())))?;
+                    sync_dir(dir)?;
+                    segment
+                } else {
+                    tail
+                }
             }
             None => {
                 let segment = create_segment(dir, end.last_seq + 1, end.last_crc)?;
@@ -526,6 +558,7 @@ impl Journal {
             pending: Mutex::new(Pending {
                 commands: Vec::with_capacity(STAGING_COMMANDS),
                 annexes: Vec::new(),
+                times: Vec::new(),
                 first_seq: 0,
                 last_seq: 0,
                 closed: false,
@@ -564,7 +597,10 @@ impl Journal {
             appended: end.last_seq,
             staging: Vec::with_capacity(STAGING_COMMANDS),
             staging_annexes: Vec::new(),
+            staging_times: Vec::new(),
             staging_first: 0,
+            time_ms: 0,
+            time_staged: false,
             eager,
         })
     }
@@ -583,11 +619,27 @@ impl Journal {
         self.append_with(seq, command, None)
     }
 
+    /// Sets the timestamp (milliseconds since the Unix epoch) written with
+    /// the records appended from now on: the sequencer's clock, read once
+    /// per batch, so that what is derived from the journal (market data's
+    /// trade times and candles) is the same after a restart. 0 (the
+    /// default) means no time.
+    pub fn stamp(&mut self, time_ms: u64) {
+        if time_ms != self.time_ms {
+            self.time_ms = time_ms;
+            self.time_staged = false;
+        }
+    }
+
     /// [`Journal::append`] with an annex: up to [`MAX_ANNEX`] bytes that a
     /// gateway keeps with the command (its client's own id for the order,
     /// say), written in the same record and returned by recovery.
     pub fn append_with(&mut self, seq: u64, command: &Command, annex: Option<&[u8]>) -> Result<(), JournalError> {
         self.check()?;
+        if !self.time_staged {
+            self.staging_times.push((seq, self.time_ms));
+            self.time_staged = true;
+        }
         if let Some(annex) = annex {
             assert!(!annex.is_empty() && annex.len() <= MAX_ANNEX, "annex of {} bytes", annex.len());
             self.staging_annexes.push((seq, annex.to_vec()));
@@ -621,6 +673,10 @@ impl Journal {
             return Err(JournalError::Poisoned(why.clone()));
         }
         pending.annexes.append(&mut self.staging_annexes);
+        pending.times.append(&mut self.staging_times);
+        // The next batch starts with its time again (the writer may take
+        // this one alone).
+        self.time_staged = false;
         if pending.commands.is_empty() {
             pending.first_seq = self.staging_first;
             // Hand the buffer over whole rather than copying it.
@@ -744,6 +800,7 @@ impl Writer {
     fn run(mut self) {
         let mut batch: Vec<Command> = Vec::with_capacity(STAGING_COMMANDS);
         let mut annexes: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut times: Vec<(u64, u64)> = Vec::new();
         let mut encoded: Vec<u8> = Vec::with_capacity(1 << 16);
         loop {
             let (first_seq, last_seq, records, closing) = {
@@ -755,6 +812,7 @@ impl Writer {
                 self.shared.writer_idle.store(false, Ordering::Release);
                 std::mem::swap(&mut batch, &mut pending.commands);
                 std::mem::swap(&mut annexes, &mut pending.annexes);
+                std::mem::swap(&mut times, &mut pending.times);
                 (pending.first_seq, pending.last_seq, batch.len() as u64, pending.closed)
             };
             self.shared.progress.notify_all();
@@ -766,7 +824,7 @@ impl Writer {
             let result = if batch.is_empty() {
                 Ok(None)
             } else {
-                self.encode(&batch, &annexes, first_seq, &mut encoded);
+                self.encode(&batch, &annexes, &times, first_seq, &mut encoded);
                 self.commit(&encoded, last_seq)
             };
             // A clean close leaves no zeros ahead of the end, and everything
@@ -809,6 +867,7 @@ impl Writer {
             self.shared.progress.notify_all();
             batch.clear();
             annexes.clear();
+            times.clear();
             if closing && self.shared.lock().commands.is_empty() {
                 if let Some(syncer) = self.syncer.take() {
                     self.shared.syncer_wake.notify_all();
@@ -835,17 +894,23 @@ impl Writer {
 
     /// Encodes a batch of commands as chained records, and leaves each
     /// record's checksum in the ring ([`DurableWatch::chain_at`]).
-    fn encode(&self, batch: &[Command], annexes: &[(u64, Vec<u8>)], first_seq: u64, out: &mut Vec<u8>) {
+    fn encode(&self, batch: &[Command], annexes: &[(u64, Vec<u8>)], times: &[(u64, u64)], first_seq: u64, out: &mut Vec<u8>) {
         out.clear();
         let chains = &self.shared.chains;
         chains.encoding.store(first_seq + batch.len() as u64 - 1, Ordering::SeqCst);
         let mut chain = self.last_crc;
         let mut annexes = annexes.iter().peekable();
+        let mut times = times.iter().peekable();
+        let mut time_ms = 0u64;
         for (offset, command) in batch.iter().enumerate() {
             let seq = first_seq + offset as u64;
             let start = out.len();
             out.extend_from_slice(&[0u8; 4]);
             out.extend_from_slice(&seq.to_le_bytes());
+            while let Some((_, time)) = times.next_if(|(from, _)| *from <= seq) {
+                time_ms = *time;
+            }
+            out.extend_from_slice(&time_ms.to_le_bytes());
             encode_command(command, out);
             if let Some((_, annex)) = annexes.next_if(|(at, _)| *at == seq) {
                 out.push(annex.len() as u8);

@@ -22,7 +22,7 @@ use std::thread;
 /// time.
 const BATCH: usize = 4096;
 
-type Decoded = (u64, Command, Option<Vec<u8>>);
+type Decoded = (u64, u64, Command, Option<Vec<u8>>);
 
 /// How the gateways were brought up to the journal's end.
 pub(crate) struct Rebuilt {
@@ -121,12 +121,12 @@ fn replay_after(dir: &Path, mut engine: Engine, through: u64, sinks: &mut [&mut 
         .name("history-reader".into())
         .spawn(move || -> Result<(), Corruption> {
             let mut batch = Vec::with_capacity(BATCH);
-            let result = crossbook_journal::scan_chained_from(&reader_dir, from + 1, |seq, payload, _| {
+            let result = crossbook_journal::scan_timed_from(&reader_dir, from + 1, |seq, time_ms, payload, _| {
                 if seq <= from || seq > through {
                     return Ok(());
                 }
                 let (command, annex) = crossbook_journal::format::split_payload(payload)?;
-                batch.push((seq, command, annex.map(<[u8]>::to_vec)));
+                batch.push((seq, time_ms, command, annex.map(<[u8]>::to_vec)));
                 if batch.len() == BATCH {
                     let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
                     sender.send(full).map_err(|_| "the applying thread stopped".to_string())?;
@@ -144,12 +144,12 @@ fn replay_after(dir: &Path, mut engine: Engine, through: u64, sinks: &mut [&mut 
     let mut reports = Vec::new();
     let mut commands = 0u64;
     for batch in receiver {
-        for (seq, command, annex) in batch {
+        for (seq, time_ms, command, annex) in batch {
             events.clear();
             reports.clear();
             engine.apply(&command, &mut events);
             builder.reports(&command, &events, &mut reports);
-            let durable = Durable { seq, command: &command, annex: annex.as_deref(), reports: &reports, events: &events };
+            let durable = Durable { seq, time_ms, command: &command, annex: annex.as_deref(), reports: &reports, events: &events };
             for sink in sinks.iter_mut() {
                 sink.recovered(&durable);
             }

@@ -94,6 +94,7 @@ impl InFlight {
 /// the journal holds it.
 pub(crate) fn set_up(engine: &mut Engine, journal: &mut Journal, commands: &[Command]) -> Result<(), ServeError> {
     let mut events = Vec::new();
+    journal.stamp(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64));
     for command in commands {
         journal.append(engine.seq() + 1, command)?;
         events.clear();
@@ -155,6 +156,9 @@ pub(crate) struct Sequencer<'a> {
     snapshot_pending: Option<(u64, Vec<u8>)>,
     /// The last sequence number handed to the sinks.
     released: u64,
+    /// The time stamped on the last batch (milliseconds since the Unix
+    /// epoch).
+    time_ms: u64,
     snapshotter: Snapshotter,
     settings: Settings<'a>,
 }
@@ -177,6 +181,7 @@ impl<'a> Sequencer<'a> {
             last_snapshot: engine.seq(),
             snapshot_pending,
             released: engine.seq(),
+            time_ms: 0,
             engine,
             journal,
             events: Vec::new(),
@@ -197,6 +202,11 @@ impl<'a> Sequencer<'a> {
         if batch.is_empty() {
             return Ok(());
         }
+        // One clock reading per batch, journaled with its commands: market
+        // data's times are then a function of the journal. Never back.
+        let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        self.time_ms = self.time_ms.max(wall);
+        self.journal.stamp(self.time_ms);
         let mut done = Waiting {
             last_seq: 0,
             applied_at: Instant::now(),
@@ -225,6 +235,7 @@ impl<'a> Sequencer<'a> {
             done.events.extend_from_slice(&self.events);
             done.commands.push(Applied {
                 seq,
+                time_ms: self.time_ms,
                 command: item.command,
                 annex: item.annex,
                 reports: first..done.reports.len(),

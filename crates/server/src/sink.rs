@@ -35,6 +35,10 @@ pub const OTHER: Source = Source(2);
 /// One durable command and what it caused.
 pub struct Durable<'a> {
     pub seq: u64,
+    /// When the sequencer took it (milliseconds since the Unix epoch; one
+    /// reading per batch, never going back), as the journal keeps it; 0
+    /// for a command journaled before records carried their time.
+    pub time_ms: u64,
     pub command: &'a Command,
     /// What the sending gateway journaled with the command (the FIX
     /// ClOrdIDs), or `None`.
@@ -60,6 +64,7 @@ pub struct Refused<'a> {
 /// A command the sequencer applied, as it keeps it until it is durable.
 pub(crate) struct Applied {
     pub(crate) seq: u64,
+    pub(crate) time_ms: u64,
     pub(crate) command: Command,
     pub(crate) annex: Option<Vec<u8>>,
     /// Its reports in the batch's report list, its events in its event
@@ -90,6 +95,7 @@ impl<'a> Released<'a> {
         let (reports, events) = (self.reports, self.events);
         self.commands.iter().map(move |c| Durable {
             seq: c.seq,
+            time_ms: c.time_ms,
             command: &c.command,
             annex: c.annex.as_deref(),
             reports: &reports[c.reports.clone()],

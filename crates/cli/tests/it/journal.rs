@@ -95,7 +95,7 @@ fn one_segment(dir: &Path, count: usize) -> (Vec<Command>, PathBuf, Vec<usize>) 
         offsets.push(at);
         payload.clear();
         encode_command(command, &mut payload);
-        at += RECORD_OVERHEAD + payload.len();
+        at += RECORD_OVERHEAD + crossbook_journal::format::TIME_BYTES + payload.len();
     }
     assert_eq!(std::fs::metadata(&segment).unwrap().len() as usize, at);
     (commands, segment, offsets)
@@ -575,4 +575,47 @@ fn async_mode_tells_durable_from_acknowledged() {
     // The checksum the ring gave is the journal's.
     let end = crossbook_journal::scan(&dir.0, |_, _| Ok(())).unwrap();
     assert_eq!(watch.chain_at(10), Some(end.last_crc));
+}
+
+/// A journal written before records carried their time (segment version
+/// 2) recovers as it was, and the records appended after it go into a new
+/// segment of the current version, each with the time it was stamped
+/// with.
+#[test]
+fn an_older_segment_is_read_and_ended_and_new_records_carry_their_time() {
+    use crossbook_journal::format::{SEGMENT_VERSION, encode_record, segment_header, segment_name};
+    let dir = TempDir::new("segment-v2");
+    let commands = generate(Workload::Mixed, 5, 8);
+    // A version 2 segment: its header says so, its payloads are bare.
+    let mut header = segment_header(1, 0);
+    header[8..12].copy_from_slice(&2u32.to_le_bytes());
+    let crc = crc32c::crc32c(&header[0..28]);
+    header[28..32].copy_from_slice(&crc.to_le_bytes());
+    let mut bytes = header.to_vec();
+    let mut chain = 0;
+    for (index, command) in commands[..5].iter().enumerate() {
+        let mut payload = Vec::new();
+        encode_command(command, &mut payload);
+        chain = encode_record(&mut bytes, chain, index as u64 + 1, &payload);
+    }
+    std::fs::write(dir.0.join(segment_name(1)), &bytes).unwrap();
+    let recovered = recover(&dir.0).unwrap();
+    assert_eq!(recovered.engine.seq(), 5);
+    let mut journal = Journal::open(&dir.0, JournalConfig::default(), &recovered.end).unwrap();
+    journal.stamp(1_764_000_000_123);
+    for (index, command) in commands[5..].iter().enumerate() {
+        journal.append(6 + index as u64, command).unwrap();
+    }
+    journal.close().unwrap();
+    assert!(dir.0.join(segment_name(6)).exists(), "the new records start a segment of version {SEGMENT_VERSION}");
+    let mut times = Vec::new();
+    crossbook_journal::scan_timed_from(&dir.0, 1, |seq, time, payload, _| {
+        crossbook_journal::format::split_payload(payload)?;
+        times.push((seq, time));
+        Ok(())
+    })
+    .unwrap();
+    let want: Vec<(u64, u64)> = (1..=8).map(|seq| (seq, if seq <= 5 { 0 } else { 1_764_000_000_123 })).collect();
+    assert_eq!(times, want);
+    assert_eq!(state_hash(&recover(&dir.0).unwrap().engine), live_hash(&commands));
 }
