@@ -1,0 +1,467 @@
+//! crossbook's market data, derived from the engine's events of durable
+//! commands only: every instrument's order book by price level, its
+//! trades, candles of every interval from a minute to a day, its 24-hour
+//! ticker and best bid and offer; rendered in Binance's spot shapes
+//! (`render`), kept across restarts as a checkpoint (`codec`).
+//!
+//! Pure: no I/O and no clock. Time is the journal's: each command comes
+//! with the time the sequencer stamped on it, so what this crate derives
+//! is a function of the journal, the same live and after a restart.
+//!
+//! **Update ids.** Binance's `lastUpdateId`, `U` and `u` are journal
+//! sequence numbers here. A depth snapshot is the book after command
+//! `lastUpdateId`; a diff covers the commands `U..=u`, and an instrument's
+//! diffs cover its commands without gaps (`U` is the previous diff's `u`
+//! plus one, whether or not the commands in between touched its book), so
+//! Binance's procedure for a local book works exactly and a gap is seen.
+
+pub mod candles;
+pub mod codec;
+pub mod render;
+
+use candles::Candles;
+use crossbook_engine::{CancelReason, Event, EventKind, InstrumentId, OrderId, OrderType, Side, TimeInForce};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+/// Trades kept per instrument for `GET /api/v3/trades` (Binance's largest
+/// `limit`).
+pub const TRADES_KEPT: usize = 1_000;
+
+/// A decimal unit: `mantissa * 10^-scale` (the price of one tick, or the
+/// quantity of one lot).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unit {
+    pub mantissa: u64,
+    pub scale: u32,
+}
+
+impl Unit {
+    pub const ONE: Unit = Unit { mantissa: 1, scale: 0 };
+}
+
+/// What market data knows of an instrument besides its events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstrumentInfo {
+    pub id: InstrumentId,
+    /// crossbook's symbol (`BTC-USD`).
+    pub symbol: String,
+    /// Binance's way of writing it (`BTCUSD`): [`binance_symbol`].
+    pub binance: String,
+    pub base_asset: String,
+    pub quote_asset: String,
+    pub price_unit: Unit,
+    pub qty_unit: Unit,
+    pub min_price: i64,
+    pub max_price: i64,
+    pub min_qty: u64,
+    pub max_qty: u64,
+}
+
+/// Binance writes a symbol as its letters and digits, upper case:
+/// `BTC-USD` and `btc_usd` are both `BTCUSD`.
+pub fn binance_symbol(symbol: &str) -> String {
+    symbol.chars().filter(char::is_ascii_alphanumeric).map(|c| c.to_ascii_uppercase()).collect()
+}
+
+/// One trade, as market data shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Trade {
+    /// Per instrument, from 1, with no gaps.
+    pub id: u64,
+    pub price: i64,
+    pub qty: u64,
+    pub time_ms: u64,
+    /// The buyer's order was resting (the taker sold).
+    pub buyer_is_maker: bool,
+    /// The command that made it.
+    pub seq: u64,
+}
+
+/// One side's price levels: price (ticks) to lots.
+pub type Levels = BTreeMap<i64, u64>;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Book {
+    pub bids: Levels,
+    pub asks: Levels,
+}
+
+impl Book {
+    fn side_mut(&mut self, side: Side) -> &mut Levels {
+        match side {
+            Side::Buy => &mut self.bids,
+            Side::Sell => &mut self.asks,
+        }
+    }
+
+    fn add(&mut self, side: Side, price: i64, qty: u64) {
+        if qty > 0 {
+            *self.side_mut(side).entry(price).or_insert(0) += qty;
+        }
+    }
+
+    fn take(&mut self, side: Side, price: i64, qty: u64) {
+        let levels = self.side_mut(side);
+        if let Some(total) = levels.get_mut(&price) {
+            *total = total.saturating_sub(qty);
+            if *total == 0 {
+                levels.remove(&price);
+            }
+        }
+    }
+
+    /// Best bid and best ask, each (price, lots).
+    pub fn top(&self) -> (Option<(i64, u64)>, Option<(i64, u64)>) {
+        (self.bids.iter().next_back().map(|(p, q)| (*p, *q)), self.asks.iter().next().map(|(p, q)| (*p, *q)))
+    }
+
+    /// The best `limit` bids (best first) and asks (best first).
+    pub fn depth(&self, limit: usize) -> (Vec<(i64, u64)>, Vec<(i64, u64)>) {
+        (self.bids.iter().rev().take(limit).map(|(p, q)| (*p, *q)).collect(), self.asks.iter().take(limit).map(|(p, q)| (*p, *q)).collect())
+    }
+}
+
+/// An order market data follows: resting, or the taker of the command
+/// being applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Live {
+    pub instrument: u32,
+    pub side: Side,
+    pub price: i64,
+    pub remaining: u64,
+    /// In its level's total (else the taker of the current command).
+    pub resting: bool,
+    /// A GTC limit order: what is left of it when its command ends rests.
+    pub rests: bool,
+}
+
+/// One instrument's market data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstrumentData {
+    pub info: InstrumentInfo,
+    pub book: Book,
+    /// The last `TRADES_KEPT` trades, oldest first.
+    pub trades: VecDeque<Trade>,
+    pub next_trade_id: u64,
+    pub candles: Candles,
+    /// The `u` of the last depth diff handed out (the next one's `U` is
+    /// one more).
+    pub diffs_through: u64,
+    /// Changes since the last [`MarketData::take_updates`].
+    changed_bids: BTreeSet<i64>,
+    changed_asks: BTreeSet<i64>,
+    new_trades: usize,
+    top_before: Option<(Option<(i64, u64)>, Option<(i64, u64)>)>,
+}
+
+impl InstrumentData {
+    fn new(info: InstrumentInfo, start_seq: u64) -> InstrumentData {
+        InstrumentData {
+            info,
+            book: Book::default(),
+            trades: VecDeque::new(),
+            next_trade_id: 1,
+            candles: Candles::default(),
+            diffs_through: start_seq,
+            changed_bids: BTreeSet::new(),
+            changed_asks: BTreeSet::new(),
+            new_trades: 0,
+            top_before: None,
+        }
+    }
+
+    fn touch(&mut self, side: Side, price: i64) {
+        if self.top_before.is_none() {
+            self.top_before = Some(self.book.top());
+        }
+        match side {
+            Side::Buy => self.changed_bids.insert(price),
+            Side::Sell => self.changed_asks.insert(price),
+        };
+    }
+}
+
+/// Counters for the dashboard: what the venue has done.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub orders: u64,
+    pub trades: u64,
+    pub cancels: u64,
+}
+
+/// A depth diff: the levels that changed over `first..=last`, each with
+/// its new total (0: gone).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DepthDiff {
+    pub first: u64,
+    pub last: u64,
+    pub bids: Vec<(i64, u64)>,
+    pub asks: Vec<(i64, u64)>,
+}
+
+/// What changed for one instrument over the commands applied since the
+/// last [`MarketData::take_updates`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstrumentUpdate {
+    pub index: usize,
+    pub depth: Option<DepthDiff>,
+    pub trades: Vec<Trade>,
+    /// Best bid or offer changed (price or size).
+    pub top_changed: bool,
+}
+
+/// Everything that changed, as of command `seq` at `time_ms`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Updates {
+    pub seq: u64,
+    pub time_ms: u64,
+    pub instruments: Vec<InstrumentUpdate>,
+}
+
+/// Every instrument's market data, and the orders it follows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MarketData {
+    pub instruments: Vec<InstrumentData>,
+    by_id: HashMap<InstrumentId, u32>,
+    by_symbol: HashMap<String, u32>,
+    pub orders: HashMap<OrderId, Live>,
+    /// Orders that took part in the command being applied as takers.
+    takers: Vec<OrderId>,
+    /// The last command applied, and its time.
+    pub seq: u64,
+    pub time_ms: u64,
+    pub counters: Counters,
+    /// Instruments with changes since the last `take_updates`.
+    dirty: BTreeSet<u32>,
+}
+
+impl MarketData {
+    /// Market data for `instruments`, from command `start_seq` on (the
+    /// books empty: for a venue recovered with open orders, restore a
+    /// checkpoint or apply the journal from its start).
+    pub fn new(instruments: Vec<InstrumentInfo>, start_seq: u64) -> MarketData {
+        let by_id = instruments.iter().enumerate().map(|(i, info)| (info.id, i as u32)).collect();
+        let by_symbol = instruments.iter().enumerate().map(|(i, info)| (info.binance.clone(), i as u32)).collect();
+        MarketData {
+            instruments: instruments.into_iter().map(|info| InstrumentData::new(info, start_seq)).collect(),
+            by_id,
+            by_symbol,
+            orders: HashMap::new(),
+            takers: Vec::new(),
+            seq: start_seq,
+            time_ms: 0,
+            counters: Counters::default(),
+            dirty: BTreeSet::new(),
+        }
+    }
+
+    /// The instrument with Binance symbol `symbol` (upper case).
+    pub fn by_symbol(&self, symbol: &str) -> Option<&InstrumentData> {
+        self.by_symbol.get(symbol).map(|&i| &self.instruments[i as usize])
+    }
+
+    pub fn index_of_symbol(&self, symbol: &str) -> Option<usize> {
+        self.by_symbol.get(symbol).map(|&i| i as usize)
+    }
+
+    /// Applies the events of durable command `seq`, stamped `time_ms`.
+    pub fn apply(&mut self, seq: u64, time_ms: u64, events: &[Event]) {
+        self.seq = seq;
+        self.time_ms = self.time_ms.max(time_ms);
+        for event in events {
+            self.event(&event.kind);
+        }
+        // What is left of this command's takers rests, if it may.
+        for order in std::mem::take(&mut self.takers) {
+            let Some(live) = self.orders.get_mut(&order) else { continue };
+            if live.resting {
+                continue;
+            }
+            if live.rests && live.remaining > 0 {
+                live.resting = true;
+                let live = *live;
+                let data = &mut self.instruments[live.instrument as usize];
+                data.touch(live.side, live.price);
+                data.book.add(live.side, live.price, live.remaining);
+                self.dirty.insert(live.instrument);
+            } else {
+                self.orders.remove(&order);
+            }
+        }
+    }
+
+    fn event(&mut self, kind: &EventKind) {
+        match *kind {
+            EventKind::Accepted { order, instrument, side, order_type, tif, price, qty, .. } => {
+                self.counters.orders += 1;
+                let Some(&index) = self.by_id.get(&instrument) else { return };
+                let rests = order_type == OrderType::Limit && tif == TimeInForce::Gtc;
+                self.orders.insert(order, Live { instrument: index, side, price, remaining: qty, resting: false, rests });
+                self.takers.push(order);
+            }
+            EventKind::Trade { instrument, price, qty, maker, maker_remaining, taker, taker_remaining, taker_side, .. } => {
+                self.counters.trades += 1;
+                let Some(&index) = self.by_id.get(&instrument) else { return };
+                let time_ms = self.time_ms;
+                let seq = self.seq;
+                let data = &mut self.instruments[index as usize];
+                let maker_side = match taker_side {
+                    Side::Buy => Side::Sell,
+                    Side::Sell => Side::Buy,
+                };
+                data.touch(maker_side, price);
+                data.book.take(maker_side, price, qty);
+                let trade = Trade { id: data.next_trade_id, price, qty, time_ms, buyer_is_maker: taker_side == Side::Sell, seq };
+                data.next_trade_id += 1;
+                data.candles.add(time_ms, price, qty, taker_side == Side::Buy, trade.id);
+                data.trades.push_back(trade);
+                if data.trades.len() > TRADES_KEPT {
+                    data.trades.pop_front();
+                }
+                data.new_trades += 1;
+                self.dirty.insert(index);
+                if maker_remaining == 0 {
+                    self.orders.remove(&maker);
+                } else if let Some(live) = self.orders.get_mut(&maker) {
+                    live.remaining = maker_remaining;
+                }
+                if let Some(live) = self.orders.get_mut(&taker) {
+                    live.remaining = taker_remaining;
+                }
+            }
+            EventKind::Cancelled { order, remaining, reason, .. } => {
+                if reason != CancelReason::Ioc {
+                    self.counters.cancels += 1;
+                }
+                let Some(live) = self.orders.remove(&order) else { return };
+                if live.resting {
+                    let data = &mut self.instruments[live.instrument as usize];
+                    data.touch(live.side, live.price);
+                    debug_assert_eq!(remaining, live.remaining, "order {order} cancelled with what it had left");
+                    data.book.take(live.side, live.price, live.remaining);
+                    self.dirty.insert(live.instrument);
+                }
+            }
+            EventKind::Replaced { order, price, remaining, priority_kept, .. } => {
+                let Some(live) = self.orders.get_mut(&order) else { return };
+                let before = *live;
+                let data = &mut self.instruments[before.instrument as usize];
+                if before.resting {
+                    data.touch(before.side, before.price);
+                    data.book.take(before.side, before.price, before.remaining);
+                }
+                live.price = price;
+                live.remaining = remaining;
+                if priority_kept && before.resting {
+                    data.book.add(before.side, price, remaining);
+                } else {
+                    // It left its level and matches again as a taker; what
+                    // is left of it rests when the command ends.
+                    live.resting = false;
+                    live.rests = true;
+                    self.takers.push(order);
+                }
+                self.dirty.insert(before.instrument);
+            }
+            _ => {}
+        }
+    }
+
+    /// What changed since the last call, instrument by instrument; depth
+    /// diffs cover the commands since the previous diff of their
+    /// instrument.
+    pub fn take_updates(&mut self) -> Updates {
+        let mut instruments = Vec::new();
+        for index in std::mem::take(&mut self.dirty) {
+            let data = &mut self.instruments[index as usize];
+            let bids = std::mem::take(&mut data.changed_bids);
+            let asks = std::mem::take(&mut data.changed_asks);
+            let depth = (!bids.is_empty() || !asks.is_empty()).then(|| {
+                // Best first on both sides, as Binance lists them.
+                let diff = DepthDiff {
+                    first: data.diffs_through + 1,
+                    last: self.seq,
+                    bids: bids.iter().rev().map(|p| (*p, data.book.bids.get(p).copied().unwrap_or(0))).collect(),
+                    asks: asks.iter().map(|p| (*p, data.book.asks.get(p).copied().unwrap_or(0))).collect(),
+                };
+                data.diffs_through = self.seq;
+                diff
+            });
+            let trades: Vec<Trade> = data.trades.iter().skip(data.trades.len().saturating_sub(data.new_trades)).copied().collect();
+            data.new_trades = 0;
+            let top_changed = data.top_before.take().is_some_and(|before| before != data.book.top());
+            if depth.is_some() || !trades.is_empty() || top_changed {
+                instruments.push(InstrumentUpdate { index: index as usize, depth, trades, top_changed });
+            }
+        }
+        Updates { seq: self.seq, time_ms: self.time_ms, instruments }
+    }
+
+    /// Sets every instrument's diffs to go on from command `seq` (after a
+    /// checkpoint is restored or a replay is done: no diff is owed for
+    /// what came before).
+    pub fn diffs_from(&mut self, seq: u64) {
+        for data in &mut self.instruments {
+            data.diffs_through = seq;
+            data.changed_bids.clear();
+            data.changed_asks.clear();
+            data.new_trades = 0;
+            data.top_before = None;
+        }
+        self.dirty.clear();
+    }
+
+    /// The 24-hour figures of an instrument, from its one-minute candles
+    /// whose minute ends within a day before the last command's time.
+    pub fn ticker(&self, index: usize) -> Ticker {
+        let data = &self.instruments[index];
+        let now = self.time_ms;
+        let since = now.saturating_sub(86_400_000);
+        let minutes = &data.candles.series[0];
+        let window: Vec<&candles::Candle> = minutes.iter().filter(|c| c.open_ms + 60_000 > since).collect();
+        let before = minutes.iter().rev().find(|c| c.open_ms + 60_000 <= since);
+        let last = data.trades.back().copied();
+        let mut ticker = Ticker {
+            open_ms: since,
+            close_ms: now,
+            last_price: last.map_or(0, |t| t.price),
+            last_qty: last.map_or(0, |t| t.qty),
+            prev_close: before.map_or(0, |c| c.close),
+            ..Ticker::default()
+        };
+        if let (Some(first), Some(latest)) = (window.first(), window.last()) {
+            ticker.open = first.open;
+            ticker.high = window.iter().map(|c| c.high).max().unwrap_or(0);
+            ticker.low = window.iter().map(|c| c.low).min().unwrap_or(0);
+            ticker.close = latest.close;
+            ticker.volume = window.iter().map(|c| c.volume).sum();
+            ticker.quote_volume = window.iter().map(|c| c.quote_volume).sum();
+            ticker.first_trade = Some(first.first_trade);
+            ticker.last_trade = Some(latest.last_trade);
+            ticker.trades = window.iter().map(|c| c.trades).sum();
+        }
+        ticker
+    }
+}
+
+/// An instrument's figures over the last 24 hours.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ticker {
+    pub open_ms: u64,
+    pub close_ms: u64,
+    pub open: i64,
+    pub high: i64,
+    pub low: i64,
+    pub close: i64,
+    pub prev_close: i64,
+    pub last_price: i64,
+    pub last_qty: u64,
+    pub volume: u64,
+    pub quote_volume: u128,
+    pub first_trade: Option<u64>,
+    pub last_trade: Option<u64>,
+    pub trades: u64,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,347 @@
+//! Market data in Binance's spot shapes: the REST answers and the
+//! WebSocket payloads (`docs/marketdata.md` lists every field). Prices and
+//! quantities are decimal strings: ticks times the instrument's price unit,
+//! lots times its quantity unit, with exactly the unit's decimals.
+
+use crate::candles::{Candle, INTERVALS};
+use crate::{DepthDiff, InstrumentData, MarketData, Ticker, Trade, Unit};
+use serde_json::{Value, json};
+
+/// `value` units of `unit` as a decimal string with `unit.scale` decimals.
+pub fn decimal(value: i128, unit: Unit) -> String {
+    let scaled = value * i128::from(unit.mantissa);
+    let negative = scaled < 0;
+    let digits = scaled.unsigned_abs().to_string();
+    let scale = unit.scale as usize;
+    let text = if scale == 0 {
+        digits
+    } else if digits.len() > scale {
+        format!("{}.{}", &digits[..digits.len() - scale], &digits[digits.len() - scale..])
+    } else {
+        format!("0.{}{}", "0".repeat(scale - digits.len()), digits)
+    };
+    if negative { format!("-{text}") } else { text }
+}
+
+/// The unit of a price times a quantity.
+pub fn quote_unit(info: &crate::InstrumentInfo) -> Unit {
+    Unit { mantissa: info.price_unit.mantissa * info.qty_unit.mantissa, scale: info.price_unit.scale + info.qty_unit.scale }
+}
+
+fn price(data: &InstrumentData, ticks: i64) -> String {
+    decimal(i128::from(ticks), data.info.price_unit)
+}
+
+fn qty(data: &InstrumentData, lots: u64) -> String {
+    decimal(i128::from(lots), data.info.qty_unit)
+}
+
+fn quote(data: &InstrumentData, amount: u128) -> String {
+    decimal(amount as i128, quote_unit(&data.info))
+}
+
+fn levels(data: &InstrumentData, levels: &[(i64, u64)]) -> Value {
+    Value::Array(levels.iter().map(|(p, q)| json!([price(data, *p), qty(data, *q)])).collect())
+}
+
+/// `GET /api/v3/exchangeInfo`.
+pub fn exchange_info(market: &MarketData, server_time_ms: u64, rate_limits: Value) -> Value {
+    let symbols: Vec<Value> = market
+        .instruments
+        .iter()
+        .map(|data| {
+            let info = &data.info;
+            json!({
+                "symbol": info.binance,
+                "status": "TRADING",
+                "baseAsset": info.base_asset,
+                "baseAssetPrecision": info.qty_unit.scale,
+                "quoteAsset": info.quote_asset,
+                "quotePrecision": info.price_unit.scale,
+                "quoteAssetPrecision": info.price_unit.scale,
+                "baseCommissionPrecision": info.qty_unit.scale,
+                "quoteCommissionPrecision": quote_unit(info).scale,
+                "orderTypes": ["LIMIT", "LIMIT_MAKER", "MARKET"],
+                "icebergAllowed": false,
+                "ocoAllowed": false,
+                "otoAllowed": false,
+                "quoteOrderQtyMarketAllowed": true,
+                "allowTrailingStop": false,
+                "cancelReplaceAllowed": false,
+                "isSpotTradingAllowed": true,
+                "isMarginTradingAllowed": false,
+                "filters": [
+                    {"filterType": "PRICE_FILTER", "minPrice": price(data, info.min_price), "maxPrice": price(data, info.max_price), "tickSize": decimal(1, info.price_unit)},
+                    {"filterType": "LOT_SIZE", "minQty": qty(data, info.min_qty), "maxQty": qty(data, info.max_qty), "stepSize": decimal(1, info.qty_unit)},
+                    {"filterType": "NOTIONAL", "minNotional": decimal(0, quote_unit(info)), "applyMinToMarket": false, "maxNotional": quote(data, info.max_price as u128 * u128::from(info.max_qty)), "applyMaxToMarket": false, "avgPriceMins": 0}
+                ],
+                "permissions": [],
+                "permissionSets": [["SPOT"]],
+                "defaultSelfTradePreventionMode": "NONE",
+                "allowedSelfTradePreventionModes": ["NONE", "EXPIRE_TAKER", "EXPIRE_MAKER", "EXPIRE_BOTH"],
+                "crossbookSymbol": info.symbol,
+                "crossbookId": info.id,
+            })
+        })
+        .collect();
+    json!({"timezone": "UTC", "serverTime": server_time_ms, "rateLimits": rate_limits, "exchangeFilters": [], "symbols": symbols})
+}
+
+/// `GET /api/v3/depth`: the book after command `market.seq`.
+pub fn depth(market: &MarketData, data: &InstrumentData, limit: usize) -> Value {
+    let (bids, asks) = data.book.depth(limit);
+    json!({"lastUpdateId": market.seq, "bids": levels(data, &bids), "asks": levels(data, &asks)})
+}
+
+/// `GET /api/v3/trades`: the last `limit`, oldest first.
+pub fn trades(data: &InstrumentData, limit: usize) -> Value {
+    let from = data.trades.len().saturating_sub(limit);
+    Value::Array(
+        data.trades
+            .iter()
+            .skip(from)
+            .map(|t| {
+                json!({
+                    "id": t.id,
+                    "price": price(data, t.price),
+                    "qty": qty(data, t.qty),
+                    "quoteQty": quote(data, t.price as u128 * u128::from(t.qty)),
+                    "time": t.time_ms,
+                    "isBuyerMaker": t.buyer_is_maker,
+                    "isBestMatch": true,
+                })
+            })
+            .collect(),
+    )
+}
+
+fn close_ms(interval: usize, candle: &Candle) -> u64 {
+    candle.open_ms + INTERVALS[interval].1 - 1
+}
+
+/// `GET /api/v3/klines`: one array per candle.
+pub fn klines(data: &InstrumentData, interval: usize, start: Option<u64>, end: Option<u64>, limit: usize) -> Value {
+    Value::Array(
+        data.candles
+            .range(interval, start, end, limit)
+            .iter()
+            .map(|c| {
+                json!([
+                    c.open_ms,
+                    price(data, c.open),
+                    price(data, c.high),
+                    price(data, c.low),
+                    price(data, c.close),
+                    qty(data, c.volume),
+                    close_ms(interval, c),
+                    quote(data, c.quote_volume),
+                    c.trades,
+                    qty(data, c.taker_buy_volume),
+                    quote(data, c.taker_buy_quote_volume),
+                    "0"
+                ])
+            })
+            .collect(),
+    )
+}
+
+fn percent(change: i128, base: i128) -> String {
+    if base == 0 {
+        return "0.000".into();
+    }
+    // Thousandths of a percent, rounded half away from zero.
+    let (magnitude, base) = (change.abs() * 100_000, base.abs());
+    let rounded = magnitude / base + i128::from(magnitude % base * 2 >= base);
+    decimal(if change < 0 { -rounded } else { rounded }, Unit { mantissa: 1, scale: 3 })
+}
+
+fn weighted_average(data: &InstrumentData, ticker: &Ticker) -> String {
+    if ticker.volume == 0 {
+        return price(data, 0);
+    }
+    // quote_volume / volume in ticks, with the price unit's decimals plus 4.
+    let extra = 4u32;
+    let value = ticker.quote_volume as i128 * 10i128.pow(extra) / i128::from(ticker.volume);
+    decimal(value, Unit { mantissa: data.info.price_unit.mantissa, scale: data.info.price_unit.scale + extra })
+}
+
+/// `GET /api/v3/ticker/24hr` for one instrument.
+pub fn ticker_24hr(market: &MarketData, index: usize) -> Value {
+    let data = &market.instruments[index];
+    let ticker = market.ticker(index);
+    let (bid, ask) = data.book.top();
+    let change = i128::from(ticker.last_price) - i128::from(ticker.open);
+    let change = if ticker.trades == 0 { 0 } else { change };
+    json!({
+        "symbol": data.info.binance,
+        "priceChange": decimal(change, data.info.price_unit),
+        "priceChangePercent": percent(change, i128::from(ticker.open)),
+        "weightedAvgPrice": weighted_average(data, &ticker),
+        "prevClosePrice": price(data, ticker.prev_close),
+        "lastPrice": price(data, ticker.last_price),
+        "lastQty": qty(data, ticker.last_qty),
+        "bidPrice": price(data, bid.map_or(0, |b| b.0)),
+        "bidQty": qty(data, bid.map_or(0, |b| b.1)),
+        "askPrice": price(data, ask.map_or(0, |a| a.0)),
+        "askQty": qty(data, ask.map_or(0, |a| a.1)),
+        "openPrice": price(data, ticker.open),
+        "highPrice": price(data, ticker.high),
+        "lowPrice": price(data, ticker.low),
+        "volume": qty(data, ticker.volume),
+        "quoteVolume": quote(data, ticker.quote_volume),
+        "openTime": ticker.open_ms,
+        "closeTime": ticker.close_ms,
+        "firstId": ticker.first_trade.map_or(-1, |id| id as i64),
+        "lastId": ticker.last_trade.map_or(-1, |id| id as i64),
+        "count": ticker.trades,
+    })
+}
+
+/// `GET /api/v3/ticker/bookTicker` for one instrument.
+pub fn book_ticker(data: &InstrumentData) -> Value {
+    let (bid, ask) = data.book.top();
+    json!({
+        "symbol": data.info.binance,
+        "bidPrice": price(data, bid.map_or(0, |b| b.0)),
+        "bidQty": qty(data, bid.map_or(0, |b| b.1)),
+        "askPrice": price(data, ask.map_or(0, |a| a.0)),
+        "askQty": qty(data, ask.map_or(0, |a| a.1)),
+    })
+}
+
+/// The `<symbol>@depth` payload.
+pub fn depth_update(data: &InstrumentData, diff: &DepthDiff, time_ms: u64) -> Value {
+    json!({
+        "e": "depthUpdate",
+        "E": time_ms,
+        "s": data.info.binance,
+        "U": diff.first,
+        "u": diff.last,
+        "b": levels(data, &diff.bids),
+        "a": levels(data, &diff.asks),
+    })
+}
+
+/// The `<symbol>@depth<N>` payload: the best `limit` levels each side.
+pub fn partial_depth(market: &MarketData, data: &InstrumentData, limit: usize) -> Value {
+    depth(market, data, limit)
+}
+
+/// The `<symbol>@trade` payload.
+pub fn trade(data: &InstrumentData, trade: &Trade, time_ms: u64) -> Value {
+    json!({
+        "e": "trade",
+        "E": time_ms,
+        "s": data.info.binance,
+        "t": trade.id,
+        "p": price(data, trade.price),
+        "q": qty(data, trade.qty),
+        "T": trade.time_ms,
+        "m": trade.buyer_is_maker,
+        "M": true,
+    })
+}
+
+/// The `<symbol>@bookTicker` payload.
+pub fn book_ticker_update(market: &MarketData, data: &InstrumentData) -> Value {
+    let (bid, ask) = data.book.top();
+    json!({
+        "u": market.seq,
+        "s": data.info.binance,
+        "b": price(data, bid.map_or(0, |b| b.0)),
+        "B": qty(data, bid.map_or(0, |b| b.1)),
+        "a": price(data, ask.map_or(0, |a| a.0)),
+        "A": qty(data, ask.map_or(0, |a| a.1)),
+    })
+}
+
+/// The `<symbol>@kline_<interval>` payloads for a batch whose first trade
+/// of this instrument was `first_trade`: every candle it touched, oldest
+/// first, each but the newest closed (`x`).
+pub fn kline_updates(data: &InstrumentData, interval: usize, first_trade: u64, time_ms: u64) -> Vec<Value> {
+    let series = &data.candles.series[interval];
+    let touched = series.iter().rev().take_while(|c| c.last_trade >= first_trade).count();
+    let from = series.len() - touched;
+    series
+        .iter()
+        .enumerate()
+        .skip(from)
+        .map(|(position, c)| {
+            json!({
+                "e": "kline",
+                "E": time_ms,
+                "s": data.info.binance,
+                "k": {
+                    "t": c.open_ms,
+                    "T": close_ms(interval, c),
+                    "s": data.info.binance,
+                    "i": INTERVALS[interval].0,
+                    "f": c.first_trade,
+                    "L": c.last_trade,
+                    "o": price(data, c.open),
+                    "c": price(data, c.close),
+                    "h": price(data, c.high),
+                    "l": price(data, c.low),
+                    "v": qty(data, c.volume),
+                    "n": c.trades,
+                    "x": position + 1 < series.len(),
+                    "q": quote(data, c.quote_volume),
+                    "V": qty(data, c.taker_buy_volume),
+                    "Q": quote(data, c.taker_buy_quote_volume),
+                    "B": "0",
+                }
+            })
+        })
+        .collect()
+}
+
+/// The `<symbol>@ticker` payload.
+pub fn ticker_update(market: &MarketData, index: usize, time_ms: u64) -> Value {
+    let rest = ticker_24hr(market, index);
+    let field = |name: &str| rest.get(name).cloned().unwrap_or(Value::Null);
+    json!({
+        "e": "24hrTicker",
+        "E": time_ms,
+        "s": field("symbol"),
+        "p": field("priceChange"),
+        "P": field("priceChangePercent"),
+        "w": field("weightedAvgPrice"),
+        "x": field("prevClosePrice"),
+        "c": field("lastPrice"),
+        "Q": field("lastQty"),
+        "b": field("bidPrice"),
+        "B": field("bidQty"),
+        "a": field("askPrice"),
+        "A": field("askQty"),
+        "o": field("openPrice"),
+        "h": field("highPrice"),
+        "l": field("lowPrice"),
+        "v": field("volume"),
+        "q": field("quoteVolume"),
+        "O": field("openTime"),
+        "C": field("closeTime"),
+        "F": field("firstId"),
+        "L": field("lastId"),
+        "n": field("count"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decimals_have_the_units_digits() {
+        let cents = Unit { mantissa: 1, scale: 2 };
+        assert_eq!(decimal(12345, cents), "123.45");
+        assert_eq!(decimal(5, cents), "0.05");
+        assert_eq!(decimal(0, cents), "0.00");
+        assert_eq!(decimal(-5, cents), "-0.05");
+        assert_eq!(decimal(7, Unit::ONE), "7");
+        assert_eq!(decimal(3, Unit { mantissa: 5, scale: 1 }), "1.5");
+        assert_eq!(percent(5, 100), "5.000");
+        assert_eq!(percent(-1, 3), "-33.333");
+        assert_eq!(percent(2, 3), "66.667");
+        assert_eq!(percent(-2, 3), "-66.667");
+    }
+}

@@ -1,0 +1,160 @@
+//! Market data against the engine it follows: the books level by level
+//! after every command, the trades, a checkpoint that restores the same
+//! state, and a local book kept by Binance's procedure from a snapshot and
+//! the diffs after it.
+
+use super::*;
+use crossbook_engine::{Command, Engine};
+use crossbook_workload::{Workload, generate};
+
+/// The instruments a command stream adds (the first of each id: the
+/// mixed workload also tries duplicates, which the engine refuses).
+fn infos(commands: &[Command]) -> Vec<InstrumentInfo> {
+    let mut seen = std::collections::HashSet::new();
+    commands
+        .iter()
+        .filter_map(|c| match c {
+            Command::AddInstrument(spec) if !seen.insert(spec.id) => None,
+            Command::AddInstrument(spec) => Some(InstrumentInfo {
+                id: spec.id,
+                symbol: spec.symbol.as_str().to_string(),
+                binance: binance_symbol(spec.symbol.as_str()),
+                base_asset: "B".into(),
+                quote_asset: "Q".into(),
+                price_unit: Unit::ONE,
+                qty_unit: Unit::ONE,
+                min_price: spec.min_price,
+                max_price: spec.max_price,
+                min_qty: spec.min_qty,
+                max_qty: spec.max_qty,
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+fn engine_levels(engine: &Engine, id: InstrumentId) -> Book {
+    let mut book = Book::default();
+    for (side, price, qty, _) in engine.depth(id).unwrap_or_default() {
+        match side {
+            Side::Buy => book.bids.insert(price, qty),
+            Side::Sell => book.asks.insert(price, qty),
+        };
+    }
+    book
+}
+
+#[test]
+fn books_and_trades_follow_the_engine_command_by_command() {
+    for seed in 1..=4u64 {
+        let commands = generate(Workload::Mixed, seed, 15_000);
+        let mut engine = Engine::new();
+        let mut market = MarketData::new(infos(&commands), 0);
+        let mut events = Vec::new();
+        let mut trades = 0u64;
+        for (index, command) in commands.iter().enumerate() {
+            events.clear();
+            engine.apply(command, &mut events);
+            market.apply(engine.seq(), 1_700_000_000_000 + index as u64 * 7, &events);
+            trades += events.iter().filter(|e| matches!(e.kind, EventKind::Trade { .. })).count() as u64;
+            for data in &market.instruments {
+                assert_eq!(data.book, engine_levels(&engine, data.info.id), "seed {seed}, command {} ({command:?}), instrument {}", index + 1, data.info.id);
+            }
+            let _ = market.take_updates();
+        }
+        let kept: u64 = market.instruments.iter().map(|d| d.next_trade_id - 1).sum();
+        assert_eq!(kept, trades, "seed {seed}");
+        assert!(trades > 100, "seed {seed}: the workload trades ({trades})");
+        let resting: usize = market.orders.values().filter(|l| l.resting).count();
+        assert_eq!(resting, market.orders.len(), "only resting orders are followed between commands");
+    }
+}
+
+#[test]
+fn a_checkpoint_restores_the_same_market_data() {
+    let commands = generate(Workload::Mixed, 9, 12_000);
+    let mut engine = Engine::new();
+    let mut live = MarketData::new(infos(&commands), 0);
+    let mut events = Vec::new();
+    let mut restored = None;
+    for (index, command) in commands.iter().enumerate() {
+        events.clear();
+        engine.apply(command, &mut events);
+        let time = 1_700_000_000_000 + index as u64 * 1_000;
+        live.apply(engine.seq(), time, &events);
+        let _ = live.take_updates();
+        if index == 6_000 {
+            let bytes = codec::encode(&live);
+            let mut copy = MarketData::new(infos(&commands), 0);
+            codec::restore(&mut copy, &bytes).expect("a checkpoint restores");
+            assert_eq!(codec::encode(&copy), bytes);
+            for cut in [0, 1, bytes.len() / 2, bytes.len() - 1] {
+                let mut broken = MarketData::new(infos(&commands), 0);
+                assert!(codec::restore(&mut broken, &bytes[..cut]).is_err(), "cut at {cut}");
+            }
+            restored = Some(copy);
+        }
+        if let Some(copy) = restored.as_mut() {
+            if index > 6_000 {
+                copy.apply(engine.seq(), time, &events);
+                let _ = copy.take_updates();
+            }
+        }
+    }
+    let copy = restored.expect("restored midway");
+    assert_eq!(codec::encode(&copy), codec::encode(&live));
+    for (a, b) in copy.instruments.iter().zip(&live.instruments) {
+        assert_eq!((&a.book, &a.trades, &a.candles, a.next_trade_id), (&b.book, &b.trades, &b.candles, b.next_trade_id));
+    }
+}
+
+/// Binance's procedure: buffer diffs, take a snapshot (`lastUpdateId`),
+/// drop diffs with `u <= lastUpdateId`, the first kept one must have
+/// `U <= lastUpdateId + 1 <= u`, then each `U` is the previous `u + 1`.
+#[test]
+fn a_local_book_from_a_snapshot_and_diffs_equals_the_book() {
+    let commands = generate(Workload::Mixed, 4, 10_000);
+    let mut engine = Engine::new();
+    let mut market = MarketData::new(infos(&commands), 0);
+    let instrument = 0usize;
+    let mut events = Vec::new();
+    let mut buffered: Vec<DepthDiff> = Vec::new();
+    let mut local: Option<(u64, Book)> = None;
+    let mut applied = 0;
+    for (index, chunk) in commands.chunks(37).enumerate() {
+        for command in chunk {
+            events.clear();
+            engine.apply(command, &mut events);
+            market.apply(engine.seq(), 0, &events);
+        }
+        let updates = market.take_updates();
+        buffered.extend(updates.instruments.into_iter().filter(|u| u.index == instrument).filter_map(|u| u.depth));
+        if index == 40 {
+            // The snapshot, taken between two batches.
+            local = Some((market.seq, market.instruments[instrument].book.clone()));
+        }
+        if let Some((last_update_id, book)) = local.as_mut() {
+            for diff in buffered.drain(..) {
+                if diff.last <= *last_update_id {
+                    continue;
+                }
+                assert!(diff.first <= *last_update_id + 1, "a gap: diff {}..={} after {}", diff.first, diff.last, last_update_id);
+                if applied > 0 {
+                    assert_eq!(diff.first, *last_update_id + 1, "diffs follow each other without gaps or overlaps");
+                }
+                for (price, qty) in &diff.bids {
+                    if *qty == 0 { book.bids.remove(price) } else { book.bids.insert(*price, *qty) };
+                }
+                for (price, qty) in &diff.asks {
+                    if *qty == 0 { book.asks.remove(price) } else { book.asks.insert(*price, *qty) };
+                }
+                *last_update_id = diff.last;
+                applied += 1;
+            }
+        }
+    }
+    let (_, book) = local.expect("a snapshot");
+    assert_eq!(book, market.instruments[instrument].book);
+    assert!(applied > 10, "{applied} diffs applied");
+}
+
