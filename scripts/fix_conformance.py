@@ -46,7 +46,7 @@ CONF_DIR = os.environ.get("FIX_CONFORMANCE_DIR") or os.path.normpath(os.path.joi
 DEFAULT_SCRIPTS = os.path.join(CONF_DIR, "fix44")
 DEFAULT_SERVER_CMD = (
     "target/release/crossbook serve --config scripts/fix-conformance.toml"
-    " --listen 127.0.0.1:0 --fix-listen 127.0.0.1:{port} --data {data}"
+    " --listen 127.0.0.1:0 --fix-listen 127.0.0.1:{port} --market-listen '' --data {data}"
 )
 
 

@@ -85,6 +85,10 @@ enum Cmd {
         /// Overrides `fix.listen` (the FIX acceptor; "" turns it off).
         #[arg(long)]
         fix_listen: Option<String>,
+        /// Overrides `market_data.listen` (HTTP and WebSocket market data
+        /// and the dashboard; "" turns it off).
+        #[arg(long)]
+        market_listen: Option<String>,
     },
     /// Drive a running `crossbook serve` with N sessions and report
     /// throughput and latency.
@@ -224,7 +228,7 @@ fn real_main() -> Result<()> {
             journaled::run(&commands, &dir, config, snapshot_every, keep_snapshots)
         }
         Cmd::Recover { journal } => journaled::recover(&journal),
-        Cmd::Serve { config, listen, data, fix_listen } => serve(config, listen, data, fix_listen),
+        Cmd::Serve { config, listen, data, fix_listen, market_listen } => serve(config, listen, data, fix_listen, market_listen),
         Cmd::Load { address, protocol, workload, count, connections, duration, rate, window, json, acked_out, last_seen_out } => crossbook_load::run(crossbook_load::Options {
             protocol: match protocol.as_str() {
                 "binary" => crossbook_load::Protocol::Binary,
@@ -273,7 +277,7 @@ fn real_main() -> Result<()> {
     }
 }
 
-fn serve(config: Option<PathBuf>, listen: Option<String>, data: Option<PathBuf>, fix_listen: Option<String>) -> Result<()> {
+fn serve(config: Option<PathBuf>, listen: Option<String>, data: Option<PathBuf>, fix_listen: Option<String>, market_listen: Option<String>) -> Result<()> {
     let mut config = match config {
         Some(path) => {
             let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -289,6 +293,9 @@ fn serve(config: Option<PathBuf>, listen: Option<String>, data: Option<PathBuf>,
     }
     if let Some(fix_listen) = fix_listen {
         config.fix.listen = fix_listen;
+    }
+    if let Some(market_listen) = market_listen {
+        config.market_data.listen = market_listen;
     }
     let shutdown = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {

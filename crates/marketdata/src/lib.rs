@@ -367,6 +367,13 @@ impl MarketData {
         }
     }
 
+    /// Moves on to command `seq` at `time_ms` (the last of a batch, whose
+    /// other commands had no market-data events), never back.
+    pub fn advance(&mut self, seq: u64, time_ms: u64) {
+        self.seq = self.seq.max(seq);
+        self.time_ms = self.time_ms.max(time_ms);
+    }
+
     /// What changed since the last call, instrument by instrument; depth
     /// diffs cover the commands since the previous diff of their
     /// instrument.

@@ -27,6 +27,7 @@ pub struct Config {
     pub segment_bytes: u64,
     pub limits: Limits,
     pub fix: FixConfig,
+    pub market_data: MarketDataConfig,
     pub assets: Vec<AssetConfig>,
     pub instruments: Vec<InstrumentConfig>,
     pub accounts: Vec<AccountConfig>,
@@ -81,6 +82,35 @@ pub struct FixConfig {
     /// Counterparties known by CompID, each bound to an account (others
     /// log on with Username 553 = account id and Password 554 = API key).
     pub sessions: Vec<FixSessionConfig>,
+}
+
+/// Market data over HTTP and WebSocket, and the dashboard
+/// (`docs/marketdata.md`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MarketDataConfig {
+    /// Address of the HTTP and WebSocket server; empty: none.
+    pub listen: String,
+    /// WebSocket connections at once; one more is refused (HTTP 503).
+    pub max_connections: usize,
+    /// Streams one WebSocket connection may subscribe to.
+    pub max_streams: usize,
+    /// Messages waiting to be sent to one WebSocket connection; a client
+    /// that falls this far behind is disconnected (`slow consumer`).
+    pub queue: usize,
+    /// Largest WebSocket message a client may send (bytes).
+    pub max_message: usize,
+    /// Messages a WebSocket client may send per second; more closes it.
+    pub max_messages_per_s: u32,
+    /// Seconds between the server's pings; a connection that has sent
+    /// nothing (not even a pong) for three of them is closed.
+    pub ping_interval_s: u64,
+}
+
+impl Default for MarketDataConfig {
+    fn default() -> Self {
+        MarketDataConfig { listen: "127.0.0.1:7702".into(), max_connections: 1024, max_streams: 1024, queue: 4096, max_message: 4096, max_messages_per_s: 10, ping_interval_s: 20 }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -187,6 +217,7 @@ impl Default for Config {
             segment_bytes: 64 << 20,
             limits: Limits::default(),
             fix: FixConfig::default(),
+            market_data: MarketDataConfig::default(),
             assets: vec![AssetConfig { id: 1, name: "BTC".into() }, AssetConfig { id: 2, name: "USD".into() }],
             instruments: vec![InstrumentConfig {
                 id: 1,
@@ -234,6 +265,12 @@ pub enum ConfigError {
     /// An instrument's `fix_price_unit` or `fix_qty_unit` is not a
     /// positive decimal.
     BadFixUnit { symbol: String, what: &'static str, value: String },
+    /// Two instruments' symbols are written the same way by Binance
+    /// (letters and digits only: `BTC-USD` and `BTC_USD` are both
+    /// `BTCUSD`), so market data could not tell them apart.
+    SymbolClash { symbol: String, binance: String },
+    /// An address that does not parse.
+    BadAddress { key: &'static str, value: String },
 }
 
 /// The smallest `segment_bytes` accepted.
@@ -252,6 +289,8 @@ impl std::fmt::Display for ConfigError {
             ConfigError::SegmentTooSmall(bytes) => write!(f, "segment_bytes must be at least {MIN_SEGMENT_BYTES}, not {bytes}"),
             ConfigError::BadFixApplication(other) => write!(f, "fix.application must be venue or echo, not {other:?}"),
             ConfigError::BadFixUnit { symbol, what, value } => write!(f, "instrument {symbol}: {what} {value:?} is not a positive decimal"),
+            ConfigError::SymbolClash { symbol, binance } => write!(f, "instrument {symbol}: another instrument's symbol is also written {binance} (letters and digits only), as market data names it"),
+            ConfigError::BadAddress { key, value } => write!(f, "{key} {value:?} is not an address (host:port)"),
         }
     }
 }

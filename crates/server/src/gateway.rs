@@ -399,7 +399,10 @@ impl Gateway<'_> {
                         }
                     }
                     Some(false) => self.close(old_token, "gone (found at its account's next login)".into()),
-                    None => self.sessions.by_account.retain(|_, s| s.connection != old),
+                    None => {
+                        self.sessions.by_account.retain(|_, s| s.connection != old);
+                        self.sessions.count();
+                    }
                 }
                 let Some(conn) = self.conns.get_mut(&token) else { break };
                 conn.probed = Some(old);
@@ -521,6 +524,7 @@ impl Gateway<'_> {
         let _ = self.poll.registry().deregister(&mut conn.stream);
         let _ = conn.stream.shutdown(std::net::Shutdown::Both);
         self.sessions.by_account.retain(|_, s| s.connection != conn.id);
+        self.sessions.count();
         let line = || format!("disconnect connection={} peer={} reason={reason}", conn.id, conn.peer);
         if conn.account.is_some() {
             log(&line());
@@ -620,6 +624,7 @@ fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, sessions: &m
                 return close(&format!("login refused for account {claimed}: {} sessions already (limits.max_connections)", config.limits.max_connections));
             }
             sessions.by_account.insert(claimed, Session { connection: id });
+            sessions.count();
             // The sequencer runs on this thread: no report can be handed
             // out between the replay and the acceptance, and anything
             // handed out later is queued after them.

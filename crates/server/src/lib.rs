@@ -20,6 +20,7 @@ pub mod config;
 mod error;
 pub mod fix;
 mod gateway;
+mod market;
 mod ratelog;
 mod replay;
 mod sequencer;
@@ -127,11 +128,21 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
     // gateway's loop adds them first) and the others.
     let mut sessions = sessions::Sessions::default();
     let mut fix_sink = gateway.clone().map(fix::FixSink::new);
+    let market = if config.market_data.listen.is_empty() {
+        None
+    } else {
+        let fix_sessions = gateway.clone().map(|g| Arc::new(move || g.connected()) as Arc<dyn Fn() -> usize + Send + Sync>);
+        Some(market::Market::new(&config, sessions.logged_in.clone(), fix_sessions)?)
+    };
+    let mut market_sink = market.clone().map(market::MarketSink);
     // The FIX stores' messages end there: the start-up replay must begin
     // at or before it for them to get what comes after.
     let not_after = fix_sink.as_ref().and_then(|sink| sink.stores_through()).unwrap_or(u64::MAX);
     let mut others: Vec<&mut dyn ReportSink> = Vec::new();
     if let Some(sink) = fix_sink.as_mut() {
+        others.push(sink);
+    }
+    if let Some(sink) = market_sink.as_mut() {
         others.push(sink);
     }
     for sink in sinks.iter_mut() {
@@ -178,6 +189,9 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         let wake = waker.clone();
         gateway.start(queue.clone(), Arc::new(move || drop(wake.wake())), shutdown.clone())?;
     }
+    if let Some(market) = &market {
+        market.start()?;
+    }
     log(&format!("listening on {address}"));
     listening(address);
     let served = gateway::run(poll, listener, &config, sessions, &inbound, &mut sequencer, &mut others, &shutdown);
@@ -195,6 +209,9 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
     let mut leftover = Vec::new();
     while let Ok(items) = inbound.try_recv() {
         leftover.extend(items);
+    }
+    if let Some(market) = &market {
+        market.stop();
     }
     served?;
     let summary = sequencer.finish(leftover)?;

@@ -49,6 +49,16 @@ pub(crate) struct Sessions {
     pub(crate) histories: HashMap<AccountId, History>,
     /// Report frames for the gateway to write, by connection.
     pub(crate) outbox: Vec<(u64, Vec<u8>)>,
+    /// How many are logged in, for whoever shows it (market data's
+    /// dashboard); set by the gateway as sessions come and go.
+    pub(crate) logged_in: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Sessions {
+    /// Publishes the number of logged-in sessions.
+    pub(crate) fn count(&self) {
+        self.logged_in.store(self.by_account.len(), std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl ReportSink for Sessions {

@@ -11,6 +11,7 @@ mod fix;
 mod hostile;
 mod invariants;
 mod journal;
+mod marketdata;
 mod powercut;
 mod restart;
 mod rules;

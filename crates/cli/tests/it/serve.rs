@@ -59,6 +59,8 @@ pub(crate) struct Server {
     pub(crate) address: String,
     /// The FIX acceptor's address.
     pub(crate) fix_address: String,
+    /// The market-data HTTP server's address.
+    pub(crate) market_address: String,
     log: Receiver<String>,
     /// What the server logged up to `listening on`.
     pub(crate) startup: Vec<String>,
@@ -84,7 +86,7 @@ fn spawn(args: &[&str]) -> Server {
 pub(crate) fn spawn_with(args: &[&str], envs: &[(&str, PathBuf)]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_crossbook"))
         .arg("serve")
-        .args(["--fix-listen", "127.0.0.1:0"])
+        .args(["--fix-listen", "127.0.0.1:0", "--market-listen", "127.0.0.1:0"])
         .args(args)
         .envs(envs.iter().map(|(k, v)| (*k, v.as_os_str())))
         .stderr(Stdio::piped())
@@ -102,16 +104,20 @@ pub(crate) fn spawn_with(args: &[&str], envs: &[(&str, PathBuf)]) -> Server {
     });
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut fix_address = String::new();
+    let mut market_address = String::new();
     let mut startup = Vec::new();
     loop {
         let line = log.recv_timeout(deadline.saturating_duration_since(Instant::now())).unwrap_or_else(|e| panic!("server never said where it listens ({e}); it said {startup:#?}"));
         if let Some(rest) = line.strip_prefix("FIX 4.4 acceptor on ") {
             fix_address = rest.split_whitespace().next().unwrap_or_default().to_string();
         }
+        if let Some(rest) = line.strip_prefix("market data on http://") {
+            market_address = rest.split('/').next().unwrap_or_default().to_string();
+        }
         if let Some(address) = line.strip_prefix("listening on ") {
             let address = address.to_string();
             startup.push(line);
-            return Server { child, address, fix_address, log, startup };
+            return Server { child, address, fix_address, market_address, log, startup };
         }
         startup.push(line);
     }

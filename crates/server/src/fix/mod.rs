@@ -302,6 +302,11 @@ impl Gateway {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// FIX sessions with a connection now (the dashboard's figure).
+    pub(crate) fn connected(&self) -> usize {
+        self.lock().sessions.values().filter(|s| s.connection.is_some()).count()
+    }
+
     /// The engine sequence number each FIX-bound account's store has
     /// reports up to (recovery regenerates what comes after).
     pub fn through(&self) -> HashMap<AccountId, u64> {

@@ -1,0 +1,423 @@
+//! Market data over HTTP and WebSocket against the engine it follows.
+//!
+//! While `crossbook load` trades, a client written here from
+//! `docs/marketdata.md` keeps a local book by Binance's documented
+//! procedure (buffer the `@depth` diffs, take a REST snapshot, apply the
+//! diffs after it, check that each follows the last) and drops its
+//! connection at random moments, recovering the same way. At the end its
+//! book equals `GET /api/v3/depth` and the book of the engine recovered
+//! from the journal; its trades equal the engine's trades replayed from the
+//! journal (prices, sizes, sides, times); the candles and the 24-hour
+//! ticker equal what those trades imply. Then bad input: each costs only
+//! its own connection.
+
+use crate::serve::{Server, spawn_with};
+use crate::support::TempDir;
+use crossbook_engine::{Engine, EventKind, Side};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tungstenite::stream::MaybeTlsStream;
+use tungstenite::{Message, WebSocket};
+
+type Socket = WebSocket<MaybeTlsStream<TcpStream>>;
+
+/// One HTTP/1.1 GET: status and body.
+pub(crate) fn http_get(address: &str, path: &str) -> (u16, String) {
+    raw_http(address, format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n").as_bytes())
+}
+
+fn raw_http(address: &str, request: &[u8]) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let _ = stream.write_all(request);
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, body.to_string())
+}
+
+fn json_get(address: &str, path: &str) -> Value {
+    let (status, body) = http_get(address, path);
+    assert_eq!(status, 200, "{path}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+}
+
+fn connect(address: &str, path: &str) -> Socket {
+    let (socket, _) = tungstenite::connect(format!("ws://{address}{path}")).unwrap_or_else(|e| panic!("WebSocket {path}: {e}"));
+    if let MaybeTlsStream::Plain(stream) = socket.get_ref() {
+        stream.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
+    }
+    socket
+}
+
+/// The next text message, `None` on a read timeout; panics if closed.
+fn next_text(socket: &mut Socket) -> Option<Value> {
+    loop {
+        match socket.read() {
+            Ok(Message::Text(text)) => return Some(serde_json::from_str(text.as_str()).expect("JSON")),
+            Ok(Message::Close(frame)) => panic!("closed: {frame:?}"),
+            Ok(_) => {}
+            Err(tungstenite::Error::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => return None,
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+}
+
+fn number(value: &Value) -> i64 {
+    value.as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("not an integer string: {value}"))
+}
+
+fn levels(value: &Value) -> BTreeMap<i64, i64> {
+    value.as_array().expect("levels").iter().map(|l| (number(&l[0]), number(&l[1]))).collect()
+}
+
+/// A book as Binance's procedure keeps it.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct LocalBook {
+    bids: BTreeMap<i64, i64>,
+    asks: BTreeMap<i64, i64>,
+    last: u64,
+}
+
+impl LocalBook {
+    fn from_snapshot(snapshot: &Value) -> LocalBook {
+        LocalBook { bids: levels(&snapshot["bids"]), asks: levels(&snapshot["asks"]), last: snapshot["lastUpdateId"].as_u64().expect("lastUpdateId") }
+    }
+
+    /// Applies a diff by the procedure: `Some(true)` applied, `Some(false)`
+    /// older than the book (dropped), `None` if it does not follow on.
+    fn apply(&mut self, diff: &Value, first: bool) -> Option<bool> {
+        let (from, to) = (diff["U"].as_u64().expect("U"), diff["u"].as_u64().expect("u"));
+        if to <= self.last {
+            return Some(false);
+        }
+        let follows = if first { from <= self.last + 1 } else { from == self.last + 1 };
+        if !follows {
+            return None;
+        }
+        for (side, key) in [(&mut self.bids, "b"), (&mut self.asks, "a")] {
+            for (price, qty) in levels(&diff[key]) {
+                if qty == 0 {
+                    side.remove(&price);
+                } else {
+                    side.insert(price, qty);
+                }
+            }
+        }
+        self.last = to;
+        Some(true)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SeenTrade {
+    price: i64,
+    qty: i64,
+    time: u64,
+    buyer_is_maker: bool,
+}
+
+fn trade_of(value: &Value, price: &str, qty: &str, time: &str, maker: &str) -> (u64, SeenTrade) {
+    let id = value.get("t").or_else(|| value.get("id")).and_then(Value::as_u64).expect("trade id");
+    (id, SeenTrade { price: number(&value[price]), qty: number(&value[qty]), time: value[time].as_u64().expect("time"), buyer_is_maker: value[maker].as_bool().expect("maker") })
+}
+
+/// The client: keeps a local book and every trade, dropping its
+/// connection every few hundred milliseconds until `stop` holds the REST
+/// snapshot's update id once trading stopped, and then the feed has been
+/// quiet for half a second.
+fn follow_feed(address: &str, stop: &std::sync::atomic::AtomicU64, trades: &mut BTreeMap<u64, SeenTrade>) -> (LocalBook, u32) {
+    let mut seed = 0x9e37_79b9u64;
+    let mut connections = 0;
+    loop {
+        connections += 1;
+        let mut socket = connect(address, "/stream?streams=btcusd@depth/btcusd@trade");
+        // Diffs buffered from the moment the stream is open; then the
+        // snapshot; then the buffer and what follows, by the procedure.
+        let mut buffered = Vec::new();
+        while let Some(message) = next_text(&mut socket) {
+            buffered.push(message);
+            if buffered.len() > 3 {
+                break;
+            }
+        }
+        let mut book = LocalBook::from_snapshot(&json_get(address, "/api/v3/depth?symbol=BTCUSD&limit=5000"));
+        for t in json_get(address, "/api/v3/trades?symbol=BTCUSD&limit=1000").as_array().expect("trades") {
+            let (id, trade) = trade_of(t, "price", "qty", "time", "isBuyerMaker");
+            trades.insert(id, trade);
+        }
+        let mut first = true;
+        let mut quiet_since = Instant::now();
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let stay = Duration::from_millis(200 + (seed >> 33) % 600);
+        let opened = Instant::now();
+        loop {
+            let message = if buffered.is_empty() { next_text(&mut socket) } else { Some(buffered.remove(0)) };
+            let quiet_at = stop.load(std::sync::atomic::Ordering::Acquire);
+            match message {
+                Some(message) => {
+                    quiet_since = Instant::now();
+                    let data = &message["data"];
+                    if message["stream"] == "btcusd@depth" {
+                        let before = book.last;
+                        match book.apply(data, first) {
+                            Some(true) => first = false,
+                            Some(false) => {}
+                            None => panic!("diff {}..={} does not follow {before} (first: {first})", data["U"], data["u"]),
+                        }
+                    } else {
+                        let (id, trade) = trade_of(data, "p", "q", "T", "m");
+                        trades.insert(id, trade);
+                    }
+                }
+                None if quiet_at > 0 && quiet_since.elapsed() > Duration::from_millis(500) => return (book, connections),
+                None => {}
+            }
+            if quiet_at == 0 && opened.elapsed() > stay {
+                break;
+            }
+        }
+        drop(socket);
+    }
+}
+
+/// The engine's book and trades (with their journal times), replayed from
+/// the data directory.
+fn engine_truth(data: &Path) -> (BTreeMap<i64, i64>, BTreeMap<i64, i64>, Vec<SeenTrade>) {
+    let mut engine = Engine::new();
+    let mut events = Vec::new();
+    let mut trades = Vec::new();
+    crossbook_journal::scan_timed_from(data, 1, |_, time, payload, _| {
+        let (command, _) = crossbook_journal::format::split_payload(payload)?;
+        events.clear();
+        engine.apply(&command, &mut events);
+        for event in &events {
+            if let EventKind::Trade { price, qty, taker_side, .. } = event.kind {
+                trades.push(SeenTrade { price, qty: qty as i64, time, buyer_is_maker: taker_side == Side::Sell });
+            }
+        }
+        Ok(())
+    })
+    .expect("the journal reads back");
+    let (mut bids, mut asks) = (BTreeMap::new(), BTreeMap::new());
+    for (side, price, qty, _) in engine.depth(1).unwrap_or_default() {
+        match side {
+            Side::Buy => bids.insert(price, qty as i64),
+            Side::Sell => asks.insert(price, qty as i64),
+        };
+    }
+    (bids, asks, trades)
+}
+
+fn start(dir: &Path, config: Option<&Path>) -> Server {
+    let data = dir.join("data");
+    let mut args = vec!["--listen".to_string(), "127.0.0.1:0".to_string(), "--data".to_string(), data.to_string_lossy().into_owned()];
+    if let Some(config) = config {
+        args.extend(["--config".to_string(), config.to_string_lossy().into_owned()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    spawn_with(&args, &[])
+}
+
+fn load(address: &str, seconds: u32, rate: u32) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_crossbook"))
+        .args(["load", "--address", address, "--connections", "4", "--duration", &seconds.to_string(), "--rate", &rate.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("crossbook load")
+}
+
+#[test]
+fn a_local_book_kept_from_the_feed_equals_rest_and_the_engine_and_so_do_trades_and_candles() {
+    let dir = TempDir::new("md-feed");
+    let server = start(&dir.0, None);
+    let market = server.market_address.clone();
+    assert!(!market.is_empty(), "{:?}", server.startup);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let client = {
+        let (market, stop) = (market.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut trades = BTreeMap::new();
+            let (book, connections) = follow_feed(&market, &stop, &mut trades);
+            (book, connections, trades)
+        })
+    };
+    let mut trading = load(&server.address, 3, 2_000);
+    assert!(trading.wait().expect("load").success());
+    // Quiet: the snapshot's update id no longer moves.
+    let mut last = 0;
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let id = json_get(&market, "/api/v3/depth?symbol=BTCUSD&limit=1")["lastUpdateId"].as_u64().expect("id");
+        if id == last {
+            break;
+        }
+        last = id;
+    }
+    stop.store(last, std::sync::atomic::Ordering::Release);
+    let (book, connections, trades) = client.join().expect("the client");
+    let rest = LocalBook::from_snapshot(&json_get(&market, "/api/v3/depth?symbol=BTCUSD&limit=5000"));
+    assert_eq!(book, rest, "the local book and GET /api/v3/depth");
+    assert!(connections >= 3, "the client reconnected ({connections} connections)");
+    let klines = json_get(&market, "/api/v3/klines?symbol=BTCUSD&interval=1m&limit=1000");
+    let ticker = json_get(&market, "/api/v3/ticker/24hr?symbol=BTCUSD");
+    assert!(server.terminate().success());
+
+    let (bids, asks, engine_trades) = engine_truth(&dir.0.join("data"));
+    assert_eq!((&book.bids, &book.asks), (&bids, &asks), "the local book and the engine's");
+    assert!(engine_trades.len() > 100, "{} trades", engine_trades.len());
+    let seen: Vec<SeenTrade> = trades.values().copied().collect();
+    assert_eq!(trades.keys().copied().collect::<Vec<_>>(), (1..=engine_trades.len() as u64).collect::<Vec<_>>(), "trade ids 1.. without gaps");
+    assert_eq!(seen, engine_trades, "the feed's trades and the engine's");
+
+    // One-minute candles and the ticker, from the engine's trades.
+    let mut candles: BTreeMap<u64, (i64, i64, i64, i64, i64, u64)> = BTreeMap::new();
+    for t in &engine_trades {
+        let minute = t.time - t.time % 60_000;
+        let c = candles.entry(minute).or_insert((t.price, t.price, t.price, t.price, 0, 0));
+        c.1 = c.1.max(t.price);
+        c.2 = c.2.min(t.price);
+        c.3 = t.price;
+        c.4 += t.qty;
+        c.5 += 1;
+    }
+    let served: BTreeMap<u64, (i64, i64, i64, i64, i64, u64)> = klines
+        .as_array()
+        .expect("klines")
+        .iter()
+        .map(|k| (k[0].as_u64().expect("open time"), (number(&k[1]), number(&k[2]), number(&k[3]), number(&k[4]), number(&k[5]), k[8].as_u64().expect("count"))))
+        .collect();
+    assert_eq!(served, candles, "GET /api/v3/klines and the candles of the engine's trades");
+    assert_eq!(ticker["count"].as_u64(), Some(engine_trades.len() as u64));
+    assert_eq!(number(&ticker["volume"]), engine_trades.iter().map(|t| t.qty).sum::<i64>());
+    assert_eq!(number(&ticker["lastPrice"]), engine_trades.last().expect("a trade").price);
+    assert_eq!(number(&ticker["highPrice"]), engine_trades.iter().map(|t| t.price).max().expect("a trade"));
+    assert_eq!(number(&ticker["lowPrice"]), engine_trades.iter().map(|t| t.price).min().expect("a trade"));
+}
+
+/// A configuration with tight market-data limits.
+fn tight_config(dir: &Path) -> std::path::PathBuf {
+    let base = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../crossbook.toml")).expect("crossbook.toml");
+    let text = base
+        .replace("queue = 4096                   # messages waiting", "queue = 16                     # messages waiting")
+        .replace("max_streams = 1024 ", "max_streams = 20 ")
+        .replace("max_messages_per_s = 10 ", "max_messages_per_s = 5 ");
+    assert!(text.contains("queue = 16 ") && text.contains("max_streams = 20 ") && text.contains("max_messages_per_s = 5 "), "crossbook.toml's [market_data] lines changed");
+    let path = dir.join("tight.toml");
+    std::fs::write(&path, text).expect("config");
+    path
+}
+
+#[test]
+fn bad_input_at_the_market_data_port_costs_only_its_own_connection() {
+    let dir = TempDir::new("md-hostile");
+    let config = tight_config(&dir.0);
+    let server = start(&dir.0, Some(&config));
+    let market = server.market_address.clone();
+    // REST errors, Binance-shaped.
+    for (path, code) in [
+        ("/api/v3/depth?symbol=NOPE", -1121),
+        ("/api/v3/depth?symbol=BTCUSD&limit=abc", -1100),
+        ("/api/v3/depth?symbol=BTCUSD&symbol=BTCUSD", -1101),
+        ("/api/v3/klines?symbol=BTCUSD", -1102),
+        ("/api/v3/klines?symbol=BTCUSD&interval=7m", -1120),
+        ("/api/v3/trades?symbol=BTCUSD&extra=1", -1104),
+        ("/api/v3/depth?symbol=%ZZ", -1100),
+    ] {
+        let (status, body) = http_get(&market, path);
+        let answer: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
+        assert_eq!((status, answer["code"].as_i64()), (400, Some(code)), "{path}: {body}");
+        assert!(answer["msg"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+    assert_eq!(http_get(&market, "/api/v3/nothing").0, 404);
+    // Garbage and a huge header: refused, the next request is served.
+    let (status, _) = raw_http(&market, b"GARBAGE\r\n\r\n");
+    assert!(status == 400 || status == 0, "{status}");
+    let huge = format!("GET /api/v3/ping HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n", "a".repeat(1 << 20));
+    let (status, _) = raw_http(&market, huge.as_bytes());
+    assert!(status == 431 || status == 400 || status == 0, "{status}");
+    assert_eq!(http_get(&market, "/api/v3/ping"), (200, "{}".to_string()));
+    // An unknown stream is refused at the upgrade.
+    let refused = tungstenite::connect(format!("ws://{market}/ws/btcusd@nothing"));
+    assert!(matches!(refused, Err(tungstenite::Error::Http(ref r)) if r.status() == 400), "{refused:?}");
+
+    // Requests: invalid JSON, an unknown method, too many streams, then a
+    // flood of messages closes the connection.
+    let mut socket = connect(&market, "/ws");
+    let ask = |socket: &mut Socket, text: &str| -> Value {
+        socket.send(Message::Text(text.into())).expect("send");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(answer) = next_text(socket) {
+                return answer;
+            }
+            assert!(Instant::now() < deadline, "no answer to {text}");
+        }
+    };
+    assert_eq!(ask(&mut socket, "{nope")["error"]["code"], 3);
+    assert_eq!(ask(&mut socket, r#"{"method":"FLY","id":1}"#)["error"]["code"], 2);
+    std::thread::sleep(Duration::from_millis(1100));
+    let many: Vec<String> = ["1m", "3m", "5m", "15m", "30m", "1h", "2h", "4h", "6h", "8h", "12h", "1d"]
+        .iter()
+        .map(|i| format!("btcusd@kline_{i}"))
+        .chain(["depth", "depth@100ms", "depth@1000ms", "depth5", "depth10", "depth20", "trade", "bookTicker", "ticker"].iter().map(|k| format!("btcusd@{k}")))
+        .collect();
+    let answer = ask(&mut socket, &serde_json::json!({"method": "SUBSCRIBE", "params": many, "id": 7}).to_string());
+    assert_eq!((answer["error"]["code"].as_i64(), answer["id"].as_i64()), (Some(2), Some(7)), "{answer}");
+    let answer = ask(&mut socket, r#"{"method":"SUBSCRIBE","params":["btcusd@trade","btcusd@depth"],"id":8}"#);
+    assert_eq!(answer, serde_json::json!({"result": null, "id": 8}));
+    assert_eq!(ask(&mut socket, r#"{"method":"LIST_SUBSCRIPTIONS","id":9}"#)["result"], serde_json::json!(["btcusd@trade", "btcusd@depth"]));
+    std::thread::sleep(Duration::from_millis(1100));
+    for n in 0..10 {
+        if socket.send(Message::Text(format!(r#"{{"method":"LIST_SUBSCRIPTIONS","id":{n}}}"#).into())).is_err() {
+            break;
+        }
+    }
+    let closed = (0..200).find_map(|_| match socket.read() {
+        Ok(Message::Close(frame)) => Some(frame.map(|f| (u16::from(f.code), f.reason.to_string()))),
+        Ok(_) => None,
+        Err(tungstenite::Error::Io(_)) => None,
+        Err(_) => Some(None),
+    });
+    let (code, reason) = closed.flatten().expect("closed with a reason");
+    assert_eq!(code, 1008);
+    assert!(reason.contains("too many messages"), "{reason}");
+
+    // A client that never reads falls behind and is dropped with a
+    // reason, while another keeps getting every trade. (Its heaviest
+    // streams, so that the kernel's socket buffers fill quickly too.)
+    let heavy: Vec<String> = ["5", "10", "20"].iter().flat_map(|n| ["", "@100ms", "@1000ms"].map(|speed| format!("btcusd@depth{n}{speed}"))).collect();
+    let mut slow = connect(&market, &format!("/ws/{}", heavy.join("/")));
+    let mut reader = connect(&market, "/ws/btcusd@trade");
+    let mut trading = load(&server.address, 3, 5_000);
+    let mut trades_seen = 0;
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        if next_text(&mut reader).is_some() {
+            trades_seen += 1;
+        }
+    }
+    assert!(trading.wait().expect("load").success());
+    server.expect_log("slow consumer: more than 16 messages waiting");
+    assert!(trades_seen > 100, "the reading client went on ({trades_seen} trades)");
+    if let MaybeTlsStream::Plain(stream) = slow.get_ref() {
+        stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    }
+    let reason = loop {
+        match slow.read() {
+            Ok(Message::Close(frame)) => break frame.map(|f| f.reason.to_string()).unwrap_or_default(),
+            Ok(_) => {}
+            Err(e) => panic!("the slow client was not told why: {e}"),
+        }
+    };
+    assert!(reason.starts_with("slow consumer"), "{reason}");
+    assert_eq!(http_get(&market, "/api/v3/ping").0, 200);
+    assert!(server.terminate().success());
+}

@@ -1,0 +1,303 @@
+// crossbook's dashboard: the order book ladder, recent trades, candles and
+// the 24-hour ticker of one instrument, kept live from the combined
+// WebSocket stream; the order book by Binance's documented procedure (a
+// REST snapshot plus the buffered @depth diffs after it), so a gap in the
+// diffs is seen and the page says it is out of sync while it catches up.
+'use strict';
+
+const LEVELS = 15;
+const TRADES = 40;
+const INTERVALS = ['1m', '5m', '15m', '1h', '4h', '1d'];
+
+const state = {
+  instruments: [],
+  symbol: null,
+  interval: '1m',
+  ws: null,
+  book: null,
+  buffer: [],
+  syncing: true,
+  trades: new Map(),
+  klinesReady: false,
+  pendingKlines: [],
+  lastCandle: null,
+  previousStats: null,
+};
+
+const $ = (id) => document.getElementById(id);
+
+async function getJSON(path) {
+  const response = await fetch(path, { cache: 'no-store' });
+  if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
+  return response.json();
+}
+
+function setStatus(kind, text) {
+  const status = $('status');
+  status.className = kind;
+  status.textContent = text;
+}
+
+// ---- the chart -------------------------------------------------------
+
+const chart = LightweightCharts.createChart($('chart'), {
+  autoSize: true,
+  layout: { background: { color: '#171b21' }, textColor: '#d6dbe1' },
+  grid: { vertLines: { color: '#20252d' }, horzLines: { color: '#20252d' } },
+  timeScale: { timeVisible: true, secondsVisible: false, borderColor: '#262c35' },
+  rightPriceScale: { borderColor: '#262c35' },
+});
+const candleSeries = chart.addSeries(LightweightCharts.CandlestickSeries, {
+  upColor: '#26a69a', downColor: '#ef5350', borderVisible: false, wickUpColor: '#26a69a', wickDownColor: '#ef5350',
+});
+const volumeSeries = chart.addSeries(LightweightCharts.HistogramSeries, { priceFormat: { type: 'volume' }, priceScaleId: '' });
+volumeSeries.priceScale().applyOptions({ scaleMargins: { top: 0.8, bottom: 0 } });
+
+function bar(openTime, open, high, low, close, volume) {
+  const time = Math.floor(openTime / 1000);
+  const up = parseFloat(close) >= parseFloat(open);
+  return {
+    candle: { time, open: parseFloat(open), high: parseFloat(high), low: parseFloat(low), close: parseFloat(close) },
+    volume: { time, value: parseFloat(volume), color: up ? 'rgba(38,166,154,0.5)' : 'rgba(239,83,80,0.5)' },
+    raw: { openTime, open, high, low, close, volume },
+  };
+}
+
+function showCandle(raw) {
+  state.lastCandle = raw;
+  const el = $('candle');
+  for (const [key, value] of Object.entries(raw)) el.dataset[key] = value;
+  el.textContent = `O ${raw.open}  H ${raw.high}  L ${raw.low}  C ${raw.close}  V ${raw.volume}`;
+}
+
+function applyKline(k) {
+  if (state.lastCandle && k.t < state.lastCandle.openTime) return;
+  const b = bar(k.t, k.o, k.h, k.l, k.c, k.v);
+  candleSeries.update(b.candle);
+  volumeSeries.update(b.volume);
+  showCandle(b.raw);
+}
+
+async function loadKlines(symbol) {
+  state.klinesReady = false;
+  state.pendingKlines = [];
+  state.lastCandle = null;
+  const rows = await getJSON(`/api/v3/klines?symbol=${symbol}&interval=${state.interval}&limit=500`);
+  if (symbol !== state.symbol) return;
+  const bars = rows.map((r) => bar(r[0], r[1], r[2], r[3], r[4], r[5]));
+  candleSeries.setData(bars.map((b) => b.candle));
+  volumeSeries.setData(bars.map((b) => b.volume));
+  if (bars.length) showCandle(bars[bars.length - 1].raw);
+  else { $('candle').textContent = 'no trades yet'; }
+  state.klinesReady = true;
+  for (const k of state.pendingKlines) applyKline(k);
+  state.pendingKlines = [];
+}
+
+// ---- the order book --------------------------------------------------
+
+function applyLevels(side, levels) {
+  for (const [price, qty] of levels) {
+    if (parseFloat(qty) === 0) side.delete(price); else side.set(price, qty);
+  }
+}
+
+function renderBook() {
+  const book = state.book;
+  if (!book) return;
+  const asks = [...book.asks.entries()].sort((a, b) => parseFloat(a[0]) - parseFloat(b[0])).slice(0, LEVELS);
+  const bids = [...book.bids.entries()].sort((a, b) => parseFloat(b[0]) - parseFloat(a[0])).slice(0, LEVELS);
+  const biggest = Math.max(1, ...asks.map((l) => parseFloat(l[1])), ...bids.map((l) => parseFloat(l[1])));
+  const rows = (levels, kind) => levels.map(([price, qty]) => {
+    const width = (100 * parseFloat(qty) / biggest).toFixed(1);
+    return `<div class="row ${kind}" data-price="${price}" data-qty="${qty}"><div class="bar" style="width:${width}%"></div><span class="price">${price}</span><span class="qty">${qty}</span></div>`;
+  }).join('');
+  $('asks').innerHTML = rows(asks, 'ask');
+  $('bids').innerHTML = rows(bids, 'bid');
+  const spread = asks.length && bids.length ? (parseFloat(asks[0][0]) - parseFloat(bids[0][0])) : null;
+  $('spread').textContent = spread === null ? 'spread -' : `spread ${+spread.toFixed(10)}`;
+  $('book-id').textContent = `update ${book.lastUpdateId}`;
+}
+
+function outOfSync(why) {
+  setStatus('syncing', `out of sync (${why}): resyncing`);
+  resync(state.symbol);
+}
+
+async function resync(symbol) {
+  state.syncing = true;
+  state.buffer = [];
+  if (!$('status').textContent.startsWith('out of sync')) setStatus('syncing', 'syncing the order book');
+  let snapshot;
+  try {
+    snapshot = await getJSON(`/api/v3/depth?symbol=${symbol}&limit=5000`);
+  } catch (e) {
+    setStatus('down', `disconnected: ${e.message}`);
+    return;
+  }
+  if (symbol !== state.symbol) return;
+  state.book = { bids: new Map(snapshot.bids), asks: new Map(snapshot.asks), lastUpdateId: snapshot.lastUpdateId };
+  const buffered = state.buffer.filter((d) => d.u > snapshot.lastUpdateId);
+  state.buffer = [];
+  state.syncing = false;
+  for (const diff of buffered) {
+    if (!applyDiff(diff)) return;
+  }
+  renderBook();
+  if (state.ws && state.ws.readyState === WebSocket.OPEN) setStatus('live', 'live');
+}
+
+// Applies one diff by the procedure; false (and a resync) on a gap.
+function applyDiff(diff) {
+  const book = state.book;
+  if (diff.u <= book.lastUpdateId) return true;
+  if (diff.U > book.lastUpdateId + 1) {
+    outOfSync(`diff ${diff.U}..${diff.u} after ${book.lastUpdateId}`);
+    return false;
+  }
+  applyLevels(book.bids, diff.b);
+  applyLevels(book.asks, diff.a);
+  book.lastUpdateId = diff.u;
+  return true;
+}
+
+function onDepth(diff) {
+  if (state.syncing) { state.buffer.push(diff); return; }
+  if (applyDiff(diff)) renderBook();
+}
+
+// ---- trades and the ticker -------------------------------------------
+
+function renderTrades() {
+  const trades = [...state.trades.values()].sort((a, b) => b.id - a.id).slice(0, TRADES);
+  state.trades = new Map(trades.map((t) => [t.id, t]));
+  $('trades').innerHTML = trades.map((t) => {
+    const time = new Date(t.time).toISOString().slice(11, 19);
+    return `<div class="row ${t.isBuyerMaker ? 'sell' : 'buy'}" data-id="${t.id}" data-price="${t.price}" data-qty="${t.qty}"><span>${t.price}</span><span>${t.qty}</span><span style="text-align:right">${time}</span></div>`;
+  }).join('');
+}
+
+async function loadTrades(symbol) {
+  const trades = await getJSON(`/api/v3/trades?symbol=${symbol}&limit=${TRADES}`);
+  if (symbol !== state.symbol) return;
+  for (const t of trades) state.trades.set(t.id, t);
+  renderTrades();
+}
+
+function showTicker(t) {
+  $('last-price').textContent = t.lastPrice;
+  const change = $('change');
+  change.textContent = `${t.priceChange} (${t.priceChangePercent}%)`;
+  change.className = parseFloat(t.priceChange) < 0 ? 'sell' : 'buy';
+  $('high').textContent = t.highPrice;
+  $('low').textContent = t.lowPrice;
+  $('volume').textContent = t.volume;
+  $('quote-volume').textContent = t.quoteVolume;
+  $('count').textContent = t.count;
+}
+
+async function loadTicker(symbol) {
+  const t = await getJSON(`/api/v3/ticker/24hr?symbol=${symbol}`);
+  if (symbol === state.symbol) showTicker(t);
+}
+
+// ---- the stream ------------------------------------------------------
+
+function onMessage(event) {
+  const message = JSON.parse(event.data);
+  const data = message.data;
+  if (!data || message.stream.split('@')[0] !== state.symbol.toLowerCase()) return;
+  const kind = message.stream.slice(message.stream.indexOf('@') + 1);
+  if (kind === 'depth') onDepth(data);
+  else if (kind === 'trade') {
+    state.trades.set(data.t, { id: data.t, price: data.p, qty: data.q, time: data.T, isBuyerMaker: data.m });
+    renderTrades();
+  } else if (kind.startsWith('kline_')) {
+    if (state.klinesReady) applyKline(data.k); else state.pendingKlines.push(data.k);
+  } else if (kind === 'ticker') {
+    showTicker({ lastPrice: data.c, priceChange: data.p, priceChangePercent: data.P, highPrice: data.h, lowPrice: data.l, volume: data.v, quoteVolume: data.q, count: data.n });
+  }
+}
+
+function connect() {
+  const symbol = state.symbol;
+  const s = symbol.toLowerCase();
+  const streams = [`${s}@depth`, `${s}@trade`, `${s}@kline_${state.interval}`, `${s}@ticker`].join('/');
+  const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
+  const ws = new WebSocket(`${scheme}://${location.host}/stream?streams=${streams}`);
+  state.ws = ws;
+  state.syncing = true;
+  state.buffer = [];
+  ws.onmessage = onMessage;
+  ws.onopen = () => {
+    resync(symbol);
+    loadTrades(symbol).catch(() => {});
+    loadKlines(symbol).catch(() => {});
+    loadTicker(symbol).catch(() => {});
+  };
+  ws.onclose = (event) => {
+    if (ws !== state.ws) return;
+    const why = event.reason ? `: ${event.reason}` : '';
+    setStatus('down', `disconnected${why}; reconnecting`);
+    setTimeout(() => { if (ws === state.ws) connect(); }, 2000);
+  };
+}
+
+function select(symbol) {
+  if (state.ws) { const old = state.ws; state.ws = null; old.close(); }
+  state.symbol = symbol;
+  state.book = null;
+  state.trades = new Map();
+  for (const b of document.querySelectorAll('#symbols button')) b.classList.toggle('active', b.dataset.symbol === symbol);
+  renderTrades();
+  connect();
+}
+
+function buildControls() {
+  $('symbols').innerHTML = state.instruments.map((i) => `<button data-symbol="${i.symbol}" title="${i.name}">${i.name}</button>`).join('');
+  for (const b of document.querySelectorAll('#symbols button')) b.onclick = () => select(b.dataset.symbol);
+  $('intervals').innerHTML = INTERVALS.map((i) => `<button data-interval="${i}">${i}</button>`).join('');
+  for (const b of document.querySelectorAll('#intervals button')) {
+    b.classList.toggle('active', b.dataset.interval === state.interval);
+    b.onclick = () => {
+      state.interval = b.dataset.interval;
+      for (const o of document.querySelectorAll('#intervals button')) o.classList.toggle('active', o === b);
+      select(state.symbol);
+    };
+  }
+}
+
+async function pollStats() {
+  let stats;
+  try { stats = await getJSON('/crossbook/stats'); } catch (e) { return; }
+  const now = performance.now();
+  const previous = state.previousStats;
+  $('stat-seq').textContent = stats.seq;
+  $('stat-sessions').textContent = stats.tradingSessions;
+  $('stat-sockets').textContent = stats.webSockets;
+  if (previous) {
+    const seconds = (now - previous.at) / 1000;
+    $('stat-orders').textContent = Math.round((stats.orders - previous.orders) / seconds);
+    $('stat-trades').textContent = Math.round((stats.trades - previous.trades) / seconds);
+  }
+  state.previousStats = { at: now, orders: stats.orders, trades: stats.trades };
+}
+
+async function start() {
+  try {
+    const stats = await getJSON('/crossbook/stats');
+    state.instruments = stats.instruments;
+  } catch (e) {
+    setStatus('down', `disconnected: ${e.message}; reloading`);
+    setTimeout(start, 2000);
+    return;
+  }
+  if (!state.instruments.length) { setStatus('down', 'no instruments'); return; }
+  buildControls();
+  select(state.instruments[0].symbol);
+  pollStats();
+  setInterval(pollStats, 1000);
+}
+
+window.crossbook = state;
+start();

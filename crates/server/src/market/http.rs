@@ -1,0 +1,378 @@
+//! The HTTP side of market data: Binance's public REST endpoints, the
+//! WebSocket upgrades, the dashboard's files, and `/crossbook/stats`. One
+//! tokio runtime on a thread of its own (`market-http`).
+
+use super::{Hub, ws};
+use crate::{ServeError, log};
+use axum::Router;
+use axum::extract::{Path, RawQuery, State, WebSocketUpgrade};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use crossbook_marketdata::candles::interval;
+use crossbook_marketdata::{MarketData, render};
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Levels a depth request may ask for, at most (Binance's bound).
+pub(crate) const MAX_DEPTH: usize = 5000;
+/// Trades and candles a request may ask for, at most.
+pub(crate) const MAX_TRADES: usize = 1000;
+pub(crate) const MAX_KLINES: usize = 1000;
+/// How long a stopping server waits for its connections to close.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// The running server: its address and how to stop it.
+pub(crate) struct Running {
+    pub(crate) address: SocketAddr,
+    stop: tokio::sync::watch::Sender<bool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Running {
+    /// Closes every WebSocket with a reason and stops serving.
+    pub(crate) fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.thread.join();
+    }
+}
+
+/// A Binance-style error answer: `{"code": -1121, "msg": "Invalid symbol."}`.
+pub(crate) struct ApiError {
+    status: StatusCode,
+    code: i32,
+    msg: String,
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, code: i32, msg: impl Into<String>) -> ApiError {
+        ApiError { status, code, msg: msg.into() }
+    }
+
+    fn bad(code: i32, msg: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, code, msg)
+    }
+
+    fn invalid_symbol() -> ApiError {
+        ApiError::bad(-1121, "Invalid symbol.")
+    }
+
+    fn mandatory(name: &str) -> ApiError {
+        ApiError::bad(-1102, format!("Mandatory parameter '{name}' was not sent, was empty/null, or malformed."))
+    }
+
+    fn illegal(name: &str, legal: &str) -> ApiError {
+        ApiError::bad(-1100, format!("Illegal characters found in parameter '{name}'; legal range is '{legal}'."))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, json_response(json!({"code": self.code, "msg": self.msg}))).into_response()
+    }
+}
+
+fn json_response(value: Value) -> Response {
+    ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], value.to_string()).into_response()
+}
+
+/// A request's query parameters, checked the way Binance checks them: each
+/// at most once, none the endpoint does not read.
+pub(crate) struct Params(Vec<(String, String)>);
+
+impl Params {
+    pub(crate) fn parse(query: Option<&str>, known: &[&str]) -> Result<Params, ApiError> {
+        let mut params: Vec<(String, String)> = Vec::new();
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let name = decode(name).ok_or_else(|| ApiError::bad(-1100, "Illegal characters found in a parameter name."))?;
+            let value = decode(value).ok_or_else(|| ApiError::illegal(&name, "percent-encoded UTF-8"))?;
+            if params.iter().any(|(n, _)| *n == name) {
+                return Err(ApiError::bad(-1101, format!("Duplicate values for parameter '{name}'.")));
+            }
+            params.push((name, value));
+        }
+        let read = params.iter().filter(|(n, _)| known.contains(&n.as_str())).count();
+        if read < params.len() {
+            return Err(ApiError::bad(-1104, format!("Not all sent parameters were read; read '{read}' parameter(s) but was sent '{}'.", params.len())));
+        }
+        Ok(Params(params))
+    }
+
+    pub(crate) fn get(&self, name: &str) -> Option<&str> {
+        self.0.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty())
+    }
+
+    fn number(&self, name: &str, range: std::ops::RangeInclusive<u64>) -> Result<Option<u64>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(text) => match text.parse::<u64>() {
+                Ok(n) if range.contains(&n) => Ok(Some(n)),
+                _ => Err(ApiError::illegal(name, &format!("{}-{}", range.start(), range.end()))),
+            },
+        }
+    }
+
+    /// The instrument named by `symbol` (any case; Binance's way of
+    /// writing it: `BTCUSD` for `BTC-USD`).
+    fn instrument(&self, market: &MarketData) -> Result<usize, ApiError> {
+        let symbol = self.get("symbol").ok_or_else(|| ApiError::mandatory("symbol"))?;
+        market.index_of_symbol(&symbol.to_ascii_uppercase()).ok_or_else(ApiError::invalid_symbol)
+    }
+
+    /// The instruments of `symbol`, of `symbols` (`["A","B"]`), or all.
+    fn instruments(&self, market: &MarketData) -> Result<Option<Vec<usize>>, ApiError> {
+        match (self.get("symbol"), self.get("symbols")) {
+            (Some(_), Some(_)) => Err(ApiError::bad(-1128, "Combination of optional parameters invalid.")),
+            (Some(_), None) => Ok(Some(vec![self.instrument(market)?])),
+            (None, Some(list)) => {
+                let names: Vec<String> = serde_json::from_str(list).map_err(|_| ApiError::illegal("symbols", "a JSON array of symbols"))?;
+                if names.is_empty() {
+                    return Err(ApiError::mandatory("symbols"));
+                }
+                names.iter().map(|n| market.index_of_symbol(&n.to_ascii_uppercase()).ok_or_else(ApiError::invalid_symbol)).collect::<Result<Vec<_>, _>>().map(Some)
+            }
+            (None, None) => Ok(None),
+        }
+    }
+}
+
+/// Percent-decoding of a query component (`+` is a space).
+fn decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        match bytes[at] {
+            b'%' => {
+                let hex = std::str::from_utf8(bytes.get(at + 1..at + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                at += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                at += 1;
+            }
+            byte => {
+                out.push(byte);
+                at += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+type Answer = Result<Response, ApiError>;
+
+async fn ping(RawQuery(query): RawQuery) -> Answer {
+    Params::parse(query.as_deref(), &[])?;
+    Ok(json_response(json!({})))
+}
+
+async fn time(RawQuery(query): RawQuery) -> Answer {
+    Params::parse(query.as_deref(), &[])?;
+    Ok(json_response(json!({"serverTime": now_ms()})))
+}
+
+fn rate_limits(hub: &Hub) -> Value {
+    json!([
+        {"rateLimitType": "CONNECTIONS", "interval": "SECOND", "intervalNum": 1, "limit": hub.config.max_connections},
+        {"rateLimitType": "WEBSOCKET_STREAMS", "interval": "SECOND", "intervalNum": 1, "limit": hub.config.max_streams},
+    ])
+}
+
+async fn exchange_info(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
+    let params = Params::parse(query.as_deref(), &["symbol", "symbols"])?;
+    let market = hub.read();
+    let mut info = render::exchange_info(&market, now_ms(), rate_limits(&hub));
+    if let Some(only) = params.instruments(&market)? {
+        let symbols: Vec<Value> = only.iter().map(|&i| info["symbols"][i].clone()).collect();
+        info["symbols"] = Value::Array(symbols);
+    }
+    Ok(json_response(info))
+}
+
+async fn depth(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
+    let params = Params::parse(query.as_deref(), &["symbol", "limit"])?;
+    let limit = params.number("limit", 1..=MAX_DEPTH as u64)?.unwrap_or(100) as usize;
+    let market = hub.read();
+    let index = params.instrument(&market)?;
+    Ok(json_response(render::depth(&market, &market.instruments[index], limit)))
+}
+
+async fn trades(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
+    let params = Params::parse(query.as_deref(), &["symbol", "limit"])?;
+    let limit = params.number("limit", 1..=MAX_TRADES as u64)?.unwrap_or(500) as usize;
+    let market = hub.read();
+    let index = params.instrument(&market)?;
+    Ok(json_response(render::trades(&market.instruments[index], limit)))
+}
+
+async fn klines(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
+    let params = Params::parse(query.as_deref(), &["symbol", "interval", "startTime", "endTime", "limit", "timeZone"])?;
+    let name = params.get("interval").ok_or_else(|| ApiError::mandatory("interval"))?;
+    let interval = interval(name).ok_or_else(|| ApiError::bad(-1120, "Invalid interval."))?;
+    let start = params.number("startTime", 0..=u64::MAX)?;
+    let end = params.number("endTime", 0..=u64::MAX)?;
+    if let (Some(start), Some(end)) = (start, end)
+        && start > end
+    {
+        return Err(ApiError::bad(-1023, "Start time is greater than end time."));
+    }
+    if params.get("timeZone").is_some_and(|z| !matches!(z, "0" | "+0" | "0:00" | "+00:00" | "UTC")) {
+        return Err(ApiError::bad(-1100, "Illegal characters found in parameter 'timeZone'; only UTC (0) is served."));
+    }
+    let limit = params.number("limit", 1..=MAX_KLINES as u64)?.unwrap_or(500) as usize;
+    let market = hub.read();
+    let index = params.instrument(&market)?;
+    Ok(json_response(render::klines(&market.instruments[index], interval, start, end, limit)))
+}
+
+async fn ticker_24hr(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
+    let params = Params::parse(query.as_deref(), &["symbol", "symbols", "type"])?;
+    if params.get("type").is_some_and(|t| t != "FULL") {
+        return Err(ApiError::illegal("type", "FULL"));
+    }
+    let market = hub.read();
+    Ok(json_response(match params.instruments(&market)? {
+        Some(only) if params.get("symbol").is_some() => render::ticker_24hr(&market, only[0]),
+        Some(only) => Value::Array(only.iter().map(|&i| render::ticker_24hr(&market, i)).collect()),
+        None => Value::Array((0..market.instruments.len()).map(|i| render::ticker_24hr(&market, i)).collect()),
+    }))
+}
+
+async fn book_ticker(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
+    let params = Params::parse(query.as_deref(), &["symbol", "symbols"])?;
+    let market = hub.read();
+    Ok(json_response(match params.instruments(&market)? {
+        Some(only) if params.get("symbol").is_some() => render::book_ticker(&market.instruments[only[0]]),
+        Some(only) => Value::Array(only.iter().map(|&i| render::book_ticker(&market.instruments[i])).collect()),
+        None => Value::Array(market.instruments.iter().map(render::book_ticker).collect()),
+    }))
+}
+
+/// The dashboard's figures: what the venue has done, who is connected.
+async fn stats(State(hub): State<Arc<Hub>>) -> Answer {
+    let market = hub.read();
+    Ok(json_response(json!({
+        "seq": market.seq,
+        "time": market.time_ms,
+        "orders": market.counters.orders,
+        "trades": market.counters.trades,
+        "cancels": market.counters.cancels,
+        "tradingSessions": hub.sessions.load(std::sync::atomic::Ordering::Relaxed) + hub.fix_sessions.as_ref().map_or(0, |count| count()),
+        "webSockets": hub.connections.load(std::sync::atomic::Ordering::Relaxed),
+        "messagesSent": hub.sent.load(std::sync::atomic::Ordering::Relaxed),
+        "slowClientsDropped": hub.slow_dropped.load(std::sync::atomic::Ordering::Relaxed),
+        "instruments": market.instruments.iter().map(|d| json!({"symbol": d.info.binance, "name": d.info.symbol, "baseAsset": d.info.base_asset, "quoteAsset": d.info.quote_asset, "pricePrecision": d.info.price_unit.scale, "qtyPrecision": d.info.qty_unit.scale})).collect::<Vec<_>>(),
+    })))
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, -1000, format!("Unknown path: {}", uri.path()))
+}
+
+fn asset(content_type: &'static str, body: &'static [u8]) -> Response {
+    ([(header::CONTENT_TYPE, HeaderValue::from_static(content_type)), (header::CACHE_CONTROL, HeaderValue::from_static("no-cache"))], body).into_response()
+}
+
+async fn index() -> Response {
+    asset("text/html; charset=utf-8", include_bytes!("dashboard/index.html"))
+}
+
+async fn app_js() -> Response {
+    asset("text/javascript; charset=utf-8", include_bytes!("dashboard/app.js"))
+}
+
+async fn charts_js() -> Response {
+    asset("text/javascript; charset=utf-8", include_bytes!("dashboard/vendor/lightweight-charts.standalone.production.js"))
+}
+
+async fn charts_licence() -> Response {
+    asset("text/plain; charset=utf-8", include_bytes!("dashboard/vendor/LICENSE-lightweight-charts"))
+}
+
+async fn ws_raw(State(hub): State<Arc<Hub>>, Path(streams): Path<String>, upgrade: WebSocketUpgrade) -> Response {
+    ws::upgrade(hub, upgrade, streams.split('/').filter(|s| !s.is_empty()).map(str::to_string).collect(), false)
+}
+
+async fn ws_bare(State(hub): State<Arc<Hub>>, upgrade: WebSocketUpgrade) -> Response {
+    ws::upgrade(hub, upgrade, Vec::new(), false)
+}
+
+async fn ws_combined(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery, upgrade: WebSocketUpgrade) -> Response {
+    let params = match Params::parse(query.as_deref(), &["streams"]) {
+        Ok(params) => params,
+        Err(e) => return e.into_response(),
+    };
+    let streams = params.get("streams").map(|s| s.split('/').filter(|s| !s.is_empty()).map(str::to_string).collect()).unwrap_or_default();
+    ws::upgrade(hub, upgrade, streams, true)
+}
+
+fn router(hub: Arc<Hub>) -> Router {
+    Router::new()
+        .route("/", get(index))
+        .route("/assets/app.js", get(app_js))
+        .route("/assets/lightweight-charts.js", get(charts_js))
+        .route("/assets/LICENSE-lightweight-charts", get(charts_licence))
+        .route("/api/v3/ping", get(ping))
+        .route("/api/v3/time", get(time))
+        .route("/api/v3/exchangeInfo", get(exchange_info))
+        .route("/api/v3/depth", get(depth))
+        .route("/api/v3/trades", get(trades))
+        .route("/api/v3/klines", get(klines))
+        .route("/api/v3/ticker/24hr", get(ticker_24hr))
+        .route("/api/v3/ticker/bookTicker", get(book_ticker))
+        .route("/crossbook/stats", get(stats))
+        .route("/ws", get(ws_bare))
+        .route("/ws/{*streams}", get(ws_raw))
+        .route("/stream", get(ws_combined))
+        .fallback(not_found)
+        .with_state(hub)
+}
+
+/// Binds `[market_data] listen` and serves on a thread of its own.
+pub(crate) fn start(hub: Arc<Hub>) -> Result<Running, ServeError> {
+    let listener = std::net::TcpListener::bind(&hub.config.listen).map_err(ServeError::io(format!("listening on {} (market data)", hub.config.listen)))?;
+    listener.set_nonblocking(true).map_err(ServeError::io("setting the market-data listener non-blocking"))?;
+    let address = listener.local_addr().map_err(ServeError::io("reading the market-data address"))?;
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(ServeError::io("starting the market-data runtime"))?;
+    let thread = std::thread::Builder::new()
+        .name("market-http".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(listener) => listener,
+                    Err(e) => return log(&format!("market data: cannot serve: {e}")),
+                };
+                let app = router(hub.clone());
+                let mut done = stopping.clone();
+                let hub_for_stop = hub.clone();
+                let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+                    let _ = done.wait_for(|stop| *stop).await;
+                    ws::close_all(&hub_for_stop);
+                });
+                let mut deadline = stopping.clone();
+                tokio::select! {
+                    served = server => {
+                        if let Err(e) = served {
+                            log(&format!("market data: serving failed: {e}"));
+                        }
+                    }
+                    _ = async move {
+                        let _ = deadline.wait_for(|stop| *stop).await;
+                        tokio::time::sleep(STOP_GRACE).await;
+                    } => {}
+                }
+            });
+        })
+        .map_err(ServeError::io("starting the market-data thread"))?;
+    Ok(Running { address, stop, thread })
+}

@@ -1,0 +1,383 @@
+//! The market-data gateway: Binance-shaped REST and WebSocket feeds and
+//! the dashboard, over HTTP on `[market_data] listen` (`docs/marketdata.md`).
+//!
+//! It is a [`ReportSink`] like the others: the sequencer hands it every
+//! durable batch, and it copies the events it needs into a bounded queue
+//! to a thread of its own (`market-data`), which applies them to the
+//! [`MarketData`] state (pure, `crates/marketdata`) and fans the resulting
+//! messages out to the subscribed WebSocket connections. Each connection
+//! has a bounded queue: a client that falls behind is disconnected with a
+//! reason; neither the sequencer nor other clients ever wait for it. The
+//! HTTP server (axum on tokio) runs on threads of its own too, and reads
+//! the state under a read lock.
+//!
+//! Only durable commands are published: the sink is handed a batch once
+//! the journal holds it. After a restart the state comes from the
+//! gateway's checkpoint in a snapshot plus the journal after it
+//! (`ReportSink::checkpoint`), so depth, trade ids, candles and tickers go
+//! on where they were.
+
+mod http;
+mod ws;
+
+use crate::config::Config;
+use crate::sink::{Checkpoint, Durable, Released, ReportSink, RestoreError};
+use crate::{ServeError, log};
+use crossbook_engine::{Event, EventKind};
+use crossbook_marketdata::{InstrumentInfo, MarketData, Unit, Updates, binance_symbol, codec, render};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Batches waiting for the market-data thread. Past it the sequencer
+/// waits for that thread (which never waits for a client): bounded memory,
+/// and a thread that only applies events in memory keeps up.
+const FEED_QUEUE: usize = 4096;
+
+/// One durable command, as market data needs it.
+struct FeedCommand {
+    seq: u64,
+    time_ms: u64,
+    events: Vec<Event>,
+}
+
+enum Feed {
+    /// The commands of one released batch that had market-data events,
+    /// and the batch's last sequence number and time.
+    Batch { commands: Vec<FeedCommand>, last_seq: u64, time_ms: u64 },
+    /// The state's checkpoint, once every batch before is applied.
+    Checkpoint(SyncSender<Vec<u8>>),
+}
+
+/// A WebSocket connection's side the market-data thread sees.
+pub(crate) struct Connection {
+    pub(crate) id: u64,
+    /// Messages for it; full means it fell behind.
+    pub(crate) out: tokio::sync::mpsc::Sender<Arc<str>>,
+    /// Set (and `wake` notified) when it fell behind: it is closed.
+    pub(crate) dropped: AtomicBool,
+    pub(crate) wake: tokio::sync::Notify,
+}
+
+struct Subscriber {
+    connection: Arc<Connection>,
+    /// A `/stream` connection: messages wrapped in `{"stream", "data"}`.
+    combined: bool,
+}
+
+/// The state, the subscriptions, and the figures the dashboard shows.
+pub(crate) struct Hub {
+    state: RwLock<MarketData>,
+    subscribers: Mutex<BTreeMap<String, Vec<Subscriber>>>,
+    pub(crate) config: crate::config::MarketDataConfig,
+    pub(crate) connections: AtomicUsize,
+    next_connection: AtomicU64,
+    /// Logged-in trading sessions: the binary gateway's count, and the
+    /// FIX gateway's connected sessions.
+    pub(crate) sessions: Arc<AtomicUsize>,
+    pub(crate) fix_sessions: Option<Arc<dyn Fn() -> usize + Send + Sync>>,
+    /// Messages sent and clients dropped as slow, for the log and stats.
+    pub(crate) sent: AtomicU64,
+    pub(crate) slow_dropped: AtomicU64,
+    /// Every open WebSocket connection (to tell them the server stops).
+    live: Mutex<std::collections::HashMap<u64, Arc<Connection>>>,
+    pub(crate) stopping: AtomicBool,
+}
+
+impl Hub {
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, MarketData> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, MarketData> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn live(&self) -> MutexGuard<'_, std::collections::HashMap<u64, Arc<Connection>>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn subscribers(&self) -> MutexGuard<'_, BTreeMap<String, Vec<Subscriber>>> {
+        self.subscribers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn new_connection_id(&self) -> u64 {
+        self.next_connection.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub(crate) fn subscribe(&self, stream: &str, connection: &Arc<Connection>, combined: bool) {
+        let mut subscribers = self.subscribers();
+        let list = subscribers.entry(stream.to_string()).or_default();
+        if !list.iter().any(|s| s.connection.id == connection.id) {
+            list.push(Subscriber { connection: connection.clone(), combined });
+        }
+    }
+
+    pub(crate) fn unsubscribe(&self, stream: &str, connection: u64) {
+        let mut subscribers = self.subscribers();
+        if let Some(list) = subscribers.get_mut(stream) {
+            list.retain(|s| s.connection.id != connection);
+            if list.is_empty() {
+                subscribers.remove(stream);
+            }
+        }
+    }
+
+    /// Sends the messages of one batch's updates to every subscriber of
+    /// their streams: each rendered once per stream.
+    fn publish(&self, updates: &Updates) {
+        if updates.instruments.is_empty() {
+            return;
+        }
+        let subscribers = self.subscribers();
+        if subscribers.is_empty() {
+            return;
+        }
+        let state = self.read();
+        for update in &updates.instruments {
+            let data = &state.instruments[update.index];
+            let symbol = data.info.binance.to_ascii_lowercase();
+            let send = |name: &str, payloads: &dyn Fn() -> Vec<serde_json::Value>| {
+                let Some(list) = subscribers.get(name) else { return };
+                let mut raw: Option<Vec<Arc<str>>> = None;
+                let mut combined: Option<Vec<Arc<str>>> = None;
+                for subscriber in list {
+                    let messages = if subscriber.combined {
+                        combined.get_or_insert_with(|| payloads().into_iter().map(|data| Arc::from(serde_json::json!({"stream": name, "data": data}).to_string())).collect())
+                    } else {
+                        raw.get_or_insert_with(|| payloads().into_iter().map(|data| Arc::from(data.to_string())).collect())
+                    };
+                    for message in messages.iter() {
+                        self.deliver(&subscriber.connection, message.clone());
+                    }
+                }
+            };
+            if let Some(diff) = &update.depth {
+                for suffix in ["@depth", "@depth@100ms", "@depth@1000ms"] {
+                    send(&format!("{symbol}{suffix}"), &|| vec![render::depth_update(data, diff, updates.time_ms)]);
+                }
+                for levels in [5usize, 10, 20] {
+                    for speed in ["", "@100ms", "@1000ms"] {
+                        send(&format!("{symbol}@depth{levels}{speed}"), &|| vec![render::partial_depth(&state, data, levels)]);
+                    }
+                }
+            }
+            if !update.trades.is_empty() {
+                send(&format!("{symbol}@trade"), &|| update.trades.iter().map(|t| render::trade(data, t, updates.time_ms)).collect());
+                let first = update.trades[0].id;
+                for (interval, (name, _)) in crossbook_marketdata::candles::INTERVALS.iter().enumerate() {
+                    send(&format!("{symbol}@kline_{name}"), &|| render::kline_updates(data, interval, first, updates.time_ms));
+                }
+                send(&format!("{symbol}@ticker"), &|| vec![render::ticker_update(&state, update.index, updates.time_ms)]);
+            }
+            if update.top_changed {
+                send(&format!("{symbol}@bookTicker"), &|| vec![render::book_ticker_update(&state, data)]);
+            }
+        }
+    }
+
+    fn deliver(&self, connection: &Connection, message: Arc<str>) {
+        if connection.dropped.load(Ordering::Acquire) {
+            return;
+        }
+        match connection.out.try_send(message) {
+            Ok(()) => {
+                self.sent.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
+                connection.dropped.store(true, Ordering::Release);
+                connection.wake.notify_one();
+                self.slow_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            // Closed: the connection is going away on its own.
+            Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+}
+
+/// What market data knows of the configured instruments.
+pub(crate) fn instruments(config: &Config) -> Result<Vec<InstrumentInfo>, crate::config::ConfigError> {
+    let fix_units = crate::fix::venue::instruments(config)?;
+    let asset = |id: u32| config.assets.iter().find(|a| a.id == id).map_or_else(|| id.to_string(), |a| a.name.clone());
+    let unit = |d: crossbook_fix::decimal::Decimal| Unit { mantissa: u64::try_from(d.mantissa).unwrap_or(1), scale: d.scale };
+    let mut seen = std::collections::HashSet::new();
+    config
+        .instruments
+        .iter()
+        .zip(fix_units)
+        .map(|(i, units)| {
+            let binance = binance_symbol(&i.symbol);
+            if !seen.insert(binance.clone()) {
+                return Err(crate::config::ConfigError::SymbolClash { symbol: i.symbol.clone(), binance });
+            }
+            Ok(InstrumentInfo {
+                id: i.id,
+                symbol: i.symbol.clone(),
+                binance,
+                base_asset: asset(i.base),
+                quote_asset: asset(i.quote),
+                price_unit: unit(units.price_unit),
+                qty_unit: unit(units.qty_unit),
+                min_price: i.min_price,
+                max_price: i.max_price,
+                min_qty: i.min_qty,
+                max_qty: i.max_qty,
+            })
+        })
+        .collect()
+}
+
+/// The market-data gateway: its state, its thread, its HTTP server.
+pub(crate) struct Market {
+    pub(crate) hub: Arc<Hub>,
+    feed: Mutex<Option<SyncSender<Feed>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    http: Mutex<Option<http::Running>>,
+}
+
+impl Market {
+    pub(crate) fn new(config: &Config, sessions: Arc<AtomicUsize>, fix_sessions: Option<Arc<dyn Fn() -> usize + Send + Sync>>) -> Result<Arc<Market>, ServeError> {
+        let infos = instruments(config)?;
+        let hub = Arc::new(Hub {
+            state: RwLock::new(MarketData::new(infos, 0)),
+            subscribers: Mutex::new(BTreeMap::new()),
+            config: config.market_data.clone(),
+            connections: AtomicUsize::new(0),
+            next_connection: AtomicU64::new(0),
+            sessions,
+            fix_sessions,
+            sent: AtomicU64::new(0),
+            slow_dropped: AtomicU64::new(0),
+            live: Mutex::new(std::collections::HashMap::new()),
+            stopping: AtomicBool::new(false),
+        });
+        Ok(Arc::new(Market { hub, feed: Mutex::new(None), thread: Mutex::new(None), http: Mutex::new(None) }))
+    }
+
+    /// Starts the market-data thread and the HTTP server (after the
+    /// start-up replay: the state is the recovered one).
+    pub(crate) fn start(&self) -> Result<SocketAddr, ServeError> {
+        {
+            // Diffs go on from the recovered state.
+            let mut state = self.hub.write();
+            let seq = state.seq;
+            state.diffs_from(seq);
+        }
+        let (sender, receiver) = sync_channel::<Feed>(FEED_QUEUE);
+        let hub = self.hub.clone();
+        let thread = std::thread::Builder::new().name("market-data".into()).spawn(move || feed_loop(&hub, receiver)).map_err(ServeError::io("starting the market-data thread"))?;
+        *self.feed.lock().unwrap_or_else(|e| e.into_inner()) = Some(sender);
+        *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
+        let running = http::start(self.hub.clone())?;
+        let address = running.address;
+        *self.http.lock().unwrap_or_else(|e| e.into_inner()) = Some(running);
+        log(&format!("market data on http://{address}/ (REST /api/v3/..., WebSocket /ws and /stream, the dashboard at /)"));
+        Ok(address)
+    }
+
+    /// Stops the HTTP server (every WebSocket closed with a reason) and the
+    /// thread, after what was queued.
+    pub(crate) fn stop(&self) {
+        if let Some(running) = self.http.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            running.stop();
+        }
+        self.feed.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(thread) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = thread.join();
+        }
+        log(&format!(
+            "market data: {} messages sent, {} slow clients disconnected",
+            self.hub.sent.load(Ordering::Relaxed),
+            self.hub.slow_dropped.load(Ordering::Relaxed)
+        ));
+    }
+
+    fn send(&self, feed: Feed) -> Result<(), Feed> {
+        let sender = self.feed.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        match sender {
+            Some(sender) => sender.send(feed).map_err(|e| e.0),
+            None => Err(feed),
+        }
+    }
+}
+
+fn feed_loop(hub: &Hub, receiver: Receiver<Feed>) {
+    while let Ok(feed) = receiver.recv() {
+        match feed {
+            Feed::Batch { commands, last_seq, time_ms } => {
+                let updates = {
+                    let mut state = hub.write();
+                    for command in &commands {
+                        state.apply(command.seq, command.time_ms, &command.events);
+                    }
+                    state.advance(last_seq, time_ms);
+                    state.take_updates()
+                };
+                hub.publish(&updates);
+            }
+            Feed::Checkpoint(answer) => {
+                let _ = answer.send(codec::encode(&hub.read()));
+            }
+        }
+    }
+}
+
+/// The events market data follows.
+fn wanted(event: &Event) -> bool {
+    matches!(event.kind, EventKind::Accepted { .. } | EventKind::Trade { .. } | EventKind::Cancelled { .. } | EventKind::Replaced { .. })
+}
+
+/// The sequencer's side of the market-data gateway.
+pub(crate) struct MarketSink(pub(crate) Arc<Market>);
+
+impl ReportSink for MarketSink {
+    fn released(&mut self, batch: &Released<'_>) {
+        let mut commands = Vec::new();
+        let (mut last_seq, mut time_ms) = (0, 0);
+        for durable in batch.durable() {
+            last_seq = durable.seq;
+            time_ms = durable.time_ms;
+            if durable.events.iter().any(wanted) {
+                commands.push(FeedCommand { seq: durable.seq, time_ms: durable.time_ms, events: durable.events.iter().filter(|e| wanted(e)).copied().collect() });
+            }
+        }
+        if last_seq == 0 {
+            return;
+        }
+        if let Err(Feed::Batch { commands, last_seq, time_ms }) = self.0.send(Feed::Batch { commands, last_seq, time_ms }) {
+            // No thread (not started, or stopped): the state follows all
+            // the same, nothing is sent.
+            let mut state = self.0.hub.write();
+            for command in &commands {
+                state.apply(command.seq, command.time_ms, &command.events);
+            }
+            state.advance(last_seq, time_ms);
+            let _ = state.take_updates();
+        }
+    }
+
+    fn recovered(&mut self, durable: &Durable<'_>) {
+        let mut state = self.0.hub.write();
+        state.apply(durable.seq, durable.time_ms, durable.events);
+        let _ = state.take_updates();
+    }
+
+    fn name(&self) -> &str {
+        "market_data"
+    }
+
+    fn checkpoint(&mut self, _seq: u64) -> Option<Checkpoint> {
+        let (answer, answered) = sync_channel(1);
+        match self.0.send(Feed::Checkpoint(answer)) {
+            Ok(()) => Some(Checkpoint::Soon(answered)),
+            Err(_) => Some(Checkpoint::Now(codec::encode(&self.0.hub.read()))),
+        }
+    }
+
+    fn restore(&mut self, state: &[u8]) -> Result<(), RestoreError> {
+        let mut market = self.0.hub.write();
+        codec::restore(&mut market, state).map_err(|e| RestoreError(e.to_string()))
+    }
+}

@@ -1,0 +1,240 @@
+//! WebSocket connections: Binance's raw (`/ws/<stream>`, `/ws`) and
+//! combined (`/stream?streams=a/b`) endpoints, the `SUBSCRIBE`,
+//! `UNSUBSCRIBE`, `LIST_SUBSCRIPTIONS`, `SET_PROPERTY` and `GET_PROPERTY`
+//! requests, pings, and the limits (`docs/marketdata.md`).
+
+use super::http::ApiError;
+use super::{Connection, Hub};
+use crate::log;
+use axum::extract::WebSocketUpgrade;
+use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Binance's close code for a policy violation (slow consumer, too many
+/// messages, silence), and for going away (the server stops).
+const POLICY: u16 = 1008;
+const GOING_AWAY: u16 = 1001;
+
+/// The canonical name of a stream (lower-case symbol), if it is one this
+/// venue serves.
+pub(crate) fn stream_name(hub: &Hub, name: &str) -> Option<String> {
+    let (symbol, kind) = name.split_once('@')?;
+    let upper = symbol.to_ascii_uppercase();
+    hub.read().index_of_symbol(&upper)?;
+    let known = matches!(kind, "depth" | "depth@100ms" | "depth@1000ms" | "trade" | "bookTicker" | "ticker")
+        || ["5", "10", "20"].iter().any(|n| kind.strip_prefix("depth").and_then(|r| r.strip_prefix(n)).is_some_and(|rest| matches!(rest, "" | "@100ms" | "@1000ms")))
+        || kind.strip_prefix("kline_").is_some_and(|i| crossbook_marketdata::candles::interval(i).is_some());
+    known.then(|| format!("{}@{kind}", upper.to_ascii_lowercase()))
+}
+
+/// Answers a WebSocket upgrade: the streams named in the path are checked
+/// first (an unknown one is a 400), and the connection budget (a 503 past
+/// it).
+pub(crate) fn upgrade(hub: Arc<Hub>, upgrade: WebSocketUpgrade, streams: Vec<String>, combined: bool) -> Response {
+    let mut names = Vec::with_capacity(streams.len());
+    for stream in &streams {
+        match stream_name(&hub, stream) {
+            Some(name) => names.push(name),
+            None => return ApiError::new(StatusCode::BAD_REQUEST, -1121, format!("Invalid stream name: {stream}.")).into_response(),
+        }
+    }
+    if names.len() > hub.config.max_streams {
+        return ApiError::new(StatusCode::BAD_REQUEST, -1101, format!("Too many streams: at most {} per connection.", hub.config.max_streams)).into_response();
+    }
+    if hub.stopping.load(Ordering::Acquire) {
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, -1001, "The server is shutting down.").into_response();
+    }
+    if hub.connections.fetch_add(1, Ordering::AcqRel) >= hub.config.max_connections {
+        hub.connections.fetch_sub(1, Ordering::AcqRel);
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, -1003, format!("Too many WebSocket connections: at most {}.", hub.config.max_connections)).into_response();
+    }
+    let max = hub.config.max_message;
+    upgrade.max_message_size(max).max_frame_size(max).on_upgrade(move |socket| async move {
+        serve(&hub, socket, names, combined).await;
+        hub.connections.fetch_sub(1, Ordering::AcqRel);
+    })
+}
+
+/// Tells every connection the server is stopping.
+pub(crate) fn close_all(hub: &Hub) {
+    hub.stopping.store(true, Ordering::Release);
+    for connection in hub.live().values() {
+        connection.wake.notify_one();
+    }
+}
+
+/// One connection's subscriptions and request budget.
+struct Session {
+    connection: Arc<Connection>,
+    streams: Vec<String>,
+    combined: bool,
+    window_started: Instant,
+    window_messages: u32,
+}
+
+async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: bool) {
+    let (out, mut queued) = tokio::sync::mpsc::channel::<Arc<str>>(hub.config.queue.max(1));
+    let connection = Arc::new(Connection { id: hub.new_connection_id(), out, dropped: AtomicBool::new(false), wake: tokio::sync::Notify::new() });
+    hub.live().insert(connection.id, connection.clone());
+    let mut session = Session { connection: connection.clone(), streams: Vec::new(), combined, window_started: Instant::now(), window_messages: 0 };
+    for name in names {
+        hub.subscribe(&name, &connection, combined);
+        session.streams.push(name);
+    }
+    let (mut sink, mut incoming) = socket.split();
+    let every = Duration::from_secs(hub.config.ping_interval_s.max(1));
+    let mut pings = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let mut last_heard = Instant::now();
+    let closing: Option<(u16, String)> = loop {
+        tokio::select! {
+            message = incoming.next() => match message {
+                Some(Ok(Message::Text(text))) => {
+                    last_heard = Instant::now();
+                    if let Some(reason) = session.count_message(hub) {
+                        break Some(reason);
+                    }
+                    let answer = session.request(hub, text.as_str());
+                    if sink.send(Message::Text(answer.to_string().into())).await.is_err() {
+                        break None;
+                    }
+                }
+                Some(Ok(Message::Binary(_))) => {
+                    last_heard = Instant::now();
+                    if let Some(reason) = session.count_message(hub) {
+                        break Some(reason);
+                    }
+                    let answer = json!({"error": {"code": 3, "msg": "Invalid JSON: requests are text frames"}, "id": null});
+                    if sink.send(Message::Text(answer.to_string().into())).await.is_err() {
+                        break None;
+                    }
+                }
+                // Pings are answered by the WebSocket layer; any frame
+                // shows the client is there.
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => last_heard = Instant::now(),
+                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break None,
+            },
+            message = queued.recv() => match message {
+                Some(text) => {
+                    if sink.send(Message::Text(text.as_ref().into())).await.is_err() {
+                        break None;
+                    }
+                }
+                None => break None,
+            },
+            _ = connection.wake.notified() => {
+                if connection.dropped.load(Ordering::Acquire) {
+                    break Some((POLICY, format!("slow consumer: more than {} messages waiting", hub.config.queue)));
+                }
+                if hub.stopping.load(Ordering::Acquire) {
+                    break Some((GOING_AWAY, "server shutting down".to_string()));
+                }
+            }
+            _ = pings.tick() => {
+                if last_heard.elapsed() > every * 3 {
+                    break Some((POLICY, format!("nothing heard for {} s (pong timeout)", (every * 3).as_secs())));
+                }
+                if sink.send(Message::Ping(Vec::new().into())).await.is_err() {
+                    break None;
+                }
+            }
+        }
+    };
+    for name in &session.streams {
+        hub.unsubscribe(name, connection.id);
+    }
+    hub.live().remove(&connection.id);
+    if let Some((code, reason)) = closing {
+        if code == POLICY {
+            log(&format!("market data: WebSocket connection {} closed: {reason}", connection.id));
+        }
+        let _ = sink.send(Message::Close(Some(CloseFrame { code, reason: reason.into() }))).await;
+    }
+    let _ = sink.close().await;
+}
+
+impl Session {
+    /// Counts a message against the per-second budget; the close reason if
+    /// it is spent.
+    fn count_message(&mut self, hub: &Hub) -> Option<(u16, String)> {
+        if self.window_started.elapsed() >= Duration::from_secs(1) {
+            self.window_started = Instant::now();
+            self.window_messages = 0;
+        }
+        self.window_messages += 1;
+        (self.window_messages > hub.config.max_messages_per_s).then(|| (POLICY, format!("too many messages: more than {} a second", hub.config.max_messages_per_s)))
+    }
+
+    /// Answers one request.
+    fn request(&mut self, hub: &Hub, text: &str) -> Value {
+        let request: Value = match serde_json::from_str(text) {
+            Ok(value) => value,
+            Err(e) => return json!({"error": {"code": 3, "msg": format!("Invalid JSON: {e}")}, "id": null}),
+        };
+        let id = request.get("id").cloned().unwrap_or(Value::Null);
+        let invalid = |msg: String| json!({"error": {"code": 2, "msg": format!("Invalid request: {msg}")}, "id": id});
+        if !(id.is_null() || id.is_u64() || id.is_string()) {
+            return invalid("request ID must be an unsigned integer or a string".into());
+        }
+        let Some(method) = request.get("method").and_then(Value::as_str) else {
+            return invalid("missing field method".into());
+        };
+        let params: Vec<Value> = match request.get("params") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(list)) => list.clone(),
+            Some(_) => return invalid("params must be an array".into()),
+        };
+        match method {
+            "SUBSCRIBE" | "UNSUBSCRIBE" => {
+                let mut names = Vec::with_capacity(params.len());
+                for param in &params {
+                    let Some(name) = param.as_str().and_then(|s| stream_name(hub, s)) else {
+                        return invalid(format!("invalid stream {param}"));
+                    };
+                    names.push(name);
+                }
+                if method == "SUBSCRIBE" {
+                    let new = names.iter().filter(|n| !self.streams.contains(n)).count();
+                    if self.streams.len() + new > hub.config.max_streams {
+                        return invalid(format!("too many streams: at most {} per connection", hub.config.max_streams));
+                    }
+                    for name in names {
+                        if !self.streams.contains(&name) {
+                            hub.subscribe(&name, &self.connection, self.combined);
+                            self.streams.push(name);
+                        }
+                    }
+                } else {
+                    for name in names {
+                        hub.unsubscribe(&name, self.connection.id);
+                        self.streams.retain(|s| *s != name);
+                    }
+                }
+                json!({"result": null, "id": id})
+            }
+            "LIST_SUBSCRIPTIONS" => json!({"result": self.streams, "id": id}),
+            "SET_PROPERTY" => match (params.first().and_then(Value::as_str), params.get(1)) {
+                (Some("combined"), Some(Value::Bool(combined))) => {
+                    self.combined = *combined;
+                    for name in &self.streams {
+                        hub.unsubscribe(name, self.connection.id);
+                        hub.subscribe(name, &self.connection, self.combined);
+                    }
+                    json!({"result": null, "id": id})
+                }
+                (Some("combined"), _) => json!({"error": {"code": 1, "msg": "Invalid value type: expected Boolean"}, "id": id}),
+                _ => json!({"error": {"code": 0, "msg": "Unknown property"}, "id": id}),
+            },
+            "GET_PROPERTY" => match params.first().and_then(Value::as_str) {
+                Some("combined") => json!({"result": self.combined, "id": id}),
+                _ => json!({"error": {"code": 0, "msg": "Unknown property"}, "id": id}),
+            },
+            other => invalid(format!("unknown variant {other}, expected one of SUBSCRIBE, UNSUBSCRIBE, LIST_SUBSCRIPTIONS, SET_PROPERTY, GET_PROPERTY")),
+        }
+    }
+}
