@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 /// messages, silence), and for going away (the server stops).
 const POLICY: u16 = 1008;
 const GOING_AWAY: u16 = 1001;
+/// How long a closing connection's last frame may take to leave.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// The canonical name of a stream (lower-case symbol), if it is one this
 /// venue serves.
@@ -69,6 +71,35 @@ pub(crate) fn close_all(hub: &Hub) {
     }
 }
 
+/// Why the connection must close now, if it must: it fell behind, or the
+/// server stops.
+fn closing_reason(hub: &Hub, connection: &Connection) -> Option<(u16, String)> {
+    if connection.dropped.load(Ordering::Acquire) {
+        return Some((POLICY, format!("slow consumer: more than {} messages waiting", hub.config.queue)));
+    }
+    hub.stopping.load(Ordering::Acquire).then(|| (GOING_AWAY, "server shutting down".to_string()))
+}
+
+/// Sends one message, unless the connection must close first: a client
+/// that does not read fills its socket, and the send must not wait for it
+/// past the moment its queue overflows (or the server stops).
+async fn send<S>(sink: &mut S, message: Message, hub: &Hub, connection: &Connection) -> Result<(), Option<(u16, String)>>
+where
+    S: futures_util::Sink<Message> + Unpin,
+{
+    tokio::select! {
+        sent = sink.send(message) => sent.map_err(|_| None),
+        () = async {
+            loop {
+                connection.wake.notified().await;
+                if closing_reason(hub, connection).is_some() {
+                    return;
+                }
+            }
+        } => Err(closing_reason(hub, connection)),
+    }
+}
+
 /// One connection's subscriptions and request budget.
 struct Session {
     connection: Arc<Connection>,
@@ -100,8 +131,8 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                         break Some(reason);
                     }
                     let answer = session.request(hub, text.as_str());
-                    if sink.send(Message::Text(answer.to_string().into())).await.is_err() {
-                        break None;
+                    if let Err(reason) = send(&mut sink, Message::Text(answer.to_string().into()), hub, &connection).await {
+                        break reason;
                     }
                 }
                 Some(Ok(Message::Binary(_))) => {
@@ -110,8 +141,8 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                         break Some(reason);
                     }
                     let answer = json!({"error": {"code": 3, "msg": "Invalid JSON: requests are text frames"}, "id": null});
-                    if sink.send(Message::Text(answer.to_string().into())).await.is_err() {
-                        break None;
+                    if let Err(reason) = send(&mut sink, Message::Text(answer.to_string().into()), hub, &connection).await {
+                        break reason;
                     }
                 }
                 // Pings are answered by the WebSocket layer; any frame
@@ -121,26 +152,23 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
             },
             message = queued.recv() => match message {
                 Some(text) => {
-                    if sink.send(Message::Text(text.as_ref().into())).await.is_err() {
-                        break None;
+                    if let Err(reason) = send(&mut sink, Message::Text(text.as_ref().into()), hub, &connection).await {
+                        break reason;
                     }
                 }
                 None => break None,
             },
             _ = connection.wake.notified() => {
-                if connection.dropped.load(Ordering::Acquire) {
-                    break Some((POLICY, format!("slow consumer: more than {} messages waiting", hub.config.queue)));
-                }
-                if hub.stopping.load(Ordering::Acquire) {
-                    break Some((GOING_AWAY, "server shutting down".to_string()));
+                if let Some(reason) = closing_reason(hub, &connection) {
+                    break Some(reason);
                 }
             }
             _ = pings.tick() => {
                 if last_heard.elapsed() > every * 3 {
                     break Some((POLICY, format!("nothing heard for {} s (pong timeout)", (every * 3).as_secs())));
                 }
-                if sink.send(Message::Ping(Vec::new().into())).await.is_err() {
-                    break None;
+                if let Err(reason) = send(&mut sink, Message::Ping(Vec::new().into()), hub, &connection).await {
+                    break reason;
                 }
             }
         }
@@ -153,9 +181,15 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
         if code == POLICY {
             log(&format!("market data: WebSocket connection {} closed: {reason}", connection.id));
         }
-        let _ = sink.send(Message::Close(Some(CloseFrame { code, reason: reason.into() }))).await;
+        // The reason goes out if the client's socket has room for it (a
+        // client that never reads may not: it is not waited for).
+        let close = Message::Close(Some(CloseFrame { code, reason: reason.into() }));
+        let _ = tokio::time::timeout(CLOSE_WAIT, async {
+            let _ = sink.send(close).await;
+            let _ = sink.close().await;
+        })
+        .await;
     }
-    let _ = sink.close().await;
 }
 
 impl Session {
