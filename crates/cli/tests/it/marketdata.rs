@@ -427,3 +427,65 @@ fn bad_input_at_the_market_data_port_costs_only_its_own_connection() {
     assert_eq!(http_get(&market, "/api/v3/ping").0, 200);
     assert!(server.terminate().success());
 }
+
+/// After a `kill -9` and a restart, the feeds carry on from the journal:
+/// the same book, trades (ids and times), candles and ticker as before,
+/// rebuilt from the gateways' checkpoints in a snapshot and the journal
+/// after it; new trades take the next ids.
+#[test]
+fn the_feeds_carry_on_after_a_restart() {
+    let dir = TempDir::new("md-restart");
+    let base = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../crossbook.toml")).expect("crossbook.toml");
+    let text = base
+        .replace("snapshot_every = 100000 ", "snapshot_every = 300 ")
+        .replace("history_commands = 1000000 ", "history_commands = 400 ");
+    assert!(text.contains("snapshot_every = 300 ") && text.contains("history_commands = 400 "), "crossbook.toml's lines changed");
+    let config = dir.0.join("restart.toml");
+    std::fs::write(&config, text).expect("config");
+    let server = start(&dir.0, Some(&config));
+    let market = server.market_address.clone();
+    let mut trading = std::process::Command::new(env!("CARGO_BIN_EXE_crossbook"))
+        .args(["load", "--address", &server.address, "--connections", "2", "--count", "3000", "--duration", "60"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("load");
+    assert!(trading.wait().expect("load").success());
+    std::thread::sleep(Duration::from_millis(300));
+    let views = |market: &str| {
+        (
+            json_get(market, "/api/v3/depth?symbol=BTCUSD&limit=5000"),
+            json_get(market, "/api/v3/trades?symbol=BTCUSD&limit=1000"),
+            json_get(market, "/api/v3/klines?symbol=BTCUSD&interval=1m&limit=1000"),
+            json_get(market, "/api/v3/klines?symbol=BTCUSD&interval=1h&limit=1000"),
+        )
+    };
+    let (depth, trades, minutes, hours) = views(&market);
+    let ticker = json_get(&market, "/api/v3/ticker/24hr?symbol=BTCUSD");
+    server.kill();
+
+    let server = start(&dir.0, Some(&config));
+    let line = server.startup.iter().find(|l| l.starts_with("rebuilt ")).expect("a rebuilt line").clone();
+    assert!(line.contains("from the gateways' checkpoints at seq "), "{line}");
+    let market = server.market_address.clone();
+    let (depth_after, trades_after, minutes_after, hours_after) = views(&market);
+    assert_eq!((&depth_after["bids"], &depth_after["asks"]), (&depth["bids"], &depth["asks"]), "the book");
+    assert_eq!(trades_after, trades, "the last 1,000 trades, ids and times");
+    assert_eq!((minutes_after, hours_after), (minutes, hours), "the candles");
+    // The window ends at the last command's journal time: the same.
+    assert_eq!(json_get(&market, "/api/v3/ticker/24hr?symbol=BTCUSD"), ticker, "the 24-hour ticker");
+    let last_id = trades.as_array().and_then(|t| t.last()).and_then(|t| t["id"].as_u64()).expect("a trade");
+    let mut trading = std::process::Command::new(env!("CARGO_BIN_EXE_crossbook"))
+        .args(["load", "--address", &server.address, "--connections", "2", "--count", "300", "--duration", "60"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("load");
+    assert!(trading.wait().expect("load").success());
+    std::thread::sleep(Duration::from_millis(300));
+    let newer = json_get(&market, "/api/v3/trades?symbol=BTCUSD&limit=1000");
+    let ids: Vec<u64> = newer.as_array().expect("trades").iter().map(|t| t["id"].as_u64().expect("id")).collect();
+    assert!(ids.contains(&(last_id + 1)), "new trades go on from id {}", last_id + 1);
+    assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "ids without gaps");
+    assert!(server.terminate().success());
+}

@@ -22,6 +22,7 @@ const state = {
   pendingKlines: [],
   lastCandle: null,
   previousStats: null,
+  statusHistory: [],
 };
 
 const $ = (id) => document.getElementById(id);
@@ -36,6 +37,8 @@ function setStatus(kind, text) {
   const status = $('status');
   status.className = kind;
   status.textContent = text;
+  state.statusHistory.push(text);
+  if (state.statusHistory.length > 50) state.statusHistory.shift();
 }
 
 // ---- the chart -------------------------------------------------------
@@ -44,7 +47,7 @@ const chart = LightweightCharts.createChart($('chart'), {
   autoSize: true,
   layout: { background: { color: '#171b21' }, textColor: '#d6dbe1' },
   grid: { vertLines: { color: '#20252d' }, horzLines: { color: '#20252d' } },
-  timeScale: { timeVisible: true, secondsVisible: false, borderColor: '#262c35' },
+  timeScale: { timeVisible: true, secondsVisible: false, borderColor: '#262c35', rightOffset: 6, barSpacing: 10 },
   rightPriceScale: { borderColor: '#262c35' },
 });
 const candleSeries = chart.addSeries(LightweightCharts.CandlestickSeries, {
@@ -246,6 +249,9 @@ function connect() {
 function select(symbol) {
   if (state.ws) { const old = state.ws; state.ws = null; old.close(); }
   state.symbol = symbol;
+  const info = state.instruments.find((i) => i.symbol === symbol);
+  const precision = info ? info.pricePrecision : 2;
+  candleSeries.applyOptions({ priceFormat: { type: 'price', precision, minMove: Math.pow(10, -precision) } });
   state.book = null;
   state.trades = new Map();
   for (const b of document.querySelectorAll('#symbols button')) b.classList.toggle('active', b.dataset.symbol === symbol);
@@ -299,5 +305,8 @@ async function start() {
   setInterval(pollStats, 1000);
 }
 
+// For the browser test (scripts/dashboard-test): the page's state, and its
+// handler of stream messages (to hand it a diff with a gap).
 window.crossbook = state;
+window.crossbookOnMessage = onMessage;
 start();

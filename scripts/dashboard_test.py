@@ -1,0 +1,161 @@
+"""The dashboard in a real browser.
+
+Starts `crossbook serve` on free ports with a fresh data directory, opens
+the dashboard (http://<market data>/) in Debian's Chromium driven by
+Playwright, trades through the binary protocol (`crossbook load`), and
+checks that the page shows what the REST API says: the order book ladder
+(`GET /api/v3/depth`), the recent trades (`GET /api/v3/trades`), the last
+candle (`GET /api/v3/klines`) and the last price (`GET
+/api/v3/ticker/24hr`). Then it hands the page a diff with a gap and checks
+that the page says it is out of sync and resyncs, and stops the server and
+checks that the page says the connection is lost. Writes a screenshot
+(target/dashboard.png by default). Ends with "N passed, M failed".
+
+    scripts/dashboard-test [--binary target/release/crossbook] [--chromium /usr/bin/chromium]
+"""
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+from playwright.sync_api import sync_playwright
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Chromium's own network traffic is refused on this machine: keep it quiet.
+CHROMIUM_ARGS = [
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+
+def get(address, path):
+    with urllib.request.urlopen(f"http://{address}{path}", timeout=10) as response:
+        return json.loads(response.read())
+
+
+def start_server(binary, data):
+    process = subprocess.Popen(
+        [binary, "serve", "--listen", "127.0.0.1:0", "--fix-listen", "", "--market-listen", "127.0.0.1:0", "--data", data],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    binary_address = market = None
+    deadline = time.time() + 30
+    for line in process.stderr:
+        match = re.match(r"market data on http://([^/]+)/", line)
+        if match:
+            market = match.group(1)
+        if line.startswith("listening on "):
+            binary_address = line.split()[2]
+            break
+        if time.time() > deadline:
+            break
+    if not (binary_address and market):
+        raise SystemExit("the server did not start")
+    # Keep reading its log so that it never blocks on a full pipe.
+    import threading
+    threading.Thread(target=lambda: [None for _ in process.stderr], daemon=True).start()
+    return process, binary_address, market
+
+
+class Checks:
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+
+    def check(self, name, ok, detail=""):
+        if ok:
+            self.passed += 1
+            print(f"ok   {name}")
+        else:
+            self.failed += 1
+            print(f"FAIL {name}: {detail}")
+
+
+def wait_for(page, predicate_js, timeout_s=15):
+    try:
+        page.wait_for_function(predicate_js, timeout=timeout_s * 1000)
+        return True
+    except Exception:
+        return False
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--binary", default=os.path.join(REPO, "target", "release", "crossbook"))
+    parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument("--screenshot", default=os.path.join(REPO, "target", "dashboard.png"))
+    args = parser.parse_args()
+    checks = Checks()
+    data = tempfile.mkdtemp(prefix="crossbook-dashboard-")
+    server, binary_address, market = start_server(args.binary, data)
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=args.chromium, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 860})
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"http://{market}/")
+            checks.check("the page goes live", wait_for(page, "document.getElementById('status').textContent === 'live'"),
+                         page.text_content("#status"))
+            # Trade: closed loop, two sessions, a few hundred orders.
+            subprocess.run([args.binary, "load", "--address", binary_address, "--connections", "2", "--count", "600", "--duration", "30"],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            seq = get(market, "/crossbook/stats")["seq"]
+            checks.check("the page has followed the feed to the end",
+                         wait_for(page, f"window.crossbook.book && window.crossbook.book.lastUpdateId >= {seq - 5} && document.querySelectorAll('#trades .row').length > 0"),
+                         page.evaluate("window.crossbook.book && window.crossbook.book.lastUpdateId"))
+            time.sleep(1.0)
+            depth = get(market, "/api/v3/depth?symbol=BTCUSD&limit=15")
+            ladder = page.evaluate("""() => ({
+                bids: [...document.querySelectorAll('#bids .row')].map(r => [r.dataset.price, r.dataset.qty]),
+                asks: [...document.querySelectorAll('#asks .row')].map(r => [r.dataset.price, r.dataset.qty]),
+            })""")
+            checks.check("the ladder's bids are GET /api/v3/depth's", ladder["bids"] == depth["bids"], f"{ladder['bids'][:3]} vs {depth['bids'][:3]}")
+            checks.check("the ladder's asks are GET /api/v3/depth's", ladder["asks"] == depth["asks"], f"{ladder['asks'][:3]} vs {depth['asks'][:3]}")
+            trades = get(market, "/api/v3/trades?symbol=BTCUSD&limit=40")
+            shown = page.evaluate("[...document.querySelectorAll('#trades .row')].map(r => [Number(r.dataset.id), r.dataset.price, r.dataset.qty])")
+            expected = [[t["id"], t["price"], t["qty"]] for t in reversed(trades)]
+            checks.check("the trades list is GET /api/v3/trades's, newest first", shown == expected, f"{shown[:3]} vs {expected[:3]}")
+            kline = get(market, "/api/v3/klines?symbol=BTCUSD&interval=1m&limit=1")[-1]
+            candle = page.evaluate("({...document.getElementById('candle').dataset})")
+            wanted = {"openTime": str(kline[0]), "open": kline[1], "high": kline[2], "low": kline[3], "close": kline[4], "volume": kline[5]}
+            checks.check("the last candle is GET /api/v3/klines's", candle == wanted, f"{candle} vs {wanted}")
+            ticker = get(market, "/api/v3/ticker/24hr?symbol=BTCUSD")
+            checks.check("the last price is the 24-hour ticker's", page.text_content("#last-price") == ticker["lastPrice"],
+                         f"{page.text_content('#last-price')} vs {ticker['lastPrice']}")
+            checks.check("the venue's figures are shown", page.text_content("#stat-seq") not in ("", "-"), page.text_content("#stat-seq"))
+            os.makedirs(os.path.dirname(args.screenshot), exist_ok=True)
+            page.screenshot(path=args.screenshot)
+            # A diff with a gap: the page says so, and resyncs.
+            page.evaluate("""() => {
+                const last = window.crossbook.book.lastUpdateId;
+                window.crossbookOnMessage({ data: JSON.stringify({ stream: 'btcusd@depth',
+                    data: { e: 'depthUpdate', U: last + 10, u: last + 11, b: [], a: [] } }) });
+            }""")
+            checks.check("a gap in the diffs shows as out of sync",
+                         wait_for(page, "window.crossbook.statusHistory.some(s => s.startsWith('out of sync'))", 5),
+                         page.evaluate("window.crossbook.statusHistory"))
+            checks.check("and the page resyncs", wait_for(page, "document.getElementById('status').textContent === 'live'"), page.text_content("#status"))
+            # The server stops: the page says the connection is lost.
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=30)
+            checks.check("a stopped server shows as disconnected",
+                         wait_for(page, "document.getElementById('status').textContent.startsWith('disconnected')"), page.text_content("#status"))
+            checks.check("no script errors on the page", not errors, errors)
+            browser.close()
+    finally:
+        if server.poll() is None:
+            server.kill()
+    print(f"screenshot: {args.screenshot}")
+    print(f"{checks.passed} passed, {checks.failed} failed")
+    return 1 if checks.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
