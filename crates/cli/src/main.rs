@@ -130,6 +130,31 @@ enum Cmd {
         #[arg(long)]
         last_seen_out: Option<PathBuf>,
     },
+    /// Watch a running `crossbook serve`'s market data: N WebSocket clients
+    /// (and optionally K REST depth clients); report messages/s and the
+    /// latency of `@trade` messages (docs/benchmarks.md).
+    Watch {
+        /// The market-data server (default: crossbook serve's, 127.0.0.1:7702).
+        #[arg(long, default_value = "127.0.0.1:7702")]
+        address: String,
+        /// Streams each connection subscribes to, comma-separated.
+        #[arg(long, default_value = "btcusd@depth,btcusd@trade")]
+        streams: String,
+        #[arg(long, default_value_t = 1)]
+        connections: usize,
+        /// Seconds of watching.
+        #[arg(long, default_value_t = 10.0)]
+        duration: f64,
+        /// Clients asking GET /api/v3/depth?limit=100 in a loop meanwhile.
+        #[arg(long, default_value_t = 0)]
+        depth_clients: usize,
+        /// The symbol they ask for.
+        #[arg(long, default_value = "BTCUSD")]
+        depth_symbol: String,
+        /// One JSON object on standard output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Replay another engine's published flow and compare every result.
     Compat {
         #[command(subcommand)]
@@ -229,6 +254,15 @@ fn real_main() -> Result<()> {
         }
         Cmd::Recover { journal } => journaled::recover(&journal),
         Cmd::Serve { config, listen, data, fix_listen, market_listen } => serve(config, listen, data, fix_listen, market_listen),
+        Cmd::Watch { address, streams, connections, duration, depth_clients, depth_symbol, json } => crossbook_load::watch::run(crossbook_load::watch::WatchOptions {
+            address,
+            streams: streams.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect(),
+            connections,
+            duration: std::time::Duration::from_secs_f64(duration.max(0.0)),
+            depth_clients,
+            depth_symbol,
+            json,
+        }),
         Cmd::Load { address, protocol, workload, count, connections, duration, rate, window, json, acked_out, last_seen_out } => crossbook_load::run(crossbook_load::Options {
             protocol: match protocol.as_str() {
                 "binary" => crossbook_load::Protocol::Binary,

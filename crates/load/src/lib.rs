@@ -19,6 +19,8 @@
 //! orders that cross (IOC), order to the first fill report, into HDR
 //! histograms.
 
+pub mod watch;
+
 use anyhow::{Context, Result, bail};
 use crossbook_engine::{OrderType, SelfTradePrevention, Side, TimeInForce};
 use crossbook_protocol::*;

@@ -54,8 +54,12 @@ enum Feed {
 /// A WebSocket connection's side the market-data thread sees.
 pub(crate) struct Connection {
     pub(crate) id: u64,
-    /// Messages for it; full means it fell behind.
-    pub(crate) out: tokio::sync::mpsc::Sender<Arc<str>>,
+    /// Messages for it, a batch's worth at a time (one hand-over and one
+    /// write per batch, not per message).
+    pub(crate) out: tokio::sync::mpsc::UnboundedSender<Vec<Arc<str>>>,
+    /// Messages handed over and not yet written: past `queue`, it fell
+    /// behind.
+    pub(crate) waiting: AtomicUsize,
     /// Set (and `wake` notified) when it fell behind: it is closed.
     pub(crate) dropped: AtomicBool,
     pub(crate) wake: tokio::sync::Notify,
@@ -126,7 +130,8 @@ impl Hub {
     }
 
     /// Sends the messages of one batch's updates to every subscriber of
-    /// their streams: each rendered once per stream.
+    /// their streams: each rendered once per stream, each connection's
+    /// collected and handed over at once.
     fn publish(&self, updates: &Updates) {
         if updates.instruments.is_empty() {
             return;
@@ -136,10 +141,11 @@ impl Hub {
             return;
         }
         let state = self.read();
+        let mut outgoing: BTreeMap<u64, (Arc<Connection>, Vec<Arc<str>>)> = BTreeMap::new();
         for update in &updates.instruments {
             let data = &state.instruments[update.index];
             let symbol = data.info.binance.to_ascii_lowercase();
-            let send = |name: &str, payloads: &dyn Fn() -> Vec<serde_json::Value>| {
+            let mut send = |name: &str, payloads: &dyn Fn() -> Vec<serde_json::Value>| {
                 let Some(list) = subscribers.get(name) else { return };
                 let mut raw: Option<Vec<Arc<str>>> = None;
                 let mut combined: Option<Vec<Arc<str>>> = None;
@@ -149,9 +155,8 @@ impl Hub {
                     } else {
                         raw.get_or_insert_with(|| payloads().into_iter().map(|data| Arc::from(data.to_string())).collect())
                     };
-                    for message in messages.iter() {
-                        self.deliver(&subscriber.connection, message.clone());
-                    }
+                    let entry = outgoing.entry(subscriber.connection.id).or_insert_with(|| (subscriber.connection.clone(), Vec::new()));
+                    entry.1.extend(messages.iter().cloned());
                 }
             };
             if let Some(diff) = &update.depth {
@@ -176,23 +181,27 @@ impl Hub {
                 send(&format!("{symbol}@bookTicker"), &|| vec![render::book_ticker_update(&state, data)]);
             }
         }
+        drop(state);
+        drop(subscribers);
+        for (connection, messages) in outgoing.into_values() {
+            self.deliver(&connection, messages);
+        }
     }
 
-    fn deliver(&self, connection: &Connection, message: Arc<str>) {
+    fn deliver(&self, connection: &Connection, messages: Vec<Arc<str>>) {
         if connection.dropped.load(Ordering::Acquire) {
             return;
         }
-        match connection.out.try_send(message) {
-            Ok(()) => {
-                self.sent.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
-                connection.dropped.store(true, Ordering::Release);
-                connection.wake.notify_one();
-                self.slow_dropped.fetch_add(1, Ordering::Relaxed);
-            }
-            // Closed: the connection is going away on its own.
-            Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => {}
+        let count = messages.len();
+        if connection.waiting.load(Ordering::Acquire) + count > self.config.queue {
+            connection.dropped.store(true, Ordering::Release);
+            connection.wake.notify_one();
+            self.slow_dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        connection.waiting.fetch_add(count, Ordering::AcqRel);
+        if connection.out.send(messages).is_ok() {
+            self.sent.fetch_add(count as u64, Ordering::Relaxed);
         }
     }
 }

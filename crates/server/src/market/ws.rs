@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Binance's close code for a policy violation (slow consumer, too many
@@ -22,6 +22,8 @@ const POLICY: u16 = 1008;
 const GOING_AWAY: u16 = 1001;
 /// How long a closing connection's last frame may take to leave.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
+/// Messages written to a connection with one flush, at most.
+const WRITE_BATCH: usize = 256;
 
 /// The canonical name of a stream (lower-case symbol), if it is one this
 /// venue serves.
@@ -100,6 +102,31 @@ where
     }
 }
 
+/// [`send`] of several messages with one flush (one write to the socket
+/// for all of them, where there is room).
+async fn send_all<S>(sink: &mut S, messages: Vec<Message>, hub: &Hub, connection: &Connection) -> Result<(), Option<(u16, String)>>
+where
+    S: futures_util::Sink<Message> + Unpin,
+{
+    let feed_all = async {
+        for message in messages {
+            sink.feed(message).await?;
+        }
+        sink.flush().await
+    };
+    tokio::select! {
+        sent = feed_all => sent.map_err(|_| None),
+        () = async {
+            loop {
+                connection.wake.notified().await;
+                if closing_reason(hub, connection).is_some() {
+                    return;
+                }
+            }
+        } => Err(closing_reason(hub, connection)),
+    }
+}
+
 /// One connection's subscriptions and request budget.
 struct Session {
     connection: Arc<Connection>,
@@ -110,8 +137,8 @@ struct Session {
 }
 
 async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: bool) {
-    let (out, mut queued) = tokio::sync::mpsc::channel::<Arc<str>>(hub.config.queue.max(1));
-    let connection = Arc::new(Connection { id: hub.new_connection_id(), out, dropped: AtomicBool::new(false), wake: tokio::sync::Notify::new() });
+    let (out, mut queued) = tokio::sync::mpsc::unbounded_channel::<Vec<Arc<str>>>();
+    let connection = Arc::new(Connection { id: hub.new_connection_id(), out, waiting: AtomicUsize::new(0), dropped: AtomicBool::new(false), wake: tokio::sync::Notify::new() });
     hub.live().insert(connection.id, connection.clone());
     let mut session = Session { connection: connection.clone(), streams: Vec::new(), combined, window_started: Instant::now(), window_messages: 0 };
     for name in names {
@@ -150,11 +177,21 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => last_heard = Instant::now(),
                 Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break None,
             },
-            message = queued.recv() => match message {
-                Some(text) => {
-                    if let Err(reason) = send(&mut sink, Message::Text(text.as_ref().into()), hub, &connection).await {
+            messages = queued.recv() => match messages {
+                Some(first) => {
+                    // Everything queued goes out in one write.
+                    let mut batch: Vec<Message> = first.iter().map(|text| Message::Text(text.as_ref().into())).collect();
+                    while batch.len() < WRITE_BATCH {
+                        match queued.try_recv() {
+                            Ok(more) => batch.extend(more.iter().map(|text| Message::Text(text.as_ref().into()))),
+                            Err(_) => break,
+                        }
+                    }
+                    let count = batch.len();
+                    if let Err(reason) = send_all(&mut sink, batch, hub, &connection).await {
                         break reason;
                     }
+                    connection.waiting.fetch_sub(count, Ordering::AcqRel);
                 }
                 None => break None,
             },
