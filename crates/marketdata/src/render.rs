@@ -227,6 +227,42 @@ pub fn partial_depth(market: &MarketData, data: &InstrumentData, limit: usize) -
     depth(market, data, limit)
 }
 
+/// [`depth_update`] written straight to text (the hot path of the feed:
+/// no intermediate JSON values).
+pub fn depth_update_text(data: &InstrumentData, diff: &DepthDiff, time_ms: u64) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(96 + 24 * (diff.bids.len() + diff.asks.len()));
+    let _ = write!(out, r#"{{"e":"depthUpdate","E":{time_ms},"s":"{}","U":{},"u":{},"b":["#, data.info.binance, diff.first, diff.last);
+    write_levels(&mut out, data, &diff.bids);
+    out.push_str(r#"],"a":["#);
+    write_levels(&mut out, data, &diff.asks);
+    out.push_str("]}");
+    out
+}
+
+fn write_levels(out: &mut String, data: &InstrumentData, levels: &[(i64, u64)]) {
+    use std::fmt::Write;
+    for (index, (p, q)) in levels.iter().enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        let _ = write!(out, r#"["{}","{}"]"#, price(data, *p), qty(data, *q));
+    }
+}
+
+/// [`trade`] written straight to text.
+pub fn trade_text(data: &InstrumentData, trade: &Trade, time_ms: u64) -> String {
+    format!(
+        r#"{{"e":"trade","E":{time_ms},"s":"{}","t":{},"p":"{}","q":"{}","T":{},"m":{},"M":true}}"#,
+        data.info.binance,
+        trade.id,
+        price(data, trade.price),
+        qty(data, trade.qty),
+        trade.time_ms,
+        trade.buyer_is_maker
+    )
+}
+
 /// The `<symbol>@trade` payload.
 pub fn trade(data: &InstrumentData, trade: &Trade, time_ms: u64) -> Value {
     json!({
@@ -329,6 +365,35 @@ pub fn ticker_update(market: &MarketData, index: usize, time_ms: u64) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hot_payloads_written_as_text_are_the_json_ones() {
+        let info = crate::InstrumentInfo {
+            id: 1,
+            symbol: "BTC-USD".into(),
+            binance: "BTCUSD".into(),
+            base_asset: "BTC".into(),
+            quote_asset: "USD".into(),
+            price_unit: Unit { mantissa: 1, scale: 2 },
+            qty_unit: Unit { mantissa: 5, scale: 3 },
+            min_price: 1,
+            max_price: 1_000_000,
+            min_qty: 1,
+            max_qty: 1_000,
+        };
+        let market = MarketData::new(vec![info], 0);
+        let data = &market.instruments[0];
+        let diff = DepthDiff { first: 7, last: 9, bids: vec![(10_050, 3), (10_000, 0)], asks: vec![(10_100, 12)] };
+        let text: Value = serde_json::from_str(&depth_update_text(data, &diff, 1_700_000_000_123)).expect("JSON");
+        assert_eq!(text, depth_update(data, &diff, 1_700_000_000_123));
+        let empty = DepthDiff { first: 1, last: 1, bids: vec![], asks: vec![] };
+        assert_eq!(serde_json::from_str::<Value>(&depth_update_text(data, &empty, 5)).expect("JSON"), depth_update(data, &empty, 5));
+        for buyer_is_maker in [true, false] {
+            let t = Trade { id: 42, price: 10_075, qty: 7, time_ms: 1_700_000_000_100, buyer_is_maker, seq: 99 };
+            let text: Value = serde_json::from_str(&trade_text(data, &t, 1_700_000_000_123)).expect("JSON");
+            assert_eq!(text, trade(data, &t, 1_700_000_000_123));
+        }
+    }
 
     #[test]
     fn decimals_have_the_units_digits() {

@@ -23,6 +23,7 @@ mod ws;
 use crate::config::Config;
 use crate::sink::{Checkpoint, Durable, Released, ReportSink, RestoreError};
 use crate::{ServeError, log};
+use axum::extract::ws::Utf8Bytes;
 use crossbook_engine::{Event, EventKind};
 use crossbook_marketdata::{InstrumentInfo, MarketData, Unit, Updates, binance_symbol, codec, render};
 use std::collections::BTreeMap;
@@ -56,7 +57,7 @@ pub(crate) struct Connection {
     pub(crate) id: u64,
     /// Messages for it, a batch's worth at a time (one hand-over and one
     /// write per batch, not per message).
-    pub(crate) out: tokio::sync::mpsc::UnboundedSender<Vec<Arc<str>>>,
+    pub(crate) out: tokio::sync::mpsc::UnboundedSender<Vec<Utf8Bytes>>,
     /// Messages handed over and not yet written: past `queue`, it fell
     /// behind.
     pub(crate) waiting: AtomicUsize,
@@ -141,19 +142,20 @@ impl Hub {
             return;
         }
         let state = self.read();
-        let mut outgoing: BTreeMap<u64, (Arc<Connection>, Vec<Arc<str>>)> = BTreeMap::new();
+        let mut outgoing: BTreeMap<u64, (Arc<Connection>, Vec<Utf8Bytes>)> = BTreeMap::new();
         for update in &updates.instruments {
             let data = &state.instruments[update.index];
             let symbol = data.info.binance.to_ascii_lowercase();
-            let mut send = |name: &str, payloads: &dyn Fn() -> Vec<serde_json::Value>| {
+            let mut send = |name: &str, payloads: &dyn Fn() -> Vec<String>| {
                 let Some(list) = subscribers.get(name) else { return };
-                let mut raw: Option<Vec<Arc<str>>> = None;
-                let mut combined: Option<Vec<Arc<str>>> = None;
+                // Rendered once; every connection's copy shares the bytes.
+                let mut raw: Option<Vec<Utf8Bytes>> = None;
+                let mut combined: Option<Vec<Utf8Bytes>> = None;
                 for subscriber in list {
                     let messages = if subscriber.combined {
-                        combined.get_or_insert_with(|| payloads().into_iter().map(|data| Arc::from(serde_json::json!({"stream": name, "data": data}).to_string())).collect())
+                        combined.get_or_insert_with(|| payloads().into_iter().map(|data| Utf8Bytes::from(format!(r#"{{"stream":"{name}","data":{data}}}"#))).collect())
                     } else {
-                        raw.get_or_insert_with(|| payloads().into_iter().map(|data| Arc::from(data.to_string())).collect())
+                        raw.get_or_insert_with(|| payloads().into_iter().map(Utf8Bytes::from).collect())
                     };
                     let entry = outgoing.entry(subscriber.connection.id).or_insert_with(|| (subscriber.connection.clone(), Vec::new()));
                     entry.1.extend(messages.iter().cloned());
@@ -161,24 +163,24 @@ impl Hub {
             };
             if let Some(diff) = &update.depth {
                 for suffix in ["@depth", "@depth@100ms", "@depth@1000ms"] {
-                    send(&format!("{symbol}{suffix}"), &|| vec![render::depth_update(data, diff, updates.time_ms)]);
+                    send(&format!("{symbol}{suffix}"), &|| vec![render::depth_update_text(data, diff, updates.time_ms)]);
                 }
                 for levels in [5usize, 10, 20] {
                     for speed in ["", "@100ms", "@1000ms"] {
-                        send(&format!("{symbol}@depth{levels}{speed}"), &|| vec![render::partial_depth(&state, data, levels)]);
+                        send(&format!("{symbol}@depth{levels}{speed}"), &|| vec![render::partial_depth(&state, data, levels).to_string()]);
                     }
                 }
             }
             if !update.trades.is_empty() {
-                send(&format!("{symbol}@trade"), &|| update.trades.iter().map(|t| render::trade(data, t, updates.time_ms)).collect());
+                send(&format!("{symbol}@trade"), &|| update.trades.iter().map(|t| render::trade_text(data, t, updates.time_ms)).collect());
                 let first = update.trades[0].id;
                 for (interval, (name, _)) in crossbook_marketdata::candles::INTERVALS.iter().enumerate() {
-                    send(&format!("{symbol}@kline_{name}"), &|| render::kline_updates(data, interval, first, updates.time_ms));
+                    send(&format!("{symbol}@kline_{name}"), &|| render::kline_updates(data, interval, first, updates.time_ms).iter().map(ToString::to_string).collect());
                 }
-                send(&format!("{symbol}@ticker"), &|| vec![render::ticker_update(&state, update.index, updates.time_ms)]);
+                send(&format!("{symbol}@ticker"), &|| vec![render::ticker_update(&state, update.index, updates.time_ms).to_string()]);
             }
             if update.top_changed {
-                send(&format!("{symbol}@bookTicker"), &|| vec![render::book_ticker_update(&state, data)]);
+                send(&format!("{symbol}@bookTicker"), &|| vec![render::book_ticker_update(&state, data).to_string()]);
             }
         }
         drop(state);
@@ -188,7 +190,7 @@ impl Hub {
         }
     }
 
-    fn deliver(&self, connection: &Connection, messages: Vec<Arc<str>>) {
+    fn deliver(&self, connection: &Connection, messages: Vec<Utf8Bytes>) {
         if connection.dropped.load(Ordering::Acquire) {
             return;
         }

@@ -137,7 +137,7 @@ struct Session {
 }
 
 async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: bool) {
-    let (out, mut queued) = tokio::sync::mpsc::unbounded_channel::<Vec<Arc<str>>>();
+    let (out, mut queued) = tokio::sync::mpsc::unbounded_channel::<Vec<axum::extract::ws::Utf8Bytes>>();
     let connection = Arc::new(Connection { id: hub.new_connection_id(), out, waiting: AtomicUsize::new(0), dropped: AtomicBool::new(false), wake: tokio::sync::Notify::new() });
     hub.live().insert(connection.id, connection.clone());
     let mut session = Session { connection: connection.clone(), streams: Vec::new(), combined, window_started: Instant::now(), window_messages: 0 };
@@ -180,10 +180,10 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
             messages = queued.recv() => match messages {
                 Some(first) => {
                     // Everything queued goes out in one write.
-                    let mut batch: Vec<Message> = first.iter().map(|text| Message::Text(text.as_ref().into())).collect();
+                    let mut batch: Vec<Message> = first.into_iter().map(Message::Text).collect();
                     while batch.len() < WRITE_BATCH {
                         match queued.try_recv() {
-                            Ok(more) => batch.extend(more.iter().map(|text| Message::Text(text.as_ref().into()))),
+                            Ok(more) => batch.extend(more.into_iter().map(Message::Text)),
                             Err(_) => break,
                         }
                     }
