@@ -608,6 +608,7 @@ impl Engine {
 
     /// The matching loop of `docs/engine.md`. Returns whether the taker was
     /// stopped by self-trade prevention.
+    #[inline(always)]
     fn match_taker(&mut self, instrument: u32, taker: &mut Taker, out: &mut Vec<Event>) -> bool {
         let inst_index = instrument as usize;
         while taker.remaining() > 0 {
