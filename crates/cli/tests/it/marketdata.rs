@@ -308,8 +308,12 @@ fn tight_config(dir: &Path) -> std::path::PathBuf {
     let text = base
         .replace("queue = 4096                   # messages waiting", "queue = 512                    # messages waiting")
         .replace("max_streams = 1024 ", "max_streams = 20 ")
-        .replace("max_messages_per_s = 10 ", "max_messages_per_s = 5 ");
-    assert!(text.contains("queue = 512 ") && text.contains("max_streams = 20 ") && text.contains("max_messages_per_s = 5 "), "crossbook.toml's [market_data] lines changed");
+        .replace("max_messages_per_s = 10 ", "max_messages_per_s = 5 ")
+        .replace("max_connections = 1024 ", "max_connections = 8 ");
+    assert!(
+        text.contains("queue = 512 ") && text.contains("max_streams = 20 ") && text.contains("max_messages_per_s = 5 ") && text.contains("max_connections = 8 "),
+        "crossbook.toml's [market_data] lines changed"
+    );
     let path = dir.join("tight.toml");
     std::fs::write(&path, text).expect("config");
     path
@@ -347,6 +351,36 @@ fn bad_input_at_the_market_data_port_costs_only_its_own_connection() {
     // An unknown stream is refused at the upgrade.
     let refused = tungstenite::connect(format!("ws://{market}/ws/btcusd@nothing"));
     assert!(matches!(refused, Err(tungstenite::Error::Http(ref r)) if r.status() == 400), "{refused:?}");
+
+    // Connections past the limit are refused; the ones open go on.
+    let mut open: Vec<Socket> = (0..8).map(|_| connect(&market, "/ws/btcusd@trade")).collect();
+    let refused = tungstenite::connect(format!("ws://{market}/ws/btcusd@trade"));
+    assert!(matches!(refused, Err(tungstenite::Error::Http(ref r)) if r.status() == 503), "{refused:?}");
+    for socket in &mut open {
+        socket.send(Message::Text(r#"{"method":"LIST_SUBSCRIPTIONS","id":1}"#.into())).expect("send");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let answer = loop {
+            if let Some(answer) = next_text(socket) {
+                break answer;
+            }
+            assert!(Instant::now() < deadline, "no answer");
+        };
+        assert_eq!(answer["result"], serde_json::json!(["btcusd@trade"]));
+    }
+    // A message past max_message (thousands of subscriptions in one
+    // request) closes its connection only.
+    let thousands: Vec<String> = (0..5_000).map(|_| "btcusd@trade".to_string()).collect();
+    let request = serde_json::json!({"method": "SUBSCRIBE", "params": thousands, "id": 1}).to_string();
+    let _ = open[0].send(Message::Text(request.into()));
+    let gone = (0..100).any(|_| match open[0].read() {
+        Ok(Message::Close(_)) | Err(tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed | tungstenite::Error::Protocol(_)) => true,
+        Err(tungstenite::Error::Io(e)) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+        _ => false,
+    });
+    assert!(gone, "a 60 KB request closes its connection");
+    open[1].send(Message::Text(r#"{"method":"LIST_SUBSCRIPTIONS","id":2}"#.into())).expect("the others go on");
+    drop(open);
+    std::thread::sleep(Duration::from_millis(300));
 
     // Requests: invalid JSON, an unknown method, too many streams, then a
     // flood of messages closes the connection.
