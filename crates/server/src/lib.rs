@@ -32,7 +32,7 @@ pub use crossbook_protocol::reports::OPEN_ORDER_LIMIT;
 pub use error::ServeError;
 
 use config::Config;
-use crossbook_journal::{Durability, Journal, JournalConfig, recover};
+use crossbook_journal::{Journal, JournalConfig, recover};
 use sequencer::{Inbound, Sequencer, Settings};
 use sink::ReportSink;
 use std::net::{SocketAddr, TcpListener};
@@ -122,7 +122,11 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
     let gateway = if config.fix.listen.is_empty() {
         None
     } else {
-        Some(fix::Gateway::open(&config, durability == Durability::Sync, engine.seq(), applied.clone())?)
+        // FIX stores are synced before a message is sent in both
+        // durability modes: a counterparty's sequence numbers can never be
+        // taken back (in async mode a power cut would otherwise lose
+        // messages it has, and their numbers would be given again).
+        Some(fix::Gateway::open(&config, true, engine.seq(), applied.clone())?)
     };
     // The gateways, as the sequencer sees them: the binary sessions (the
     // gateway's loop adds them first) and the others.
