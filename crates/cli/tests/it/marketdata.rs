@@ -226,8 +226,14 @@ fn start(dir: &Path, config: Option<&Path>) -> Server {
 }
 
 fn load(address: &str, seconds: u32, rate: u32) -> std::process::Child {
+    load_with(address, &["--connections", "4", "--duration", &seconds.to_string(), "--rate", &rate.to_string()])
+}
+
+/// `crossbook load` against `address` with `args`, running.
+fn load_with(address: &str, args: &[&str]) -> std::process::Child {
     std::process::Command::new(env!("CARGO_BIN_EXE_crossbook"))
-        .args(["load", "--address", address, "--connections", "4", "--duration", &seconds.to_string(), "--rate", &rate.to_string()])
+        .args(["load", "--address", address])
+        .args(args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -478,12 +484,7 @@ fn the_feeds_carry_on_after_a_restart() {
     std::fs::write(&config, text).expect("config");
     let server = start(&dir.0, Some(&config));
     let market = server.market_address.clone();
-    let mut trading = std::process::Command::new(env!("CARGO_BIN_EXE_crossbook"))
-        .args(["load", "--address", &server.address, "--connections", "2", "--count", "3000", "--duration", "60"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("load");
+    let mut trading = load_with(&server.address, &["--connections", "2", "--count", "3000", "--duration", "60"]);
     assert!(trading.wait().expect("load").success());
     std::thread::sleep(Duration::from_millis(300));
     let views = |market: &str| {
@@ -509,12 +510,7 @@ fn the_feeds_carry_on_after_a_restart() {
     // The window ends at the last command's journal time: the same.
     assert_eq!(json_get(&market, "/api/v3/ticker/24hr?symbol=BTCUSD"), ticker, "the 24-hour ticker");
     let last_id = trades.as_array().and_then(|t| t.last()).and_then(|t| t["id"].as_u64()).expect("a trade");
-    let mut trading = std::process::Command::new(env!("CARGO_BIN_EXE_crossbook"))
-        .args(["load", "--address", &server.address, "--connections", "2", "--count", "300", "--duration", "60"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("load");
+    let mut trading = load_with(&server.address, &["--connections", "2", "--count", "300", "--duration", "60"]);
     assert!(trading.wait().expect("load").success());
     std::thread::sleep(Duration::from_millis(300));
     let newer = json_get(&market, "/api/v3/trades?symbol=BTCUSD&limit=1000");

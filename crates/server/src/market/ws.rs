@@ -82,28 +82,10 @@ fn closing_reason(hub: &Hub, connection: &Connection) -> Option<(u16, String)> {
     hub.stopping.load(Ordering::Acquire).then(|| (GOING_AWAY, "server shutting down".to_string()))
 }
 
-/// Sends one message, unless the connection must close first: a client
-/// that does not read fills its socket, and the send must not wait for it
-/// past the moment its queue overflows (or the server stops).
-async fn send<S>(sink: &mut S, message: Message, hub: &Hub, connection: &Connection) -> Result<(), Option<(u16, String)>>
-where
-    S: futures_util::Sink<Message> + Unpin,
-{
-    tokio::select! {
-        sent = sink.send(message) => sent.map_err(|_| None),
-        () = async {
-            loop {
-                connection.wake.notified().await;
-                if closing_reason(hub, connection).is_some() {
-                    return;
-                }
-            }
-        } => Err(closing_reason(hub, connection)),
-    }
-}
-
-/// [`send`] of several messages with one flush (one write to the socket
-/// for all of them, where there is room).
+/// Sends messages with one flush (one write to the socket for all of
+/// them, where there is room), unless the connection must close first: a
+/// client that does not read fills its socket, and the send must not wait
+/// for it past the moment its queue overflows (or the server stops).
 async fn send_all<S>(sink: &mut S, messages: Vec<Message>, hub: &Hub, connection: &Connection) -> Result<(), Option<(u16, String)>>
 where
     S: futures_util::Sink<Message> + Unpin,
@@ -158,7 +140,7 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                         break Some(reason);
                     }
                     let answer = session.request(hub, text.as_str());
-                    if let Err(reason) = send(&mut sink, Message::Text(answer.to_string().into()), hub, &connection).await {
+                    if let Err(reason) = send_all(&mut sink, vec![Message::Text(answer.to_string().into())], hub, &connection).await {
                         break reason;
                     }
                 }
@@ -168,7 +150,7 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                         break Some(reason);
                     }
                     let answer = json!({"error": {"code": 3, "msg": "Invalid JSON: requests are text frames"}, "id": null});
-                    if let Err(reason) = send(&mut sink, Message::Text(answer.to_string().into()), hub, &connection).await {
+                    if let Err(reason) = send_all(&mut sink, vec![Message::Text(answer.to_string().into())], hub, &connection).await {
                         break reason;
                     }
                 }
@@ -204,7 +186,7 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                 if last_heard.elapsed() > every * 3 {
                     break Some((POLICY, format!("nothing heard for {} s (pong timeout)", (every * 3).as_secs())));
                 }
-                if let Err(reason) = send(&mut sink, Message::Ping(Vec::new().into()), hub, &connection).await {
+                if let Err(reason) = send_all(&mut sink, vec![Message::Ping(Vec::new().into())], hub, &connection).await {
                     break reason;
                 }
             }
