@@ -52,8 +52,8 @@ pub struct Retention {
     /// histories from one): the newest at or below `N - reach` (`N` the
     /// newest snapshot's seq) and the oldest above it, so that one with
     /// attachments between `reach` and about twice `reach` commands
-    /// before the newest stays once the journal is that long. 0: none kept
-    /// for this.
+    /// before the newest stays once the journal is that long. 0: only the
+    /// newest with attachments is kept besides the newest `newest`.
     pub reach: u64,
 }
 
@@ -61,6 +61,16 @@ pub struct Retention {
 /// `retention` keeps; `attached(path)` says whether one has attachments.
 pub fn retained(all: &[(u64, PathBuf)], retention: Retention, attached: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
     let mut keep: Vec<PathBuf> = all.iter().take(retention.newest.max(1)).map(|(_, p)| p.clone()).collect();
+    if retention.reach == 0 {
+        // A writer that does not know the server's reach (`crossbook
+        // journal snapshot`) still leaves the newest with attachments, so
+        // that a restart of the server is not left without one.
+        if let Some((_, path)) = all.iter().find(|(_, p)| attached(p))
+            && !keep.contains(path)
+        {
+            keep.push(path.clone());
+        }
+    }
     if let (Some((newest, _)), true) = (all.first(), retention.reach > 0) {
         let horizon = newest.saturating_sub(retention.reach);
         let with: Vec<&(u64, PathBuf)> = all.iter().filter(|(_, p)| attached(p)).collect();
@@ -486,5 +496,8 @@ mod tests {
         let all: Vec<(u64, PathBuf)> = [900u64, 800, 500, 100].iter().map(|s| (*s, PathBuf::from(format!("{s}")))).collect();
         let keep = retained(&all, Retention { newest: 1, reach: 300 }, |p| p != Path::new("500"));
         assert_eq!(keep, vec![PathBuf::from("900"), PathBuf::from("100"), PathBuf::from("800")]);
+        // Without a reach, the newest with attachments stays all the same.
+        let keep = retained(&all, Retention { newest: 2, reach: 0 }, |p| p == Path::new("500"));
+        assert_eq!(keep, vec![PathBuf::from("900"), PathBuf::from("800"), PathBuf::from("500")]);
     }
 }

@@ -472,8 +472,10 @@ pub fn snapshot_has_attachments(path: &Path) -> std::io::Result<bool> {
     if read_full(&mut file, &mut header)? < SNAPSHOT_HEADER_BYTES || &header[0..8] != SNAPSHOT_MAGIC || u32_at(&header, 8) < 3 {
         return Ok(false);
     }
-    let state_len = u64_at(&header, 24);
-    file.seek(SeekFrom::Start(SNAPSHOT_HEADER_BYTES as u64 + state_len))?;
+    let Some(at) = u64_at(&header, 24).checked_add(SNAPSHOT_HEADER_BYTES as u64) else {
+        return Ok(false);
+    };
+    file.seek(SeekFrom::Start(at))?;
     let mut length = [0u8; 8];
     Ok(read_full(&mut file, &mut length)? == 8 && u64::from_le_bytes(length) > 0)
 }

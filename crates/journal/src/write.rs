@@ -536,9 +536,15 @@ impl Journal {
                 let mut tail = Segment { file, path: path.clone(), size: *valid_len, allocated };
                 if segment_version(path)? < SEGMENT_VERSION {
                     // A segment of an older format is not appended to: it
-                    // ends here, and the records go on in a new one.
+                    // ends here, and the records go on in a new one. One
+                    // with no record yet holds the new one's name: it goes.
                     tail.trim()?;
                     tail.file.sync_all().map_err(io(format!("syncing {}", path.display())))?;
+                    if *valid_len <= SEGMENT_HEADER_BYTES as u64 {
+                        drop(tail);
+                        std::fs::remove_file(path).map_err(io(format!("removing {}", path.display())))?;
+                        sync_dir(dir)?;
+                    }
                     let segment = create_segment(dir, end.last_seq + 1, end.last_crc)?;
                     segment.file.sync_all().map_err(io(format!("syncing {}", segment.path.display())))?;
                     sync_dir(dir)?;

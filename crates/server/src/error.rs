@@ -18,9 +18,6 @@ pub enum ServeError {
     Recovery(RecoveryError),
     /// Reading the journal back to rebuild the report histories failed.
     History(Corruption),
-    /// A gateway's checkpoint in a snapshot passed its checksum but does
-    /// not restore (a bug, or a build that writes what it cannot read).
-    Checkpoint { snapshot: std::path::PathBuf, gateway: String, why: crate::sink::RestoreError },
     /// The journal failed (a write or sync: a full disk, say): nothing more
     /// can be made durable, so the venue stops.
     Journal(JournalError),
@@ -43,7 +40,6 @@ impl std::fmt::Display for ServeError {
             ServeError::Config(e) => write!(f, "configuration: {e}"),
             ServeError::Recovery(e) => write!(f, "recovery: {e}"),
             ServeError::History(e) => write!(f, "rebuilding the report histories from the journal: {e}"),
-            ServeError::Checkpoint { snapshot, gateway, why } => write!(f, "the {gateway} gateway's checkpoint in {} does not restore: {why}", snapshot.display()),
             ServeError::Journal(e) => write!(f, "journal: {e}"),
             ServeError::Fix(e) => write!(f, "FIX gateway: {e}"),
             ServeError::Io { what, source } => write!(f, "{what}: {source}"),
@@ -59,7 +55,7 @@ impl std::error::Error for ServeError {
             ServeError::Journal(e) => Some(e),
             ServeError::Fix(e) => Some(e),
             ServeError::Io { source, .. } => Some(source),
-            ServeError::History(_) | ServeError::Checkpoint { .. } => None,
+            ServeError::History(_) => None,
         }
     }
 }

@@ -45,6 +45,11 @@ pub(crate) fn log(line: &str) {
     eprintln!("{line}");
 }
 
+/// The wall clock in milliseconds since the Unix epoch (0 before it).
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 /// What a served session ended with.
 pub struct Summary {
     pub seq: u64,

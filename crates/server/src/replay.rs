@@ -39,8 +39,8 @@ pub(crate) struct Rebuilt {
 /// where the FIX stores' messages end), or else from the journal's first
 /// command; the commands after it are re-applied and handed over with
 /// their reports (`ReportSink::recovered`). Snapshots that cannot serve
-/// are passed over with a warning; a checkpoint that passed its checksum
-/// but does not restore is an error.
+/// (one whose checkpoints do not all restore included: every gateway is
+/// reset then) are passed over with a warning.
 pub(crate) fn rebuild(dir: &Path, through: u64, history_commands: u64, not_after: u64, sinks: &mut [&mut dyn ReportSink]) -> Result<Rebuilt, ServeError> {
     let horizon = through.saturating_sub(history_commands).min(not_after);
     let candidates = if horizon == 0 { Vec::new() } else { crossbook_journal::read::snapshots(dir).map_err(ServeError::io(format!("listing {}", dir.display())))? };
@@ -61,15 +61,15 @@ fn usable(dir: &Path, seq: u64, path: &Path, sinks: &mut [&mut dyn ReportSink]) 
         crate::log(&format!("warning: report histories not rebuilt from {}: {why}; trying an older one", path.display()));
         Ok(None)
     };
+    if !crossbook_journal::read::snapshot_has_attachments(path).unwrap_or(false) {
+        // A shutdown snapshot, or one written before checkpoints: no
+        // warning, it is not meant for this (and not read whole).
+        return Ok(None);
+    }
     let (header, engine, attachments) = match crossbook_journal::load_snapshot_with_attachments(path) {
         Ok(loaded) => loaded,
         Err(e) => return pass(e.to_string()),
     };
-    if attachments.is_empty() {
-        // A shutdown snapshot, or one written before checkpoints: no
-        // warning, it is not meant for this.
-        return Ok(None);
-    }
     match chain_at(dir, seq)? {
         Some(chain) if chain == header.chain => {}
         _ => return pass(format!("it does not continue the journal's record {seq}")),
@@ -85,8 +85,16 @@ fn usable(dir: &Path, seq: u64, path: &Path, sinks: &mut [&mut dyn ReportSink]) 
             None => return pass(format!("it has no checkpoint of the {} gateway", sink.name())),
         }
     }
-    for (sink, state) in sinks.iter_mut().zip(found) {
-        sink.restore(state).map_err(|e| ServeError::Checkpoint { snapshot: path.to_path_buf(), gateway: sink.name().to_owned(), why: e })?;
+    for (index, state) in found.into_iter().enumerate() {
+        if let Err(why) = sinks[index].restore(state) {
+            // A checkpoint this build cannot take back (another
+            // configuration, another format): as if the snapshot had none.
+            let gateway = sinks[index].name().to_owned();
+            for sink in sinks.iter_mut() {
+                sink.reset();
+            }
+            return pass(format!("the {gateway} gateway's checkpoint does not restore ({why})"));
+        }
     }
     Ok(Some(engine))
 }

@@ -94,7 +94,7 @@ impl InFlight {
 /// the journal holds it.
 pub(crate) fn set_up(engine: &mut Engine, journal: &mut Journal, commands: &[Command]) -> Result<(), ServeError> {
     let mut events = Vec::new();
-    journal.stamp(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64));
+    journal.stamp(crate::now_ms());
     for command in commands {
         journal.append(engine.seq() + 1, command)?;
         events.clear();
@@ -204,8 +204,7 @@ impl<'a> Sequencer<'a> {
         }
         // One clock reading per batch, journaled with its commands: market
         // data's times are then a function of the journal. Never back.
-        let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        self.time_ms = self.time_ms.max(wall);
+        self.time_ms = self.time_ms.max(crate::now_ms());
         self.journal.stamp(self.time_ms);
         let mut done = Waiting {
             last_seq: 0,

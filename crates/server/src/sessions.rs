@@ -114,6 +114,10 @@ impl ReportSink for Sessions {
         Some(Checkpoint::Now(out))
     }
 
+    fn reset(&mut self) {
+        self.histories.clear();
+    }
+
     fn restore(&mut self, state: &[u8]) -> Result<(), RestoreError> {
         let mut reader = Reader::new(state);
         let count = reader.count(16)?;

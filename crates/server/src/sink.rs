@@ -164,4 +164,9 @@ pub trait ReportSink {
         let _ = state;
         Err(RestoreError(format!("the {} gateway keeps no checkpoints", self.name())))
     }
+
+    /// Forgets what `restore` took back, as if it had never been called:
+    /// start-up does when another gateway's checkpoint in the same
+    /// snapshot does not restore, and starts from an older one.
+    fn reset(&mut self) {}
 }

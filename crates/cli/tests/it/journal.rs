@@ -619,3 +619,39 @@ fn an_older_segment_is_read_and_ended_and_new_records_carry_their_time() {
     assert_eq!(times, want);
     assert_eq!(state_hash(&recover(&dir.0).unwrap().engine), live_hash(&commands));
 }
+
+/// A version 2 journal that ends with a segment holding no record yet (a
+/// roll-over, then a crash): the new records start a version 3 segment
+/// under the same name.
+#[test]
+fn an_older_empty_last_segment_makes_way_for_a_current_one() {
+    use crossbook_journal::format::{SEGMENT_VERSION, encode_record, segment_header, segment_name};
+    let dir = TempDir::new("segment-v2-empty");
+    let commands = generate(Workload::Mixed, 6, 6);
+    let v2 = |first_seq: u64, chain: u32| {
+        let mut header = segment_header(first_seq, chain);
+        header[8..12].copy_from_slice(&2u32.to_le_bytes());
+        let crc = crc32c::crc32c(&header[0..28]);
+        header[28..32].copy_from_slice(&crc.to_le_bytes());
+        header.to_vec()
+    };
+    let mut bytes = v2(1, 0);
+    let mut chain = 0;
+    for (index, command) in commands[..3].iter().enumerate() {
+        let mut payload = Vec::new();
+        encode_command(command, &mut payload);
+        chain = encode_record(&mut bytes, chain, index as u64 + 1, &payload);
+    }
+    std::fs::write(dir.0.join(segment_name(1)), &bytes).unwrap();
+    std::fs::write(dir.0.join(segment_name(4)), v2(4, chain)).unwrap();
+    let recovered = recover(&dir.0).unwrap();
+    assert_eq!(recovered.engine.seq(), 3);
+    let mut journal = Journal::open(&dir.0, JournalConfig::default(), &recovered.end).unwrap();
+    for (index, command) in commands[3..].iter().enumerate() {
+        journal.append(4 + index as u64, command).unwrap();
+    }
+    journal.close().unwrap();
+    let header = std::fs::read(dir.0.join(segment_name(4))).unwrap();
+    assert_eq!(u32::from_le_bytes([header[8], header[9], header[10], header[11]]), SEGMENT_VERSION);
+    assert_eq!(state_hash(&recover(&dir.0).unwrap().engine), live_hash(&commands));
+}

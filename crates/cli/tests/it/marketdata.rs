@@ -358,6 +358,15 @@ fn bad_input_at_the_market_data_port_costs_only_its_own_connection() {
     let refused = tungstenite::connect(format!("ws://{market}/ws/btcusd@nothing"));
     assert!(matches!(refused, Err(tungstenite::Error::Http(ref r)) if r.status() == 400), "{refused:?}");
 
+    // Upgrades that never complete (the client asks and hangs up) give
+    // their slot back.
+    for _ in 0..20 {
+        let mut stream = TcpStream::connect(&market).expect("connect");
+        let _ = stream.write_all(
+            format!("GET /ws/btcusd@trade HTTP/1.1\r\nHost: {market}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").as_bytes(),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(500));
     // Connections past the limit are refused; the ones open go on.
     let mut open: Vec<Socket> = (0..8).map(|_| connect(&market, "/ws/btcusd@trade")).collect();
     let refused = tungstenite::connect(format!("ws://{market}/ws/btcusd@trade"));

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use crate::sequencer::Inbound;
 use crate::sink::{Checkpoint, Durable, Released, ReportSink, RestoreError};
 use store::{Store, StoreError};
@@ -122,7 +122,7 @@ fn log(line: &str) {
 /// Milliseconds since the epoch: the gateway's clock (the session layer
 /// itself is handed the time).
 pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    crate::now_ms() as i64
 }
 
 enum Out {
@@ -366,9 +366,12 @@ impl Gateway {
     fn checkpoint_now(&self, seq: u64) -> Vec<u8> {
         let mut guard = self.lock();
         let state = &mut *guard;
-        for session in state.sessions.values_mut() {
-            if let (Some(account), None) = (session.account, &session.poisoned) {
-                session.store.bind(account, seq);
+        // Only the session each account's reports go to (a Logon refused
+        // for a wrong password names an account it never gets).
+        for (account, comp_id) in &state.routes {
+            let Some(session) = state.sessions.get_mut(comp_id) else { continue };
+            if session.account == Some(*account) && session.poisoned.is_none() {
+                session.store.bind(*account, seq);
                 session.through = session.through.max(seq);
                 if let Err(e) = session.store.sync() {
                     session.poison(e);
@@ -947,6 +950,10 @@ impl ReportSink for FixSink {
 
     fn restore(&mut self, state: &[u8]) -> Result<(), RestoreError> {
         self.gateway.restore(state)
+    }
+
+    fn reset(&mut self) {
+        self.gateway.lock().book = FixBook::new();
     }
 }
 

@@ -3,7 +3,7 @@
 //! tokio runtime on a thread of its own (`market-http`).
 
 use super::{Hub, ws};
-use crate::{ServeError, log};
+use crate::{ServeError, log, now_ms};
 use axum::Router;
 use axum::extract::{Path, RawQuery, State, WebSocketUpgrade};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -164,10 +164,6 @@ fn decode(text: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 type Answer = Result<Response, ApiError>;
 
 async fn ping(RawQuery(query): RawQuery) -> Answer {
@@ -259,6 +255,9 @@ async fn book_ticker(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> 
 
 /// The dashboard's figures: what the venue has done, who is connected.
 async fn stats(State(hub): State<Arc<Hub>>) -> Answer {
+    // Counted before the state's lock is taken: the FIX count takes the
+    // FIX gateway's lock, which must never be waited for under it.
+    let sessions = hub.sessions.load(std::sync::atomic::Ordering::Relaxed) + hub.fix_sessions.as_ref().map_or(0, |count| count());
     let market = hub.read();
     Ok(json_response(json!({
         "seq": market.seq,
@@ -266,7 +265,7 @@ async fn stats(State(hub): State<Arc<Hub>>) -> Answer {
         "orders": market.counters.orders,
         "trades": market.counters.trades,
         "cancels": market.counters.cancels,
-        "tradingSessions": hub.sessions.load(std::sync::atomic::Ordering::Relaxed) + hub.fix_sessions.as_ref().map_or(0, |count| count()),
+        "tradingSessions": sessions,
         "webSockets": hub.connections.load(std::sync::atomic::Ordering::Relaxed),
         "messagesSent": hub.sent.load(std::sync::atomic::Ordering::Relaxed),
         "slowClientsDropped": hub.slow_dropped.load(std::sync::atomic::Ordering::Relaxed),

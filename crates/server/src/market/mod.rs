@@ -120,6 +120,16 @@ impl Hub {
         }
     }
 
+    /// Wraps (or stops wrapping) a connection's messages from the next
+    /// batch on, its subscriptions untouched (no message is skipped).
+    pub(crate) fn set_combined(&self, connection: u64, combined: bool) {
+        for list in self.subscribers().values_mut() {
+            for subscriber in list.iter_mut().filter(|s| s.connection.id == connection) {
+                subscriber.combined = combined;
+            }
+        }
+    }
+
     pub(crate) fn unsubscribe(&self, stream: &str, connection: u64) {
         let mut subscribers = self.subscribers();
         if let Some(list) = subscribers.get_mut(stream) {
@@ -195,7 +205,9 @@ impl Hub {
             return;
         }
         let count = messages.len();
-        if connection.waiting.load(Ordering::Acquire) + count > self.config.queue {
+        // Behind by more than `queue` when the next batch comes (one big
+        // batch alone never drops a client that keeps up).
+        if connection.waiting.load(Ordering::Acquire) > self.config.queue {
             connection.dropped.store(true, Ordering::Release);
             connection.wake.notify_one();
             self.slow_dropped.fetch_add(1, Ordering::Relaxed);
@@ -314,18 +326,20 @@ impl Market {
     }
 }
 
+/// Applies one batch's commands; what changed.
+fn apply_batch(state: &mut MarketData, commands: &[FeedCommand], last_seq: u64, time_ms: u64) -> Updates {
+    for command in commands {
+        state.apply(command.seq, command.time_ms, &command.events);
+    }
+    state.advance(last_seq, time_ms);
+    state.take_updates()
+}
+
 fn feed_loop(hub: &Hub, receiver: Receiver<Feed>) {
     while let Ok(feed) = receiver.recv() {
         match feed {
             Feed::Batch { commands, last_seq, time_ms } => {
-                let updates = {
-                    let mut state = hub.write();
-                    for command in &commands {
-                        state.apply(command.seq, command.time_ms, &command.events);
-                    }
-                    state.advance(last_seq, time_ms);
-                    state.take_updates()
-                };
+                let updates = apply_batch(&mut hub.write(), &commands, last_seq, time_ms);
                 hub.publish(&updates);
             }
             Feed::Checkpoint(answer) => {
@@ -360,12 +374,7 @@ impl ReportSink for MarketSink {
         if let Err(Feed::Batch { commands, last_seq, time_ms }) = self.0.send(Feed::Batch { commands, last_seq, time_ms }) {
             // No thread (not started, or stopped): the state follows all
             // the same, nothing is sent.
-            let mut state = self.0.hub.write();
-            for command in &commands {
-                state.apply(command.seq, command.time_ms, &command.events);
-            }
-            state.advance(last_seq, time_ms);
-            let _ = state.take_updates();
+            let _ = apply_batch(&mut self.0.hub.write(), &commands, last_seq, time_ms);
         }
     }
 
@@ -390,5 +399,10 @@ impl ReportSink for MarketSink {
     fn restore(&mut self, state: &[u8]) -> Result<(), RestoreError> {
         let mut market = self.0.hub.write();
         codec::restore(&mut market, state).map_err(|e| RestoreError(e.to_string()))
+    }
+
+    fn reset(&mut self) {
+        let mut market = self.0.hub.write();
+        *market = MarketData::new(market.instruments.iter().map(|d| d.info.clone()).collect(), 0);
     }
 }

@@ -58,11 +58,23 @@ pub(crate) fn upgrade(hub: Arc<Hub>, upgrade: WebSocketUpgrade, streams: Vec<Str
         hub.connections.fetch_sub(1, Ordering::AcqRel);
         return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, -1003, format!("Too many WebSocket connections: at most {}.", hub.config.max_connections)).into_response();
     }
+    // The slot is given back when the connection ends, and also when the
+    // upgrade never completes (its callback is then dropped unrun).
+    let slot = Slot(hub.clone());
     let max = hub.config.max_message;
     upgrade.max_message_size(max).max_frame_size(max).on_upgrade(move |socket| async move {
-        serve(&hub, socket, names, combined).await;
-        hub.connections.fetch_sub(1, Ordering::AcqRel);
+        let slot = slot;
+        serve(&slot.0, socket, names, combined).await;
     })
+}
+
+/// One of `max_connections`, held by a connection.
+struct Slot(Arc<Hub>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Tells every connection the server is stopping.
@@ -274,10 +286,7 @@ impl Session {
             "SET_PROPERTY" => match (params.first().and_then(Value::as_str), params.get(1)) {
                 (Some("combined"), Some(Value::Bool(combined))) => {
                     self.combined = *combined;
-                    for name in &self.streams {
-                        hub.unsubscribe(name, self.connection.id);
-                        hub.subscribe(name, &self.connection, self.combined);
-                    }
+                    hub.set_combined(self.connection.id, *combined);
                     json!({"result": null, "id": id})
                 }
                 (Some("combined"), _) => json!({"error": {"code": 1, "msg": "Invalid value type: expected Boolean"}, "id": id}),
