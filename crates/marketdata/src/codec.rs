@@ -86,7 +86,7 @@ pub fn encode(market: &MarketData) -> Vec<u8> {
 /// [`encode`]'s bytes; the books are summed from the resting orders. On
 /// an error `market` may be partly restored: start again from a fresh one.
 pub fn restore(market: &mut MarketData, bytes: &[u8]) -> Result<(), CodecError> {
-    let mut r = Reader { bytes, at: 0 };
+    let mut r = Reader::new(bytes);
     if r.take(4)? != MAGIC {
         return Err(CodecError("not a market-data checkpoint".into()));
     }
@@ -146,9 +146,7 @@ pub fn restore(market: &mut MarketData, bytes: &[u8]) -> Result<(), CodecError> 
         market.instruments[index as usize].book.add(side, price, remaining);
         market.orders.insert(id, Live { instrument: index, side, price, remaining, resting: true, rests: true });
     }
-    if r.at != bytes.len() {
-        return Err(CodecError(format!("{} bytes left over", bytes.len() - r.at)));
-    }
+    r.end()?;
     let seq = market.seq;
     market.diffs_from(seq);
     Ok(())
@@ -162,44 +160,63 @@ fn put64(out: &mut Vec<u8>, value: u64) {
     out.extend_from_slice(&value.to_le_bytes());
 }
 
-struct Reader<'a> {
+/// Reads fixed-width little-endian fields, every read bounds-checked (the
+/// server's own checkpoints are read with it too).
+pub struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
+    pub fn new(bytes: &'a [u8]) -> Reader<'a> {
+        Reader { bytes, at: 0 }
+    }
+
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
         let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or_else(|| CodecError(format!("truncated at byte {}", self.at)))?;
         let slice = &self.bytes[self.at..end];
         self.at = end;
         Ok(slice)
     }
 
-    fn u8(&mut self) -> Result<u8, CodecError> {
+    pub fn u8(&mut self) -> Result<u8, CodecError> {
         Ok(self.take(1)?[0])
     }
 
-    fn u32(&mut self) -> Result<u32, CodecError> {
+    pub fn u32(&mut self) -> Result<u32, CodecError> {
         let mut word = [0u8; 4];
         word.copy_from_slice(self.take(4)?);
         Ok(u32::from_le_bytes(word))
     }
 
-    fn u64(&mut self) -> Result<u64, CodecError> {
+    pub fn u64(&mut self) -> Result<u64, CodecError> {
         let mut word = [0u8; 8];
         word.copy_from_slice(self.take(8)?);
         Ok(u64::from_le_bytes(word))
     }
 
-    fn u128(&mut self) -> Result<u128, CodecError> {
+    pub fn u128(&mut self) -> Result<u128, CodecError> {
         let mut word = [0u8; 16];
         word.copy_from_slice(self.take(16)?);
         Ok(u128::from_le_bytes(word))
     }
 
+    pub fn i64(&mut self) -> Result<i64, CodecError> {
+        Ok(self.u64()? as i64)
+    }
+
+    pub fn i128(&mut self) -> Result<i128, CodecError> {
+        Ok(self.u128()? as i128)
+    }
+
+    /// Every byte read.
+    pub fn end(&self) -> Result<(), CodecError> {
+        if self.at == self.bytes.len() { Ok(()) } else { Err(CodecError(format!("{} bytes left over", self.bytes.len() - self.at))) }
+    }
+
     /// A count (u32, or u64 with `wide`) of items of at least `item_bytes`
     /// each, refused when the bytes left cannot hold them.
-    fn count(&mut self, wide: bool, item_bytes: usize) -> Result<usize, CodecError> {
+    pub fn count(&mut self, wide: bool, item_bytes: usize) -> Result<usize, CodecError> {
         let count = if wide { self.u64()? } else { u64::from(self.u32()?) };
         let left = (self.bytes.len() - self.at) as u64;
         if count.saturating_mul(item_bytes as u64) > left {

@@ -15,6 +15,7 @@
 //! are rebuilt from an older one, or from the journal's start).
 
 use crate::sink::RestoreError;
+pub(crate) use crossbook_marketdata::codec::Reader;
 
 const MAGIC: &[u8; 4] = b"XBGW";
 const VERSION: u32 = 1;
@@ -58,71 +59,6 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Vec<(String, &[u8])>, RestoreError>
     }
     reader.end()?;
     Ok(sections)
-}
-
-/// Reads fixed-width fields from a checkpoint, every read bounds-checked.
-pub(crate) struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    pub(crate) fn new(bytes: &'a [u8]) -> Reader<'a> {
-        Reader { bytes, at: 0 }
-    }
-
-    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], RestoreError> {
-        let end = self.at.checked_add(n).filter(|&end| end <= self.bytes.len()).ok_or_else(|| RestoreError(format!("truncated at byte {}", self.at)))?;
-        let slice = &self.bytes[self.at..end];
-        self.at = end;
-        Ok(slice)
-    }
-
-    pub(crate) fn u8(&mut self) -> Result<u8, RestoreError> {
-        Ok(self.take(1)?[0])
-    }
-
-    pub(crate) fn u32(&mut self) -> Result<u32, RestoreError> {
-        let mut word = [0u8; 4];
-        word.copy_from_slice(self.take(4)?);
-        Ok(u32::from_le_bytes(word))
-    }
-
-    pub(crate) fn u64(&mut self) -> Result<u64, RestoreError> {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(self.take(8)?);
-        Ok(u64::from_le_bytes(word))
-    }
-
-    pub(crate) fn i64(&mut self) -> Result<i64, RestoreError> {
-        Ok(self.u64()? as i64)
-    }
-
-    pub(crate) fn i128(&mut self) -> Result<i128, RestoreError> {
-        let mut word = [0u8; 16];
-        word.copy_from_slice(self.take(16)?);
-        Ok(i128::from_le_bytes(word))
-    }
-
-    /// A count of items that each take at least `item_bytes`: refused when
-    /// the bytes left cannot hold that many (so no huge allocation on a
-    /// damaged count).
-    pub(crate) fn count(&mut self, item_bytes: usize) -> Result<usize, RestoreError> {
-        let count = self.u64()?;
-        let left = (self.bytes.len() - self.at) as u64;
-        if count.saturating_mul(item_bytes.max(1) as u64) > left {
-            return Err(RestoreError(format!("a count of {count} with {left} bytes left")));
-        }
-        Ok(count as usize)
-    }
-
-    pub(crate) fn end(&self) -> Result<(), RestoreError> {
-        if self.at == self.bytes.len() {
-            Ok(())
-        } else {
-            Err(RestoreError(format!("{} bytes left over", self.bytes.len() - self.at)))
-        }
-    }
 }
 
 #[cfg(test)]

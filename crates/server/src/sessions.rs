@@ -120,11 +120,11 @@ impl ReportSink for Sessions {
 
     fn restore(&mut self, state: &[u8]) -> Result<(), RestoreError> {
         let mut reader = Reader::new(state);
-        let count = reader.count(16)?;
+        let count = reader.count(true, 16)?;
         for _ in 0..count {
             let (account, last) = (reader.u64()?, reader.u64()?);
             self.histories.insert(account, History { last, reports: VecDeque::new() });
         }
-        reader.end()
+        Ok(reader.end()?)
     }
 }

@@ -123,6 +123,12 @@ pub enum Checkpoint {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RestoreError(pub String);
 
+impl From<crossbook_marketdata::codec::CodecError> for RestoreError {
+    fn from(e: crossbook_marketdata::codec::CodecError) -> RestoreError {
+        RestoreError(e.0)
+    }
+}
+
 impl std::fmt::Display for RestoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)

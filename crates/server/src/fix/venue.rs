@@ -273,7 +273,7 @@ impl FixBook {
         let mut reader = crate::checkpoint::Reader::new(state);
         let mut book = FixBook::new();
         book.next_cid = reader.u64()?;
-        let count = reader.count(56)?;
+        let count = reader.count(true, 56)?;
         for _ in 0..count {
             let id = reader.u64()?;
             let account = reader.u64()?;
