@@ -577,28 +577,35 @@ fn async_mode_tells_durable_from_acknowledged() {
     assert_eq!(watch.chain_at(10), Some(end.last_crc));
 }
 
+/// A segment as version 2 wrote it (no timestamps) from record
+/// `first_seq` on, chained from `chain`: its bytes and its last checksum.
+fn version_2_segment(first_seq: u64, chain: u32, commands: &[Command]) -> (Vec<u8>, u32) {
+    use crossbook_journal::format::{encode_record, segment_header};
+    let mut header = segment_header(first_seq, chain);
+    header[8..12].copy_from_slice(&2u32.to_le_bytes());
+    let crc = crc32c::crc32c(&header[0..28]);
+    header[28..32].copy_from_slice(&crc.to_le_bytes());
+    let mut bytes = header.to_vec();
+    let mut chain = chain;
+    for (index, command) in commands.iter().enumerate() {
+        let mut payload = Vec::new();
+        encode_command(command, &mut payload);
+        chain = encode_record(&mut bytes, chain, first_seq + index as u64, &payload);
+    }
+    (bytes, chain)
+}
+
 /// A journal written before records carried their time (segment version
 /// 2) recovers as it was, and the records appended after it go into a new
 /// segment of the current version, each with the time it was stamped
 /// with.
 #[test]
 fn an_older_segment_is_read_and_ended_and_new_records_carry_their_time() {
-    use crossbook_journal::format::{SEGMENT_VERSION, encode_record, segment_header, segment_name};
+    use crossbook_journal::format::{SEGMENT_VERSION, segment_name};
     let dir = TempDir::new("segment-v2");
     let commands = generate(Workload::Mixed, 5, 8);
     // A version 2 segment: its header says so, its payloads are bare.
-    let mut header = segment_header(1, 0);
-    header[8..12].copy_from_slice(&2u32.to_le_bytes());
-    let crc = crc32c::crc32c(&header[0..28]);
-    header[28..32].copy_from_slice(&crc.to_le_bytes());
-    let mut bytes = header.to_vec();
-    let mut chain = 0;
-    for (index, command) in commands[..5].iter().enumerate() {
-        let mut payload = Vec::new();
-        encode_command(command, &mut payload);
-        chain = encode_record(&mut bytes, chain, index as u64 + 1, &payload);
-    }
-    std::fs::write(dir.0.join(segment_name(1)), &bytes).unwrap();
+    std::fs::write(dir.0.join(segment_name(1)), version_2_segment(1, 0, &commands[..5]).0).unwrap();
     let recovered = recover(&dir.0).unwrap();
     assert_eq!(recovered.engine.seq(), 5);
     let mut journal = Journal::open(&dir.0, JournalConfig::default(), &recovered.end).unwrap();
@@ -625,25 +632,12 @@ fn an_older_segment_is_read_and_ended_and_new_records_carry_their_time() {
 /// under the same name.
 #[test]
 fn an_older_empty_last_segment_makes_way_for_a_current_one() {
-    use crossbook_journal::format::{SEGMENT_VERSION, encode_record, segment_header, segment_name};
+    use crossbook_journal::format::{SEGMENT_VERSION, segment_name};
     let dir = TempDir::new("segment-v2-empty");
     let commands = generate(Workload::Mixed, 6, 6);
-    let v2 = |first_seq: u64, chain: u32| {
-        let mut header = segment_header(first_seq, chain);
-        header[8..12].copy_from_slice(&2u32.to_le_bytes());
-        let crc = crc32c::crc32c(&header[0..28]);
-        header[28..32].copy_from_slice(&crc.to_le_bytes());
-        header.to_vec()
-    };
-    let mut bytes = v2(1, 0);
-    let mut chain = 0;
-    for (index, command) in commands[..3].iter().enumerate() {
-        let mut payload = Vec::new();
-        encode_command(command, &mut payload);
-        chain = encode_record(&mut bytes, chain, index as u64 + 1, &payload);
-    }
+    let (bytes, chain) = version_2_segment(1, 0, &commands[..3]);
     std::fs::write(dir.0.join(segment_name(1)), &bytes).unwrap();
-    std::fs::write(dir.0.join(segment_name(4)), v2(4, chain)).unwrap();
+    std::fs::write(dir.0.join(segment_name(4)), version_2_segment(4, chain, &[]).0).unwrap();
     let recovered = recover(&dir.0).unwrap();
     assert_eq!(recovered.engine.seq(), 3);
     let mut journal = Journal::open(&dir.0, JournalConfig::default(), &recovered.end).unwrap();
