@@ -78,6 +78,10 @@ impl TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
+        // CROSSBOOK_KEEP=1 leaves it for a look after a failure.
+        if std::env::var_os("CROSSBOOK_KEEP").is_some() {
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
