@@ -13,6 +13,7 @@ use crossbook_journal::{Durability, JournalConfig};
 mod bench;
 mod compat;
 mod journaled;
+mod order;
 
 #[derive(Parser)]
 #[command(name = "crossbook", version, about = "An exchange core: order books, matching, accounts, settlement.")]
@@ -155,6 +156,32 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Trade by hand over the binary protocol: place, cancel, replace,
+    /// cancel-all, balances, open-orders, watch; prints every message the
+    /// server sends back, one line each (docs/protocol.md).
+    Order {
+        /// The server's binary port.
+        #[arg(long, global = true, default_value = "127.0.0.1:7700")]
+        address: String,
+        /// The account to log in as (the demo venue has 1 to 16).
+        #[arg(long, global = true, default_value_t = 1)]
+        account: u64,
+        /// Its API key (default: the demo venue's, demo-key-<account>).
+        #[arg(long, global = true)]
+        key: Option<String>,
+        /// Replay the reports after this sequence number first (default:
+        /// none, only what this command causes).
+        #[arg(long, global = true)]
+        last_seen: Option<u64>,
+        /// Seconds to wait for the server's answer.
+        #[arg(long, global = true, default_value_t = 5.0)]
+        timeout: f64,
+        /// Seconds to go on printing after the answer.
+        #[arg(long, global = true, default_value_t = 0.2)]
+        linger: f64,
+        #[command(subcommand)]
+        action: OrderAction,
+    },
     /// Replay another engine's published flow and compare every result.
     Compat {
         #[command(subcommand)]
@@ -200,6 +227,70 @@ enum Cmd {
         /// For `--workload exchange-core-single`: the flow folder.
         #[arg(long)]
         flow: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum OrderAction {
+    /// A new order (prices in ticks, quantities in lots).
+    Place {
+        #[arg(long)]
+        side: String,
+        #[arg(long)]
+        qty: u64,
+        /// Limit price (not for --type market).
+        #[arg(long)]
+        price: Option<i64>,
+        #[arg(long, default_value_t = 1)]
+        instrument: u32,
+        /// `limit` or `market`.
+        #[arg(long = "type", default_value = "limit")]
+        order_type: String,
+        /// `gtc`, `ioc` or `fok`.
+        #[arg(long, default_value = "gtc")]
+        tif: String,
+        #[arg(long)]
+        post_only: bool,
+        /// Self-trade prevention: none, cancel-newest, cancel-oldest, cancel-both.
+        #[arg(long, default_value = "none")]
+        stp: String,
+        /// A market buy's most quote to spend, fees included.
+        #[arg(long)]
+        budget: Option<u64>,
+        /// The client order id (default: the clock in microseconds).
+        #[arg(long)]
+        cid: Option<u64>,
+    },
+    /// Cancel an open order by the engine's order id.
+    Cancel {
+        #[arg(long)]
+        order: u64,
+    },
+    /// A new price and total quantity for an open order.
+    Replace {
+        #[arg(long)]
+        order: u64,
+        #[arg(long)]
+        price: i64,
+        #[arg(long)]
+        qty: u64,
+    },
+    /// Cancel every open order (of one instrument).
+    CancelAll {
+        #[arg(long)]
+        instrument: Option<u32>,
+    },
+    /// The account's balances, every asset: available and locked.
+    Balances,
+    /// The account's open orders (of one instrument).
+    OpenOrders {
+        #[arg(long)]
+        instrument: Option<u32>,
+    },
+    /// Print reports as they come (for --duration seconds, or until Ctrl-C).
+    Watch {
+        #[arg(long)]
+        duration: Option<f64>,
     },
 }
 
@@ -285,6 +376,15 @@ fn real_main() -> Result<()> {
             acked_out,
             last_seen_out,
         }),
+        Cmd::Order { address, account, key, last_seen, timeout, linger, action } => order::run(order::Options {
+            address,
+            account,
+            key: key.unwrap_or_else(|| crossbook_server::config::demo_key(account)),
+            last_seen: last_seen.unwrap_or(u64::MAX),
+            timeout: Duration::from_secs_f64(timeout.max(0.0)),
+            linger: Duration::from_secs_f64(linger.max(0.0)),
+            action: order_action(action)?,
+        }),
         Cmd::Compat { engine: CompatEngine::ExchangeCore { dir, flow } } => compat::run(&crossbook_compat::flow_dir(dir.or(flow))?),
         Cmd::Journal { action: JournalAction::Verify { dir } } => journaled::verify(&dir),
         Cmd::Journal { action: JournalAction::Inspect { dir } } => journaled::inspect(&dir),
@@ -309,6 +409,36 @@ fn real_main() -> Result<()> {
             })
         }
     }
+}
+
+fn order_action(action: OrderAction) -> Result<order::Action> {
+    Ok(match action {
+        OrderAction::Place { side, qty, price, instrument, order_type, tif, post_only, stp, budget, cid } => {
+            let order_type = order::parse_type(&order_type)?;
+            let price = match (order_type, price) {
+                (crossbook_engine::OrderType::Limit, None) => bail!("a limit order needs --price"),
+                (_, price) => price.unwrap_or(0),
+            };
+            order::Action::Place(crossbook_protocol::NewOrder {
+                cid: cid.unwrap_or_else(order::fresh_cid),
+                instrument,
+                side: order::parse_side(&side)?,
+                order_type,
+                tif: order::parse_tif(&tif)?,
+                post_only,
+                stp: order::parse_stp(&stp)?,
+                price,
+                qty,
+                budget,
+            })
+        }
+        OrderAction::Cancel { order } => order::Action::Cancel { order },
+        OrderAction::Replace { order, price, qty } => order::Action::Replace { order, price, qty },
+        OrderAction::CancelAll { instrument } => order::Action::CancelAll { instrument },
+        OrderAction::Balances => order::Action::Balances,
+        OrderAction::OpenOrders { instrument } => order::Action::OpenOrders { instrument },
+        OrderAction::Watch { duration } => order::Action::Watch { duration: duration.map(|d| Duration::from_secs_f64(d.max(0.0))) },
+    })
 }
 
 fn serve(config: Option<PathBuf>, listen: Option<String>, data: Option<PathBuf>, fix_listen: Option<String>, market_listen: Option<String>) -> Result<()> {

@@ -104,3 +104,62 @@ impl Client {
         (self.stream, self.buffer)
     }
 }
+
+/// One line for a server message, as `crossbook order` prints it:
+/// `report seq=3 fill order=12 ...`, `balance asset=2 ...`.
+pub fn describe(message: &ServerMessage) -> String {
+    use crossbook_engine::Side;
+    use crossbook_protocol::ReportKind;
+    let side = |side: Side| if side == Side::Buy { "buy" } else { "sell" };
+    match message {
+        ServerMessage::LoginAccepted { account, next_seq, .. } => format!("login-accepted account={account} next_seq={next_seq}"),
+        ServerMessage::LoginRejected { reason } => format!("login-rejected reason={reason}"),
+        ServerMessage::ExecutionReport(r) => {
+            let kind = match r.kind {
+                ReportKind::Accepted => "accepted",
+                ReportKind::PartialFill => "partial-fill",
+                ReportKind::Fill => "fill",
+                ReportKind::Cancelled => "cancelled",
+                ReportKind::Replaced => "replaced",
+                ReportKind::Rejected => "rejected",
+                ReportKind::CancelAllDone => "cancel-all-done",
+            };
+            let reason = match (r.refusal(), r.cancel_reason()) {
+                (Some(refusal), _) => format!(" reason={}", refusal.name()),
+                (_, Some(cancel)) => format!(" reason={}", cancel.name()),
+                _ => String::new(),
+            };
+            format!(
+                "report seq={} {kind} order={} cid={} instrument={} side={} price={} last_qty={} last_price={} cum_qty={} leaves_qty={} fee={}{reason}",
+                r.seq,
+                r.order,
+                r.cid,
+                r.instrument,
+                side(r.side),
+                r.price,
+                r.last_qty,
+                r.last_price,
+                r.cum_qty,
+                r.leaves_qty,
+                r.fee
+            )
+        }
+        ServerMessage::Heartbeat => "heartbeat".into(),
+        ServerMessage::Logout { reason } => format!("logout reason={reason}"),
+        ServerMessage::Error { reason } => format!("error reason={reason}"),
+        ServerMessage::Balance { request, asset, available, locked } => format!("balance request={request} asset={asset} available={available} locked={locked}"),
+        ServerMessage::OpenOrder(o) => format!(
+            "open-order request={} order={} cid={} instrument={} side={} price={} qty={} cum_qty={} leaves_qty={}",
+            o.request,
+            o.order,
+            o.cid,
+            o.instrument,
+            side(o.side),
+            o.price,
+            o.qty,
+            o.cum_qty,
+            o.leaves_qty
+        ),
+        ServerMessage::QueryDone { request, count, as_of } => format!("query-done request={request} count={count} as_of={as_of}"),
+    }
+}

@@ -950,6 +950,37 @@ impl Engine {
         Some((balance.available, balance.locked))
     }
 
+    /// Whether `account` is open.
+    pub fn has_account(&self, account: AccountId) -> bool {
+        self.account_index.get(account).is_some()
+    }
+
+    /// Every asset's (asset, available, locked) for `account`, assets in the
+    /// order they were added; `None` for an unknown account. O(assets).
+    pub fn balances_of(&self, account: AccountId) -> Option<Vec<(AssetId, u64, u64)>> {
+        let index = self.account_index.get(account)? as usize;
+        let row = &self.balances[index * self.asset_stride..];
+        Some(self.assets.iter().zip(row).map(|(asset, b)| (asset.id, b.available, b.locked)).collect())
+    }
+
+    /// `account`'s open orders, oldest first (its own list: O(its
+    /// orders), whatever the size of the books); `instrument` keeps one
+    /// instrument's. Empty for an unknown account.
+    pub fn open_orders_of(&self, account: AccountId, instrument: Option<InstrumentId>) -> Vec<OrderView> {
+        let Some(index) = self.account_index.get(account) else { return Vec::new() };
+        let mut views = Vec::new();
+        let mut slot = self.accounts[index as usize].first_order;
+        while slot != NIL {
+            let o = self.orders.get(slot);
+            let spec = &self.instruments[o.instrument as usize].spec;
+            if instrument.is_none_or(|id| id == spec.id) {
+                views.push(OrderView { id: o.id, account, instrument: spec.id, cid: o.cid, side: o.side, price: o.price, qty: o.qty, filled: o.filled });
+            }
+            slot = o.account_next;
+        }
+        views
+    }
+
     /// Best bid and best ask prices of an instrument.
     pub fn top_of_book(&self, instrument: InstrumentId) -> Option<(Option<i64>, Option<i64>)> {
         let index = self.instrument_index.get(instrument.into())?;

@@ -10,14 +10,15 @@
 //! high, low, close i64, volume u64, quote_volume u128, taker_buy_volume
 //! u64, taker_buy_quote_volume u128, trades u64, first_trade u64,
 //! last_trade u64); then resting orders u64 and each (id u64, instrument
-//! id u32, side u8, price i64, remaining u64).
+//! id u32, side u8, price i64, remaining u64); then (version 2) the
+//! accounts' orders and trades (`accounts.rs`, `Accounts::encode`).
 
 use crate::candles::{Candle, INTERVALS};
 use crate::{Live, MarketData, Trade};
 use crossbook_engine::Side;
 
 const MAGIC: &[u8; 4] = b"XBMD";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
 /// What is wrong with a checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,6 +80,8 @@ pub fn encode(market: &MarketData) -> Vec<u8> {
         put64(&mut out, live.price as u64);
         put64(&mut out, live.remaining);
     }
+    let ids: Vec<u32> = market.instruments.iter().map(|d| d.info.id).collect();
+    market.accounts.encode(&mut out, &ids);
     out
 }
 
@@ -146,6 +149,8 @@ pub fn restore(market: &mut MarketData, bytes: &[u8]) -> Result<(), CodecError> 
         market.instruments[index as usize].book.add(side, price, remaining);
         market.orders.insert(id, Live { instrument: index, side, price, remaining, resting: true, rests: true });
     }
+    let by_id = market.by_id.clone();
+    market.accounts.restore(&mut r, &|id| by_id.get(&id).copied())?;
     r.end()?;
     let seq = market.seq;
     market.diffs_from(seq);

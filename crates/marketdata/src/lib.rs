@@ -15,12 +15,14 @@
 //! plus one, whether or not the commands in between touched its book), so
 //! Binance's procedure for a local book works exactly and a gap is seen.
 
+pub mod accounts;
 pub mod candles;
 pub mod codec;
 pub mod render;
 
+use accounts::{Accounts, PlaceDetails};
 use candles::Candles;
-use crossbook_engine::{CancelReason, Event, EventKind, InstrumentId, OrderId, OrderType, Side, TimeInForce};
+use crossbook_engine::{CancelReason, Command, Event, EventKind, InstrumentId, OrderId, OrderType, RejectReason, Side, TimeInForce};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 /// Trades kept per instrument for `GET /api/v3/trades` (Binance's largest
@@ -55,6 +57,12 @@ pub struct InstrumentInfo {
     pub max_price: i64,
     pub min_qty: u64,
     pub max_qty: u64,
+    /// The decimal value of one unit of the quote asset (the REST API's
+    /// fees are in it).
+    pub quote_asset_unit: Unit,
+    /// Fees in basis points (negative: a rebate).
+    pub maker_bps: i64,
+    pub taker_bps: i64,
 }
 
 /// Binance writes a symbol as its letters and digits, upper case:
@@ -218,6 +226,15 @@ pub struct Updates {
     pub instruments: Vec<InstrumentUpdate>,
 }
 
+/// What a gateway knows of a command besides its events: the command, and
+/// the client id its gateway journaled with it (a FIX ClOrdID, a REST
+/// `newClientOrderId`).
+#[derive(Clone, Copy, Debug)]
+pub struct CommandContext<'a> {
+    pub command: &'a Command,
+    pub client_id: Option<&'a str>,
+}
+
 /// Every instrument's market data, and the orders it follows.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MarketData {
@@ -233,6 +250,8 @@ pub struct MarketData {
     pub counters: Counters,
     /// Instruments with changes since the last `take_updates`.
     dirty: BTreeSet<u32>,
+    /// Each account's orders and trades.
+    pub accounts: Accounts,
 }
 
 impl MarketData {
@@ -252,6 +271,7 @@ impl MarketData {
             time_ms: 0,
             counters: Counters::default(),
             dirty: BTreeSet::new(),
+            accounts: Accounts::default(),
         }
     }
 
@@ -266,10 +286,17 @@ impl MarketData {
 
     /// Applies the events of durable command `seq`, stamped `time_ms`.
     pub fn apply(&mut self, seq: u64, time_ms: u64, events: &[Event]) {
+        self.apply_command(seq, time_ms, None, events);
+    }
+
+    /// [`MarketData::apply`], with what the command itself says (an
+    /// order's client id, post-only and budget; a FOK order that could not
+    /// fill).
+    pub fn apply_command(&mut self, seq: u64, time_ms: u64, context: Option<CommandContext<'_>>, events: &[Event]) {
         self.seq = seq;
         self.time_ms = self.time_ms.max(time_ms);
         for event in events {
-            self.event(&event.kind);
+            self.event(&event.kind, context);
         }
         // What is left of this command's takers rests, if it may.
         for order in std::mem::take(&mut self.takers) {
@@ -290,16 +317,27 @@ impl MarketData {
         }
     }
 
-    fn event(&mut self, kind: &EventKind) {
+    fn event(&mut self, kind: &EventKind, context: Option<CommandContext<'_>>) {
+        let place = context.and_then(|c| match c.command {
+            Command::Place(place) => Some((place, PlaceDetails { client_id: c.client_id, post_only: place.post_only, stp: place.stp, budget: place.budget })),
+            _ => None,
+        });
         match *kind {
-            EventKind::Accepted { order, instrument, side, order_type, tif, price, qty, .. } => {
+            EventKind::Rejected { reason: RejectReason::FokCannotFill } => {
+                let Some((place, details)) = place else { return };
+                let Some(&index) = self.by_id.get(&place.instrument) else { return };
+                self.accounts.expired_unfilled(self.seq, place.account, index, place.cid, place.side, place.order_type, place.price, place.qty, self.time_ms, Some(details));
+            }
+            EventKind::Accepted { order, account, instrument, cid, side, order_type, tif, price, qty } => {
                 self.counters.orders += 1;
                 let Some(&index) = self.by_id.get(&instrument) else { return };
+                let details = place.filter(|(p, _)| p.cid == cid && p.account == account).map(|(_, d)| d);
+                self.accounts.accepted(order, account, index, cid, side, order_type, tif, price, qty, self.time_ms, details);
                 let rests = order_type == OrderType::Limit && tif == TimeInForce::Gtc;
                 self.orders.insert(order, Live { instrument: index, side, price, remaining: qty, resting: false, rests });
                 self.takers.push(order);
             }
-            EventKind::Trade { instrument, price, qty, maker, maker_remaining, taker, taker_remaining, taker_side, .. } => {
+            EventKind::Trade { instrument, price, qty, maker, maker_account, maker_remaining, taker, taker_account, taker_remaining, taker_side, maker_fee, taker_fee } => {
                 self.counters.trades += 1;
                 let Some(&index) = self.by_id.get(&instrument) else { return };
                 let time_ms = self.time_ms;
@@ -320,6 +358,9 @@ impl MarketData {
                 }
                 data.new_trades += 1;
                 self.dirty.insert(index);
+                let taker_buys = taker_side == Side::Buy;
+                self.accounts.fill(trade.id, index, maker, maker_account, price, qty, maker_remaining, maker_fee, !taker_buys, true, time_ms, seq);
+                self.accounts.fill(trade.id, index, taker, taker_account, price, qty, taker_remaining, taker_fee, taker_buys, false, time_ms, seq);
                 if maker_remaining == 0 {
                     self.orders.remove(&maker);
                 } else if let Some(live) = self.orders.get_mut(&maker) {
@@ -333,6 +374,7 @@ impl MarketData {
                 if reason != CancelReason::Ioc {
                     self.counters.cancels += 1;
                 }
+                self.accounts.cancelled(order, reason, self.time_ms);
                 let Some(live) = self.orders.remove(&order) else { return };
                 if live.resting {
                     let data = &mut self.instruments[live.instrument as usize];
@@ -342,7 +384,9 @@ impl MarketData {
                     self.dirty.insert(live.instrument);
                 }
             }
-            EventKind::Replaced { order, price, remaining, priority_kept, .. } => {
+            EventKind::Replaced { order, price, qty, remaining, priority_kept } => {
+                let renamed = context.filter(|c| matches!(c.command, Command::Replace { order: o, .. } if *o == order)).and_then(|c| c.client_id);
+                self.accounts.replaced(order, price, qty, renamed, self.time_ms);
                 let Some(live) = self.orders.get_mut(&order) else { return };
                 let before = *live;
                 let data = &mut self.instruments[before.instrument as usize];

@@ -3,6 +3,7 @@
 //! quantities are decimal strings: ticks times the instrument's price unit,
 //! lots times its quantity unit, with exactly the unit's decimals.
 
+use crate::accounts::{AccountTrade, OrderRecord, OrderStatus};
 use crate::candles::{Candle, INTERVALS};
 use crate::{DepthDiff, InstrumentData, MarketData, Ticker, Trade, Unit};
 use serde_json::{Value, json};
@@ -113,6 +114,11 @@ pub fn trades(data: &InstrumentData, limit: usize) -> Value {
             })
             .collect(),
     )
+}
+
+/// One of `GET /api/v3/aggTrades`: a trade as its own aggregate.
+pub fn agg_trade(data: &InstrumentData, t: &Trade) -> Value {
+    json!({"a": t.id, "p": price(data, t.price), "q": qty(data, t.qty), "f": t.id, "l": t.id, "T": t.time_ms, "m": t.buyer_is_maker, "M": true})
 }
 
 fn close_ms(interval: usize, candle: &Candle) -> u64 {
@@ -362,6 +368,207 @@ pub fn ticker_update(market: &MarketData, index: usize, time_ms: u64) -> Value {
     })
 }
 
+// ---- an account's own orders and trades (the signed endpoints) ----------
+
+fn side_name(side: crossbook_engine::Side) -> &'static str {
+    match side {
+        crossbook_engine::Side::Buy => "BUY",
+        crossbook_engine::Side::Sell => "SELL",
+    }
+}
+
+fn tif_name(tif: crossbook_engine::TimeInForce) -> &'static str {
+    match tif {
+        crossbook_engine::TimeInForce::Gtc => "GTC",
+        crossbook_engine::TimeInForce::Ioc => "IOC",
+        crossbook_engine::TimeInForce::Fok => "FOK",
+    }
+}
+
+/// Binance's name of a self-trade prevention mode (the taker's decides,
+/// as on Binance): `cancel_newest` expires the taker, `cancel_oldest` the
+/// maker.
+pub fn stp_name(stp: crossbook_engine::SelfTradePrevention) -> &'static str {
+    match stp {
+        crossbook_engine::SelfTradePrevention::None => "NONE",
+        crossbook_engine::SelfTradePrevention::CancelNewest => "EXPIRE_TAKER",
+        crossbook_engine::SelfTradePrevention::CancelOldest => "EXPIRE_MAKER",
+        crossbook_engine::SelfTradePrevention::CancelBoth => "EXPIRE_BOTH",
+    }
+}
+
+/// `LIMIT`, `LIMIT_MAKER` (post-only) or `MARKET`.
+pub fn order_type_name(o: &OrderRecord) -> &'static str {
+    match (o.order_type, o.post_only) {
+        (crossbook_engine::OrderType::Market, _) => "MARKET",
+        (crossbook_engine::OrderType::Limit, true) => "LIMIT_MAKER",
+        (crossbook_engine::OrderType::Limit, false) => "LIMIT",
+    }
+}
+
+/// An amount of the quote asset (a fee, a budget) as a decimal.
+pub fn quote_asset(data: &InstrumentData, amount: i128) -> String {
+    decimal(amount, data.info.quote_asset_unit)
+}
+
+fn limit_price(data: &InstrumentData, o: &OrderRecord) -> String {
+    price(data, if o.order_type == crossbook_engine::OrderType::Market { 0 } else { o.price })
+}
+
+/// An order as `GET /api/v3/order`, `openOrders` and `allOrders` show it.
+pub fn order(data: &InstrumentData, o: &OrderRecord) -> Value {
+    json!({
+        "symbol": data.info.binance,
+        "orderId": o.id,
+        "orderListId": -1,
+        "clientOrderId": o.client_id,
+        "price": limit_price(data, o),
+        "origQty": qty(data, o.qty),
+        "executedQty": qty(data, o.filled),
+        "cummulativeQuoteQty": quote(data, o.quote_filled),
+        "status": o.status.binance(),
+        "timeInForce": tif_name(o.tif),
+        "type": order_type_name(o),
+        "side": side_name(o.side),
+        "stopPrice": price(data, 0),
+        "icebergQty": qty(data, 0),
+        "time": o.time_ms,
+        "updateTime": o.update_ms,
+        "isWorking": true,
+        "workingTime": o.time_ms,
+        "origQuoteOrderQty": quote_asset(data, i128::from(o.budget.unwrap_or(0))),
+        "selfTradePreventionMode": stp_name(o.stp),
+    })
+}
+
+/// The answer to `POST /api/v3/order`: `ACK`, `RESULT` or `FULL`
+/// (with the fills of the order's own command).
+pub fn new_order(data: &InstrumentData, o: &OrderRecord, transact_ms: u64, response: &str, fills: &[AccountTrade]) -> Value {
+    let mut answer = json!({
+        "symbol": data.info.binance,
+        "orderId": o.id,
+        "orderListId": -1,
+        "clientOrderId": o.client_id,
+        "transactTime": transact_ms,
+    });
+    if response == "ACK" {
+        return answer;
+    }
+    let full = order(data, o);
+    for key in ["price", "origQty", "executedQty", "origQuoteOrderQty", "cummulativeQuoteQty", "status", "timeInForce", "type", "side", "workingTime", "selfTradePreventionMode"] {
+        answer[key] = full[key].clone();
+    }
+    if response == "FULL" {
+        answer["fills"] = Value::Array(
+            fills
+                .iter()
+                .map(|t| json!({"price": price(data, t.price), "qty": qty(data, t.qty), "commission": quote_asset(data, i128::from(t.fee)), "commissionAsset": data.info.quote_asset, "tradeId": t.id}))
+                .collect(),
+        );
+    }
+    answer
+}
+
+/// The answer to `DELETE /api/v3/order` (and each of
+/// `DELETE /api/v3/openOrders`'s).
+pub fn cancelled_order(data: &InstrumentData, o: &OrderRecord, transact_ms: u64) -> Value {
+    let full = order(data, o);
+    let mut answer = json!({
+        "symbol": data.info.binance,
+        "origClientOrderId": o.client_id,
+        "orderId": o.id,
+        "orderListId": -1,
+        "clientOrderId": o.client_id,
+        "transactTime": transact_ms,
+    });
+    for key in ["price", "origQty", "executedQty", "origQuoteOrderQty", "cummulativeQuoteQty", "status", "timeInForce", "type", "side", "selfTradePreventionMode"] {
+        answer[key] = full[key].clone();
+    }
+    answer
+}
+
+/// One of `GET /api/v3/myTrades`.
+pub fn my_trade(data: &InstrumentData, t: &AccountTrade) -> Value {
+    json!({
+        "symbol": data.info.binance,
+        "id": t.id,
+        "orderId": t.order,
+        "orderListId": -1,
+        "price": price(data, t.price),
+        "qty": qty(data, t.qty),
+        "quoteQty": quote(data, t.price.unsigned_abs() as u128 * u128::from(t.qty)),
+        "commission": quote_asset(data, i128::from(t.fee)),
+        "commissionAsset": data.info.quote_asset,
+        "time": t.time_ms,
+        "isBuyer": t.is_buyer,
+        "isMaker": t.is_maker,
+        "isBestMatch": true,
+    })
+}
+
+/// What one event did to an order, for an `executionReport`.
+#[derive(Clone, Copy, Debug)]
+pub struct Execution {
+    /// `x`: NEW, TRADE, CANCELED, EXPIRED, TRADE_PREVENTION, REPLACED.
+    pub kind: &'static str,
+    /// `X`: the order's status after it.
+    pub status: OrderStatus,
+    pub last_qty: u64,
+    pub last_price: i64,
+    pub fee: i64,
+    /// `t`: the trade's id, or -1.
+    pub trade_id: i64,
+    pub is_maker: bool,
+    /// `z` and `Z` after it.
+    pub cum_qty: u64,
+    pub cum_quote: u128,
+    /// `I`: unique per execution (the command's sequence number times 64
+    /// plus the event's place in it).
+    pub execution_id: u64,
+}
+
+/// A user data stream's `executionReport` for `o` (its price, quantity
+/// and identity; `exec` says what changed).
+pub fn execution_report(data: &InstrumentData, o: &OrderRecord, exec: &Execution, time_ms: u64) -> Value {
+    let on_book = exec.status.is_open() && o.order_type == crossbook_engine::OrderType::Limit && o.tif == crossbook_engine::TimeInForce::Gtc;
+    json!({
+        "e": "executionReport",
+        "E": time_ms,
+        "s": data.info.binance,
+        "c": o.client_id,
+        "S": side_name(o.side),
+        "o": order_type_name(o),
+        "f": tif_name(o.tif),
+        "q": qty(data, o.qty),
+        "p": limit_price(data, o),
+        "P": price(data, 0),
+        "F": qty(data, 0),
+        "g": -1,
+        "C": "",
+        "x": exec.kind,
+        "X": exec.status.binance(),
+        "r": "NONE",
+        "i": o.id,
+        "l": qty(data, exec.last_qty),
+        "z": qty(data, exec.cum_qty),
+        "L": price(data, exec.last_price),
+        "n": quote_asset(data, i128::from(exec.fee)),
+        "N": if exec.last_qty > 0 { Value::from(data.info.quote_asset.clone()) } else { Value::Null },
+        "T": time_ms,
+        "t": exec.trade_id,
+        "I": exec.execution_id,
+        "w": on_book,
+        "m": exec.is_maker,
+        "M": false,
+        "O": o.time_ms,
+        "Z": quote(data, exec.cum_quote),
+        "Y": quote(data, exec.last_price.unsigned_abs() as u128 * u128::from(exec.last_qty)),
+        "Q": quote_asset(data, i128::from(o.budget.unwrap_or(0))),
+        "W": o.time_ms,
+        "V": stp_name(o.stp),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -380,6 +587,9 @@ mod tests {
             max_price: 1_000_000,
             min_qty: 1,
             max_qty: 1_000,
+            quote_asset_unit: Unit { mantissa: 1, scale: 2 },
+            maker_bps: -1,
+            taker_bps: 5,
         };
         let market = MarketData::new(vec![info], 0);
         let data = &market.instruments[0];

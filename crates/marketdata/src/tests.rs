@@ -27,6 +27,9 @@ fn infos(commands: &[Command]) -> Vec<InstrumentInfo> {
                 max_price: spec.max_price,
                 min_qty: spec.min_qty,
                 max_qty: spec.max_qty,
+                quote_asset_unit: Unit::ONE,
+                maker_bps: spec.maker_bps,
+                taker_bps: spec.taker_bps,
             }),
             _ => None,
         })
@@ -158,3 +161,58 @@ fn a_local_book_from_a_snapshot_and_diffs_equals_the_book() {
     assert!(applied > 10, "{applied} diffs applied");
 }
 
+
+/// Each account's open orders (price, quantity, fills) are the engine's
+/// after every command; every fill is in both owners' trades with its fee;
+/// an order's filled quantity is the sum of its trades; an ended order
+/// leaves the open ones.
+#[test]
+fn accounts_follow_the_engine_order_by_order() {
+    use crate::accounts::OrderStatus;
+    for seed in [3u64, 11] {
+        let commands = generate(Workload::Mixed, seed, 12_000);
+        let mut engine = Engine::new();
+        let mut market = MarketData::new(infos(&commands), 0);
+        let mut events = Vec::new();
+        let mut fills = 0usize;
+        for (index, command) in commands.iter().enumerate() {
+            events.clear();
+            engine.apply(command, &mut events);
+            let context = CommandContext { command, client_id: None };
+            market.apply_command(engine.seq(), 1_700_000_000_000 + index as u64, Some(context), &events);
+            let _ = market.take_updates();
+            fills += 2 * events.iter().filter(|e| matches!(e.kind, EventKind::Trade { .. })).count();
+            if index % 97 != 0 && index + 1 != commands.len() {
+                continue;
+            }
+            for account in engine.account_ids().collect::<Vec<_>>() {
+                let want: Vec<(u64, i64, u64, u64)> = engine.open_orders_of(account, None).iter().map(|o| (o.id, o.price, o.qty, o.filled)).collect();
+                let data = market.accounts.accounts.get(&account);
+                let have: Vec<(u64, i64, u64, u64)> = data
+                    .map(|d| d.open.iter().map(|id| &market.accounts.orders[id]).map(|o| (o.id, o.price, o.qty, o.filled)).collect())
+                    .unwrap_or_default();
+                assert_eq!(have, want, "seed {seed}, after command {}: account {account}'s open orders", index + 1);
+                for id in data.map(|d| d.open.iter().copied().collect::<Vec<_>>()).unwrap_or_default() {
+                    let o = &market.accounts.orders[&id];
+                    assert!(o.status.is_open());
+                    assert_eq!(market.accounts.open_by_client_id(account, &o.client_id).map(|r| r.id), Some(id));
+                }
+            }
+        }
+        let kept: usize = market.accounts.accounts.values().map(|d| d.trades.len()).sum();
+        assert_eq!(kept, fills, "seed {seed}: every fill is in its owner's trades");
+        for data in market.accounts.accounts.values() {
+            for trade in &data.trades {
+                if let Some(order) = market.accounts.orders.get(&trade.order) {
+                    let sum: u64 = data.trades.iter().filter(|t| t.order == order.id).map(|t| t.qty).sum();
+                    assert_eq!(sum, order.filled, "seed {seed}: order {}'s fills", order.id);
+                    if order.status == OrderStatus::Filled {
+                        assert_eq!(order.filled, order.qty);
+                    }
+                }
+            }
+        }
+        let ended = market.accounts.orders.values().filter(|o| !o.status.is_open()).count();
+        assert!(ended > 100 && fills > 100, "seed {seed}: {ended} ended orders, {fills} fills");
+    }
+}

@@ -107,6 +107,12 @@ pub enum ClientMessage {
     CancelAll { instrument: Option<InstrumentId> },
     Heartbeat,
     Logout,
+    /// The account's balances: answered by a `Balance` per asset, then
+    /// `QueryDone` with the same `request`.
+    QueryBalances { request: u64 },
+    /// The account's open orders (of one instrument, or all): an
+    /// `OpenOrder` each, then `QueryDone`.
+    QueryOpenOrders { request: u64, instrument: Option<InstrumentId> },
 }
 
 impl ClientMessage {
@@ -130,7 +136,7 @@ impl ClientMessage {
             ClientMessage::Cancel { order } => Some(Command::Cancel { account, order }),
             ClientMessage::Replace { order, price, qty } => Some(Command::Replace { account, order, price, qty }),
             ClientMessage::CancelAll { instrument } => Some(Command::CancelAll { account, instrument }),
-            ClientMessage::Login { .. } | ClientMessage::Heartbeat | ClientMessage::Logout => None,
+            ClientMessage::Login { .. } | ClientMessage::Heartbeat | ClientMessage::Logout | ClientMessage::QueryBalances { .. } | ClientMessage::QueryOpenOrders { .. } => None,
         }
     }
 }
@@ -175,6 +181,28 @@ pub enum ServerMessage {
     Heartbeat,
     Logout { reason: u8 },
     Error { reason: ProtocolError },
+    /// One asset of a `QueryBalances` answer.
+    Balance { request: u64, asset: AssetId, available: u64, locked: u64 },
+    /// One order of a `QueryOpenOrders` answer.
+    OpenOrder(OpenOrder),
+    /// The end of a query's answer: `count` messages came before it, the
+    /// state after command `as_of` (every report up to it was sent first).
+    QueryDone { request: u64, count: u32, as_of: u64 },
+}
+
+/// An open order, as a `QueryOpenOrders` answer lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenOrder {
+    pub request: u64,
+    pub order: OrderId,
+    pub cid: ClientOrderId,
+    pub instrument: InstrumentId,
+    pub side: Side,
+    pub price: i64,
+    /// Its quantity, filled lots included.
+    pub qty: u64,
+    pub cum_qty: u64,
+    pub leaves_qty: u64,
 }
 
 /// What a decoder found at the start of a buffer.
@@ -220,6 +248,8 @@ const fn client_body(kind: u8) -> Option<usize> {
         4 => 8 + 8 + 8,
         5 => 4,
         6 | 7 => 0,
+        8 => 8,
+        9 => 8 + 4,
         _ => return None,
     })
 }
@@ -231,6 +261,9 @@ const fn server_body(kind: u8) -> Option<usize> {
         103 => 8 + 1 + 8 + 8 + 4 + 1 + 8 + 8 + 8 + 8 + 8 + 8 + 1,
         104 => 8,
         105 | 106 => 9,
+        107 => 8 + 8 + 4 + 8 + 8,
+        108 => 8 + 8 + 8 + 8 + 4 + 1 + 8 + 8 + 8 + 8,
+        109 => 8 + 8 + 4 + 8,
         _ => return None,
     })
 }
@@ -314,6 +347,12 @@ pub fn decode_client(buffer: &[u8], max_frame: usize) -> Result<Decoded<ClientMe
         }
         6 => ClientMessage::Heartbeat,
         7 => ClientMessage::Logout,
+        8 => ClientMessage::QueryBalances { request: r.u64()? },
+        9 => {
+            let request = r.u64()?;
+            let instrument = r.u32()?;
+            ClientMessage::QueryOpenOrders { request, instrument: (instrument != 0).then_some(instrument) }
+        }
         _ => return Err(ProtocolError::UnknownType),
     };
     Ok(Decoded::Message(message, used))
@@ -335,6 +374,8 @@ pub fn encode_client(message: &ClientMessage, out: &mut Vec<u8>) {
         ClientMessage::CancelAll { .. } => 5,
         ClientMessage::Heartbeat => 6,
         ClientMessage::Logout => 7,
+        ClientMessage::QueryBalances { .. } => 8,
+        ClientMessage::QueryOpenOrders { .. } => 9,
     };
     begin(out, kind, client_body(kind).unwrap_or(0));
     let mut w = Writer { out };
@@ -364,6 +405,11 @@ pub fn encode_client(message: &ClientMessage, out: &mut Vec<u8>) {
         }
         ClientMessage::CancelAll { instrument } => w.u32(instrument.unwrap_or(0)),
         ClientMessage::Heartbeat | ClientMessage::Logout => {}
+        ClientMessage::QueryBalances { request } => w.u64(request),
+        ClientMessage::QueryOpenOrders { request, instrument } => {
+            w.u64(request);
+            w.u32(instrument.unwrap_or(0));
+        }
     }
 }
 
@@ -419,6 +465,28 @@ pub fn decode_server(buffer: &[u8], max_frame: usize) -> Result<Decoded<ServerMe
             let _seq = r.u64()?;
             ServerMessage::Error { reason: protocol_reason(r.u8()?)? }
         }
+        107 => {
+            let _seq = r.u64()?;
+            ServerMessage::Balance { request: r.u64()?, asset: r.u32()?, available: r.u64()?, locked: r.u64()? }
+        }
+        108 => {
+            let _seq = r.u64()?;
+            ServerMessage::OpenOrder(OpenOrder {
+                request: r.u64()?,
+                order: r.u64()?,
+                cid: r.u64()?,
+                instrument: r.u32()?,
+                side: r.side()?,
+                price: r.i64()?,
+                qty: r.u64()?,
+                cum_qty: r.u64()?,
+                leaves_qty: r.u64()?,
+            })
+        }
+        109 => {
+            let _seq = r.u64()?;
+            ServerMessage::QueryDone { request: r.u64()?, count: r.u32()?, as_of: r.u64()? }
+        }
         _ => return Err(ProtocolError::UnknownType),
     };
     Ok(Decoded::Message(message, used))
@@ -433,6 +501,9 @@ pub fn encode_server(message: &ServerMessage, out: &mut Vec<u8>) {
         ServerMessage::Heartbeat => 104,
         ServerMessage::Logout { .. } => 105,
         ServerMessage::Error { .. } => 106,
+        ServerMessage::Balance { .. } => 107,
+        ServerMessage::OpenOrder(_) => 108,
+        ServerMessage::QueryDone { .. } => 109,
     };
     begin(out, kind, server_body(kind).unwrap_or(0));
     let mut w = Writer { out };
@@ -465,6 +536,31 @@ pub fn encode_server(message: &ServerMessage, out: &mut Vec<u8>) {
         ServerMessage::Logout { reason } => {
             w.u64(0);
             w.u8(reason);
+        }
+        ServerMessage::Balance { request, asset, available, locked } => {
+            w.u64(0);
+            w.u64(request);
+            w.u32(asset);
+            w.u64(available);
+            w.u64(locked);
+        }
+        ServerMessage::OpenOrder(o) => {
+            w.u64(0);
+            w.u64(o.request);
+            w.u64(o.order);
+            w.u64(o.cid);
+            w.u32(o.instrument);
+            w.u8(side_code(o.side));
+            w.i64(o.price);
+            w.u64(o.qty);
+            w.u64(o.cum_qty);
+            w.u64(o.leaves_qty);
+        }
+        ServerMessage::QueryDone { request, count, as_of } => {
+            w.u64(0);
+            w.u64(request);
+            w.u32(count);
+            w.u64(as_of);
         }
     }
 }

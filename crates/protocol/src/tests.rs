@@ -35,6 +35,9 @@ fn client_samples() -> Vec<ClientMessage> {
         ClientMessage::CancelAll { instrument: Some(2) },
         ClientMessage::Heartbeat,
         ClientMessage::Logout,
+        ClientMessage::QueryBalances { request: 12 },
+        ClientMessage::QueryOpenOrders { request: u64::MAX, instrument: None },
+        ClientMessage::QueryOpenOrders { request: 0, instrument: Some(7) },
     ]
 }
 
@@ -60,6 +63,9 @@ fn server_samples() -> Vec<ServerMessage> {
         ServerMessage::Heartbeat,
         ServerMessage::Logout { reason: 0 },
         ServerMessage::Error { reason: ProtocolError::FrameTooLong },
+        ServerMessage::Balance { request: 12, asset: 2, available: u64::MAX, locked: 5 },
+        ServerMessage::OpenOrder(OpenOrder { request: 13, order: 99, cid: 4, instrument: 1, side: Side::Sell, price: -3, qty: 10, cum_qty: 4, leaves_qty: 6 }),
+        ServerMessage::QueryDone { request: 13, count: 1, as_of: 1234 },
     ]
 }
 

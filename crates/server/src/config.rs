@@ -105,11 +105,38 @@ pub struct MarketDataConfig {
     /// Seconds between the server's pings; a connection that has sent
     /// nothing (not even a pong) for three of them is closed.
     pub ping_interval_s: u64,
+    /// Binance's signed trading endpoints and user data streams on the same
+    /// port (`docs/trading.md`); false: market data only.
+    pub trading: bool,
+    /// Request weight one API key may use per minute (Binance's
+    /// REQUEST_WEIGHT limit); past it: HTTP 429, `Retry-After`.
+    pub max_weight_per_minute: u32,
+    /// New orders one account may place over REST per 10 seconds (Binance's
+    /// ORDERS limit); past it: HTTP 429, code -1015.
+    pub max_orders_per_10s: u32,
+    /// Largest request body (bytes); a longer one is refused (HTTP 413).
+    pub max_body: usize,
+    /// Milliseconds an order request waits for the engine's answer (its
+    /// durable result) before it is answered "status unknown" (-1007).
+    pub answer_timeout_ms: u64,
 }
 
 impl Default for MarketDataConfig {
     fn default() -> Self {
-        MarketDataConfig { listen: "127.0.0.1:7702".into(), max_connections: 1024, max_streams: 1024, queue: 4096, max_message: 4096, max_messages_per_s: 10, ping_interval_s: 20 }
+        MarketDataConfig {
+            listen: "127.0.0.1:7702".into(),
+            max_connections: 1024,
+            max_streams: 1024,
+            queue: 4096,
+            max_message: 4096,
+            max_messages_per_s: 10,
+            ping_interval_s: 20,
+            trading: true,
+            max_weight_per_minute: 6000,
+            max_orders_per_10s: 1000,
+            max_body: 8192,
+            answer_timeout_ms: 10_000,
+        }
     }
 }
 
@@ -141,6 +168,10 @@ impl Default for FixConfig {
 pub struct AssetConfig {
     pub id: u32,
     pub name: String,
+    /// The REST API shows amounts of this asset (balances, fees) as
+    /// `amount * 10^-decimals`.
+    #[serde(default)]
+    pub decimals: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -176,8 +207,13 @@ fn one() -> String {
 #[serde(deny_unknown_fields)]
 pub struct AccountConfig {
     pub id: u64,
-    /// Up to 32 bytes; compared in constant time.
+    /// Up to 32 bytes; compared in constant time. Also the REST API's
+    /// `X-MBX-APIKEY`.
     pub api_key: String,
+    /// The REST API's signing secret (HMAC-SHA256); empty: this account
+    /// cannot use the signed REST endpoints.
+    #[serde(default)]
+    pub api_secret: String,
     /// Starting balances for a fresh venue: (asset id, amount).
     #[serde(default)]
     pub deposits: Vec<(u32, u64)>,
@@ -189,6 +225,11 @@ pub const DEMO_ACCOUNTS: u64 = 16;
 /// The API key of demo account `id`.
 pub fn demo_key(id: u64) -> String {
     format!("demo-key-{id}")
+}
+
+/// The REST signing secret of demo account `id`.
+pub fn demo_secret(id: u64) -> String {
+    format!("demo-secret-{id}")
 }
 
 impl Default for Limits {
@@ -218,7 +259,7 @@ impl Default for Config {
             limits: Limits::default(),
             fix: FixConfig::default(),
             market_data: MarketDataConfig::default(),
-            assets: vec![AssetConfig { id: 1, name: "BTC".into() }, AssetConfig { id: 2, name: "USD".into() }],
+            assets: vec![AssetConfig { id: 1, name: "BTC".into(), decimals: 0 }, AssetConfig { id: 2, name: "USD".into(), decimals: 0 }],
             instruments: vec![InstrumentConfig {
                 id: 1,
                 symbol: "BTC-USD".into(),
@@ -237,7 +278,7 @@ impl Default for Config {
             }],
             // 16 demo traders, enough for `crossbook load --connections 16`.
             accounts: (1..=DEMO_ACCOUNTS)
-                .map(|id| AccountConfig { id, api_key: demo_key(id), deposits: vec![(1, 1 << 40), (2, 1 << 50)] })
+                .map(|id| AccountConfig { id, api_key: demo_key(id), api_secret: demo_secret(id), deposits: vec![(1, 1 << 40), (2, 1 << 50)] })
                 .collect(),
         }
     }
@@ -271,6 +312,9 @@ pub enum ConfigError {
     SymbolClash { symbol: String, binance: String },
     /// An address that does not parse.
     BadAddress { key: &'static str, value: String },
+    /// Two accounts have the same API key (a REST request names its
+    /// account by its key alone).
+    SharedApiKey { first: AccountId, second: AccountId },
 }
 
 /// The smallest `segment_bytes` accepted.
@@ -291,6 +335,7 @@ impl std::fmt::Display for ConfigError {
             ConfigError::BadFixUnit { symbol, what, value } => write!(f, "instrument {symbol}: {what} {value:?} is not a positive decimal"),
             ConfigError::SymbolClash { symbol, binance } => write!(f, "instrument {symbol}: another instrument's symbol is also written {binance} (letters and digits only), as market data names it"),
             ConfigError::BadAddress { key, value } => write!(f, "{key} {value:?} is not an address (host:port)"),
+            ConfigError::SharedApiKey { first, second } => write!(f, "accounts {first} and {second} have the same API key (the REST API names an account by its key)"),
         }
     }
 }
@@ -330,6 +375,12 @@ impl Config {
         }
         if !matches!(self.fix.application.as_str(), "venue" | "echo") {
             return Err(ConfigError::BadFixApplication(self.fix.application.clone()));
+        }
+        let mut keys: std::collections::HashMap<&str, AccountId> = std::collections::HashMap::new();
+        for account in &self.accounts {
+            if let Some(first) = keys.insert(account.api_key.as_str(), account.id) {
+                return Err(ConfigError::SharedApiKey { first, second: account.id });
+            }
         }
         Ok(())
     }

@@ -18,9 +18,9 @@
 
 use crate::config::{Config, keys_match};
 use crate::ratelog::RateLog;
-use crate::sequencer::{InFlight, Inbound, Sequencer};
+use crate::sequencer::{InFlight, Inbound, Request, Sequencer};
 use crate::sessions::{Session, Sessions};
-use crate::sink::{BINARY, ReportSink};
+use crate::sink::{BINARY, Query, QueryKind, ReportSink};
 use crate::{ServeError, log};
 use crossbook_engine::AccountId;
 use crossbook_protocol::*;
@@ -675,9 +675,19 @@ fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, sessions: &m
             log(&format!("logout connection={id} account={who}"));
             close("logout")
         }
+        (ClientMessage::QueryBalances { request }, Some(who)) => {
+            let query = Query { account: who, kind: QueryKind::Balances, token: id, request };
+            commands.push(Inbound { request: Request::Query(query), annex: None, source: BINARY, in_flight: conn.in_flight.clone() });
+            Ok(())
+        }
+        (ClientMessage::QueryOpenOrders { request, instrument }, Some(who)) => {
+            let query = Query { account: who, kind: QueryKind::OpenOrders { instrument }, token: id, request };
+            commands.push(Inbound { request: Request::Query(query), annex: None, source: BINARY, in_flight: conn.in_flight.clone() });
+            Ok(())
+        }
         (message, Some(who)) => {
             if let Some(command) = message.to_command(who) {
-                commands.push(Inbound { command, annex: None, source: BINARY, in_flight: conn.in_flight.clone() });
+                commands.push(Inbound { request: Request::Command(command), annex: None, source: BINARY, in_flight: conn.in_flight.clone() });
             }
             Ok(())
         }

@@ -199,7 +199,8 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         gateway.start(queue.clone(), Arc::new(move || drop(wake.wake())), shutdown.clone())?;
     }
     if let Some(market) = &market {
-        market.start()?;
+        let wake = waker.clone();
+        market.start(market::trading::SequencerLink { queue: queue.clone(), wake: Arc::new(move || drop(wake.wake())) })?;
     }
     log(&format!("listening on {address}"));
     listening(address);

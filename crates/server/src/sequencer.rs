@@ -9,7 +9,7 @@
 //! out; the journal's writer syncs on its own thread and wakes the gateway
 //! when a group commit is done.
 
-use crate::sink::{Applied, Checkpoint, Refusal, Released, ReportSink, Source};
+use crate::sink::{Answer, Applied, Checkpoint, Query, QueryKind, Refusal, Released, ReportSink, Source};
 use crate::snapshotter::{KEEP_SNAPSHOTS, Offer, Snapshotter};
 use crate::{ServeError, Summary, log};
 use crossbook_engine::{Command, Engine, Event};
@@ -23,9 +23,18 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// A command for the sequencer, from a gateway.
+/// What a gateway asks of the sequencer.
+pub(crate) enum Request {
+    /// Journal and apply it.
+    Command(Command),
+    /// Answer it from the engine's state at this point of the sequence
+    /// (not journaled; released with its batch).
+    Query(Query),
+}
+
+/// A command (or query) for the sequencer, from a gateway.
 pub(crate) struct Inbound {
-    pub(crate) command: Command,
+    pub(crate) request: Request,
     /// What the gateway journals with the command (at most
     /// `crossbook_journal::format::MAX_ANNEX` bytes): the sequencer only
     /// carries it, to the journal and back to the sinks.
@@ -77,6 +86,12 @@ impl InFlight {
 
     pub(crate) fn add(&self, n: u32) {
         self.count.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Takes back an `add(1)` for a command that never reached the
+    /// sequencer.
+    pub(crate) fn undo(&self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
     }
 
     fn done(&self) {
@@ -132,6 +147,7 @@ struct Waiting {
     reports: Vec<Addressed>,
     events: Vec<Event>,
     refused: Vec<Refusal>,
+    answers: Vec<Answer>,
     answered: Vec<Arc<InFlight>>,
 }
 
@@ -213,11 +229,19 @@ impl<'a> Sequencer<'a> {
             reports: Vec::new(),
             events: Vec::new(),
             refused: Vec::new(),
+            answers: Vec::new(),
             answered: Vec::with_capacity(batch.len()),
         };
         for item in batch.drain(..) {
             done.answered.push(item.in_flight);
-            if let Command::Place(place) = &item.command
+            let command = match item.request {
+                Request::Command(command) => command,
+                Request::Query(query) => {
+                    done.answers.push(self.answer(item.source, query));
+                    continue;
+                }
+            };
+            if let Command::Place(place) = &command
                 && self.builder.open_orders_of(place.account) >= self.settings.open_orders
             {
                 let report = Addressed { account: place.account, report: ExecutionReport::open_order_refusal(place) };
@@ -225,17 +249,17 @@ impl<'a> Sequencer<'a> {
                 continue;
             }
             let seq = self.engine.seq() + 1;
-            self.journal.append_with(seq, &item.command, item.annex.as_deref())?;
+            self.journal.append_with(seq, &command, item.annex.as_deref())?;
             self.events.clear();
-            self.engine.apply(&item.command, &mut self.events);
+            self.engine.apply(&command, &mut self.events);
             let first = done.reports.len();
-            self.builder.reports(&item.command, &self.events, &mut done.reports);
+            self.builder.reports(&command, &self.events, &mut done.reports);
             let first_event = done.events.len();
             done.events.extend_from_slice(&self.events);
             done.commands.push(Applied {
                 seq,
                 time_ms: self.time_ms,
-                command: item.command,
+                command,
                 annex: item.annex,
                 reports: first..done.reports.len(),
                 events: first_event..done.events.len(),
@@ -247,6 +271,16 @@ impl<'a> Sequencer<'a> {
         done.last_seq = self.engine.seq();
         self.waiting.push_back(done);
         Ok(())
+    }
+
+    /// A query's answer from the engine as it is now (after every command
+    /// before the query).
+    fn answer(&self, source: Source, query: Query) -> Answer {
+        let (balances, orders) = match query.kind {
+            QueryKind::Balances => (self.engine.balances_of(query.account).unwrap_or_default(), Vec::new()),
+            QueryKind::OpenOrders { instrument } => (Vec::new(), self.engine.open_orders_of(query.account, instrument)),
+        };
+        Answer { source, query, seq: self.engine.seq(), balances, orders, known: self.engine.has_account(query.account) }
     }
 
     /// Hands every batch the journal now holds to the sinks, oldest first.
@@ -279,7 +313,7 @@ impl<'a> Sequencer<'a> {
     fn release_through(&mut self, acked: u64, sinks: &mut [&mut dyn ReportSink]) {
         while self.waiting.front().is_some_and(|w| w.last_seq <= acked) {
             let Some(done) = self.waiting.pop_front() else { break };
-            let batch = Released { commands: &done.commands, reports: &done.reports, events: &done.events, refused: &done.refused };
+            let batch = Released { commands: &done.commands, reports: &done.reports, events: &done.events, refused: &done.refused, answers: &done.answers };
             for sink in sinks.iter_mut() {
                 sink.released(&batch);
             }

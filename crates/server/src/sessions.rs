@@ -5,9 +5,9 @@
 //! locks.
 
 use crate::checkpoint::Reader;
-use crate::sink::{BINARY, Checkpoint, Durable, Released, ReportSink, RestoreError};
+use crate::sink::{Answer, BINARY, Checkpoint, Durable, QueryKind, Released, ReportSink, RestoreError};
 use crossbook_engine::AccountId;
-use crossbook_protocol::{ExecutionReport, ServerMessage, encode_server};
+use crossbook_protocol::{ExecutionReport, OpenOrder, ServerMessage, encode_server};
 use std::collections::{HashMap, VecDeque};
 
 /// Reports kept per account for replay to a session that reconnects.
@@ -61,6 +61,31 @@ impl Sessions {
     }
 }
 
+/// A query's answer as frames: one message per asset or order, then
+/// `QueryDone`.
+fn answer_frames(answer: &Answer) -> Vec<u8> {
+    let request = answer.query.request;
+    let mut frames = Vec::new();
+    let mut count = 0u32;
+    match answer.query.kind {
+        QueryKind::Balances => {
+            for &(asset, available, locked) in &answer.balances {
+                encode_server(&ServerMessage::Balance { request, asset, available, locked }, &mut frames);
+                count += 1;
+            }
+        }
+        QueryKind::OpenOrders { .. } => {
+            for o in &answer.orders {
+                let open = OpenOrder { request, order: o.id, cid: o.cid, instrument: o.instrument, side: o.side, price: o.price, qty: o.qty, cum_qty: o.filled, leaves_qty: o.qty - o.filled };
+                encode_server(&ServerMessage::OpenOrder(open), &mut frames);
+                count += 1;
+            }
+        }
+    }
+    encode_server(&ServerMessage::QueryDone { request, count, as_of: answer.seq }, &mut frames);
+    frames
+}
+
 impl ReportSink for Sessions {
     /// Numbers every report for its account, and queues one buffer of
     /// frames per logged-in account (one write for all of a session's
@@ -86,6 +111,11 @@ impl ReportSink for Sessions {
             if let Some(session) = self.by_account.get(&account) {
                 self.outbox.push((session.connection, frames));
             }
+        }
+        // Answers after the batch's reports: an answer reflects every
+        // report its connection was sent before it.
+        for answer in batch.answers().filter(|a| a.source == BINARY) {
+            self.outbox.push((answer.query.token, answer_frames(answer)));
         }
     }
 

@@ -15,7 +15,7 @@
 //! of the journal, so a gateway rebuilds what it had sent (a session's
 //! numbering and history, a FIX store's missing messages) exactly.
 
-use crossbook_engine::{Command, Event, PlaceOrder};
+use crossbook_engine::{AccountId, AssetId, Command, Event, InstrumentId, OrderView, PlaceOrder};
 use crossbook_protocol::reports::Addressed;
 use std::ops::Range;
 
@@ -31,6 +31,47 @@ pub(crate) const FIX: Source = Source(1);
 /// Commands of gateways added with [`crate::serve_with_sinks`] (none
 /// today send any).
 pub const OTHER: Source = Source(2);
+/// The HTTP gateway's commands and queries (Binance's signed REST API).
+pub(crate) const REST: Source = Source(3);
+
+/// A question about one account's state, asked of the sequencer like a
+/// command: it is answered in sequence, from the engine's state after every
+/// command before it, and the answer is released with its batch, once the
+/// journal holds every command it reflects (only durable facts leave the
+/// process). Not journaled: it changes nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Query {
+    pub account: AccountId,
+    pub kind: QueryKind,
+    /// The asking gateway's own: which connection or request to answer.
+    pub token: u64,
+    /// The asker's own number for it, given back with the answer.
+    pub request: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueryKind {
+    /// Every asset's available and locked balance.
+    Balances,
+    /// The open orders (of one instrument, or all).
+    OpenOrders { instrument: Option<InstrumentId> },
+}
+
+/// A query answered: what the engine said after the commands before it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub source: Source,
+    pub query: Query,
+    /// The last command it reflects.
+    pub seq: u64,
+    /// `Balances`: (asset, available, locked), every asset of the venue;
+    /// empty for an unknown account.
+    pub balances: Vec<(AssetId, u64, u64)>,
+    /// `OpenOrders`: oldest first.
+    pub orders: Vec<OrderView>,
+    /// The account exists.
+    pub known: bool,
+}
 
 /// One durable command and what it caused.
 pub struct Durable<'a> {
@@ -87,6 +128,7 @@ pub struct Released<'a> {
     pub(crate) reports: &'a [Addressed],
     pub(crate) events: &'a [Event],
     pub(crate) refused: &'a [Refusal],
+    pub(crate) answers: &'a [Answer],
 }
 
 impl<'a> Released<'a> {
@@ -101,6 +143,11 @@ impl<'a> Released<'a> {
             reports: &reports[c.reports.clone()],
             events: &events[c.events.clone()],
         })
+    }
+
+    /// The queries answered with it, in the order they came.
+    pub fn answers(&self) -> impl Iterator<Item = &'a Answer> + use<'a> {
+        self.answers.iter()
     }
 
     /// The orders refused while it was applied, in the order they came.

@@ -685,7 +685,7 @@ impl Gateway {
                 in_flight.add(requests.len() as u32);
                 let batch = requests
                     .into_iter()
-                    .map(|request| Inbound { command: request.command, annex: Some(request.annex.encode()), source: crate::sink::FIX, in_flight: in_flight.clone() })
+                    .map(|request| Inbound { request: crate::sequencer::Request::Command(request.command), annex: Some(request.annex.encode()), source: crate::sink::FIX, in_flight: in_flight.clone() })
                     .collect();
                 if queue.send(batch).is_err() {
                     break 'connection "server stopping".into();

@@ -8,7 +8,7 @@ use axum::Router;
 use axum::extract::{Path, RawQuery, State, WebSocketUpgrade};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use crossbook_marketdata::candles::interval;
 use crossbook_marketdata::{MarketData, render};
 use serde_json::{Value, json};
@@ -40,41 +40,48 @@ impl Running {
 }
 
 /// A Binance-style error answer: `{"code": -1121, "msg": "Invalid symbol."}`.
+#[derive(Debug)]
 pub(crate) struct ApiError {
-    status: StatusCode,
-    code: i32,
-    msg: String,
+    pub(crate) status: StatusCode,
+    pub(crate) code: i32,
+    pub(crate) msg: String,
+    /// Seconds, for a `Retry-After` header (429).
+    pub(crate) retry_after: Option<u64>,
 }
 
 impl ApiError {
     pub(crate) fn new(status: StatusCode, code: i32, msg: impl Into<String>) -> ApiError {
-        ApiError { status, code, msg: msg.into() }
+        ApiError { status, code, msg: msg.into(), retry_after: None }
     }
 
-    fn bad(code: i32, msg: impl Into<String>) -> ApiError {
+    pub(crate) fn bad(code: i32, msg: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, code, msg)
     }
 
-    fn invalid_symbol() -> ApiError {
+    pub(crate) fn invalid_symbol() -> ApiError {
         ApiError::bad(-1121, "Invalid symbol.")
     }
 
-    fn mandatory(name: &str) -> ApiError {
+    pub(crate) fn mandatory(name: &str) -> ApiError {
         ApiError::bad(-1102, format!("Mandatory parameter '{name}' was not sent, was empty/null, or malformed."))
     }
 
-    fn illegal(name: &str, legal: &str) -> ApiError {
+    pub(crate) fn illegal(name: &str, legal: &str) -> ApiError {
         ApiError::bad(-1100, format!("Illegal characters found in parameter '{name}'; legal range is '{legal}'."))
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, json_response(json!({"code": self.code, "msg": self.msg}))).into_response()
+        let mut response = (self.status, json_response(json!({"code": self.code, "msg": self.msg}))).into_response();
+        if let Some(seconds) = self.retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
     }
 }
 
-fn json_response(value: Value) -> Response {
+pub(crate) fn json_response(value: Value) -> Response {
     ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], value.to_string()).into_response()
 }
 
@@ -84,15 +91,18 @@ pub(crate) struct Params(Vec<(String, String)>);
 
 impl Params {
     pub(crate) fn parse(query: Option<&str>, known: &[&str]) -> Result<Params, ApiError> {
-        let mut params: Vec<(String, String)> = Vec::new();
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let name = decode(name).ok_or_else(|| ApiError::bad(-1100, "Illegal characters found in a parameter name."))?;
-            let value = decode(value).ok_or_else(|| ApiError::illegal(&name, "percent-encoded UTF-8"))?;
-            if params.iter().any(|(n, _)| *n == name) {
-                return Err(ApiError::bad(-1101, format!("Duplicate values for parameter '{name}'.")));
+        Params::parse_both(query, None, known)
+    }
+
+    /// The parameters of the query string and of a form body together
+    /// (a signed request may use either or both; on a name in both, the
+    /// query string's wins, as on Binance).
+    pub(crate) fn parse_both(query: Option<&str>, body: Option<&str>, known: &[&str]) -> Result<Params, ApiError> {
+        let mut params = pairs(query.unwrap_or(""))?;
+        for (name, value) in pairs(body.unwrap_or(""))? {
+            if !params.iter().any(|(n, _)| *n == name) {
+                params.push((name, value));
             }
-            params.push((name, value));
         }
         let read = params.iter().filter(|(n, _)| known.contains(&n.as_str())).count();
         if read < params.len() {
@@ -105,7 +115,7 @@ impl Params {
         self.0.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty())
     }
 
-    fn number(&self, name: &str, range: std::ops::RangeInclusive<u64>) -> Result<Option<u64>, ApiError> {
+    pub(crate) fn number(&self, name: &str, range: std::ops::RangeInclusive<u64>) -> Result<Option<u64>, ApiError> {
         match self.get(name) {
             None => Ok(None),
             Some(text) => match text.parse::<u64>() {
@@ -117,7 +127,7 @@ impl Params {
 
     /// The instrument named by `symbol` (any case; Binance's way of
     /// writing it: `BTCUSD` for `BTC-USD`).
-    fn instrument(&self, market: &MarketData) -> Result<usize, ApiError> {
+    pub(crate) fn instrument(&self, market: &MarketData) -> Result<usize, ApiError> {
         let symbol = self.get("symbol").ok_or_else(|| ApiError::mandatory("symbol"))?;
         market.index_of_symbol(&symbol.to_ascii_uppercase()).ok_or_else(ApiError::invalid_symbol)
     }
@@ -137,6 +147,22 @@ impl Params {
             (None, None) => Ok(None),
         }
     }
+}
+
+/// The `name=value` pairs of a query string or form body, decoded; a name
+/// given twice is refused.
+fn pairs(text: &str) -> Result<Vec<(String, String)>, ApiError> {
+    let mut params: Vec<(String, String)> = Vec::new();
+    for pair in text.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let name = decode(name).ok_or_else(|| ApiError::bad(-1100, "Illegal characters found in a parameter name."))?;
+        let value = decode(value).ok_or_else(|| ApiError::illegal(&name, "percent-encoded UTF-8"))?;
+        if params.iter().any(|(n, _)| *n == name) {
+            return Err(ApiError::bad(-1101, format!("Duplicate values for parameter '{name}'.")));
+        }
+        params.push((name, value));
+    }
+    Ok(params)
 }
 
 /// Percent-decoding of a query component (`+` is a space).
@@ -328,11 +354,20 @@ fn router(hub: Arc<Hub>) -> Router {
         .route("/api/v3/klines", get(klines))
         .route("/api/v3/ticker/24hr", get(ticker_24hr))
         .route("/api/v3/ticker/bookTicker", get(book_ticker))
+        .route("/api/v3/aggTrades", get(super::trading::agg_trades))
+        .route("/api/v3/order", post(super::trading::new_order).delete(super::trading::cancel_order).get(super::trading::query_order))
+        .route("/api/v3/openOrders", get(super::trading::open_orders).delete(super::trading::cancel_open_orders))
+        .route("/api/v3/allOrders", get(super::trading::all_orders))
+        .route("/api/v3/myTrades", get(super::trading::my_trades))
+        .route("/api/v3/account", get(super::trading::account))
+        .route("/api/v3/account/commission", get(super::trading::commission))
+        .route("/api/v3/userDataStream", post(super::trading::new_listen_key).put(super::trading::keep_listen_key).delete(super::trading::close_listen_key))
         .route("/crossbook/stats", get(stats))
         .route("/ws", get(ws_bare))
         .route("/ws/{*streams}", get(ws_raw))
         .route("/stream", get(ws_combined))
         .fallback(not_found)
+        .layer(axum::extract::DefaultBodyLimit::max(hub.config.max_body))
         .with_state(hub)
 }
 
@@ -352,6 +387,20 @@ pub(crate) fn start(hub: Arc<Hub>) -> Result<Running, ServeError> {
                     Err(e) => return log(&format!("market data: cannot serve: {e}")),
                 };
                 let app = router(hub.clone());
+                if let Some(trading) = hub.trading.clone() {
+                    // Listen keys whose hour is up end, and their streams
+                    // are told (`listenKeyExpired`).
+                    let hub = hub.clone();
+                    tokio::spawn(async move {
+                        let mut every = tokio::time::interval(Duration::from_secs(1));
+                        loop {
+                            every.tick().await;
+                            for key in trading.streams.expire_due() {
+                                super::userstream::expired(&hub, &key);
+                            }
+                        }
+                    });
+                }
                 let mut done = stopping.clone();
                 let hub_for_stop = hub.clone();
                 let server = axum::serve(listener, app).with_graceful_shutdown(async move {

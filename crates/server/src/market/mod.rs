@@ -18,14 +18,17 @@
 //! on where they were.
 
 mod http;
+pub(crate) mod trading;
+mod userstream;
 mod ws;
 
 use crate::config::Config;
-use crate::sink::{Checkpoint, Durable, Released, ReportSink, RestoreError};
+use crate::sink::{Answer, Checkpoint, Durable, Released, ReportSink, RestoreError, REST};
+use trading::{RestAnnex, Trading};
 use crate::{ServeError, log};
 use axum::extract::ws::Utf8Bytes;
-use crossbook_engine::{Event, EventKind};
-use crossbook_marketdata::{InstrumentInfo, MarketData, Unit, Updates, binance_symbol, codec, render};
+use crossbook_engine::{AccountId, Command, Event, EventKind, RejectReason};
+use crossbook_marketdata::{CommandContext, InstrumentInfo, MarketData, Unit, Updates, binance_symbol, codec, render};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -37,17 +40,35 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuar
 /// and a thread that only applies events in memory keeps up.
 const FEED_QUEUE: usize = 4096;
 
-/// One durable command, as market data needs it.
-struct FeedCommand {
-    seq: u64,
+/// One durable command, as market data and the accounts' records need it.
+pub(crate) struct FeedCommand {
+    pub(crate) seq: u64,
+    pub(crate) time_ms: u64,
+    pub(crate) command: Option<Command>,
+    /// The client order id its gateway journaled with it (FIX, REST).
+    pub(crate) client_id: Option<String>,
+    /// A REST request's annex: its handler waits for the answer.
+    pub(crate) rest: Option<RestAnnex>,
+    pub(crate) events: Vec<Event>,
+}
+
+/// What a released batch brings the market-data thread.
+#[derive(Default)]
+struct FeedBatch {
+    /// Its commands that had market-data or account events, or came over
+    /// REST.
+    commands: Vec<FeedCommand>,
+    /// The batch's last sequence number and time.
+    last_seq: u64,
     time_ms: u64,
-    events: Vec<Event>,
+    /// The REST gateway's queries answered, and its orders refused by the
+    /// open-order limit.
+    answers: Vec<Answer>,
+    refused: Vec<(AccountId, RestAnnex)>,
 }
 
 enum Feed {
-    /// The commands of one released batch that had market-data events,
-    /// and the batch's last sequence number and time.
-    Batch { commands: Vec<FeedCommand>, last_seq: u64, time_ms: u64 },
+    Batch(FeedBatch),
     /// The state's checkpoint, once every batch before is applied.
     Checkpoint(SyncSender<Vec<u8>>),
 }
@@ -89,6 +110,8 @@ pub(crate) struct Hub {
     /// Every open WebSocket connection (to tell them the server stops).
     live: Mutex<std::collections::HashMap<u64, Arc<Connection>>>,
     pub(crate) stopping: AtomicBool,
+    /// The signed endpoints and user data streams (`market_data.trading`).
+    pub(crate) trading: Option<Arc<Trading>>,
 }
 
 impl Hub {
@@ -138,6 +161,33 @@ impl Hub {
                 subscribers.remove(stream);
             }
         }
+    }
+
+    /// Sends `messages` to every subscriber of stream `name` (a user data
+    /// stream's listen key).
+    pub(crate) fn send_to_stream(&self, name: &str, messages: Vec<String>) {
+        let outgoing: Vec<(Arc<Connection>, Vec<Utf8Bytes>)> = {
+            let subscribers = self.subscribers();
+            let Some(list) = subscribers.get(name) else { return };
+            list.iter()
+                .map(|s| {
+                    let messages = if s.combined {
+                        messages.iter().map(|data| Utf8Bytes::from(format!(r#"{{"stream":"{name}","data":{data}}}"#))).collect()
+                    } else {
+                        messages.iter().map(|m| Utf8Bytes::from(m.clone())).collect()
+                    };
+                    (s.connection.clone(), messages)
+                })
+                .collect()
+        };
+        for (connection, messages) in outgoing {
+            self.deliver(&connection, messages);
+        }
+    }
+
+    /// Ends stream `name` for every subscriber (an ended listen key).
+    pub(crate) fn drop_stream(&self, name: &str) {
+        self.subscribers().remove(name);
     }
 
     /// Sends the messages of one batch's updates to every subscriber of
@@ -247,6 +297,9 @@ pub(crate) fn instruments(config: &Config) -> Result<Vec<InstrumentInfo>, crate:
                 max_price: i.max_price,
                 min_qty: i.min_qty,
                 max_qty: i.max_qty,
+                quote_asset_unit: Unit { mantissa: 1, scale: config.assets.iter().find(|a| a.id == i.quote).map_or(0, |a| a.decimals) },
+                maker_bps: i.maker_bps,
+                taker_bps: i.taker_bps,
             })
         })
         .collect()
@@ -275,18 +328,26 @@ impl Market {
             slow_dropped: AtomicU64::new(0),
             live: Mutex::new(std::collections::HashMap::new()),
             stopping: AtomicBool::new(false),
+            trading: config.market_data.trading.then(|| Arc::new(Trading::new(config))),
         });
+        hub.write().accounts.gateway_cids = gateway_cids();
         Ok(Arc::new(Market { hub, feed: Mutex::new(None), thread: Mutex::new(None), http: Mutex::new(None) }))
     }
 
     /// Starts the market-data thread and the HTTP server (after the
-    /// start-up replay: the state is the recovered one).
-    pub(crate) fn start(&self) -> Result<SocketAddr, ServeError> {
+    /// start-up replay: the state is the recovered one); the REST
+    /// gateway's commands go to the sequencer through `link`.
+    pub(crate) fn start(&self, link: trading::SequencerLink) -> Result<SocketAddr, ServeError> {
         {
             // Diffs go on from the recovered state.
             let mut state = self.hub.write();
             let seq = state.seq;
             state.diffs_from(seq);
+            if let Some(trading) = &self.hub.trading {
+                // REST orders' client ids go on after the journal's.
+                trading.next_cid.store(state.accounts.largest_gateway_cid.max(trading::REST_CID_BASE) + 1, Ordering::Relaxed);
+                trading.connect(link);
+            }
         }
         let (sender, receiver) = sync_channel::<Feed>(FEED_QUEUE);
         let hub = self.hub.clone();
@@ -326,21 +387,55 @@ impl Market {
     }
 }
 
-/// Applies one batch's commands; what changed.
-fn apply_batch(state: &mut MarketData, commands: &[FeedCommand], last_seq: u64, time_ms: u64) -> Updates {
-    for command in commands {
-        state.apply(command.seq, command.time_ms, &command.events);
+/// The engine client ids the REST gateway gives its orders.
+fn gateway_cids() -> std::ops::Range<u64> {
+    trading::REST_CID_BASE..crate::fix::venue::FIX_CID_BASE
+}
+
+/// Applies one batch's commands, answering the REST requests among them
+/// as each is applied and collecting the user data streams' execution
+/// reports in `out`; what changed for market data.
+fn apply_batch(hub: &Hub, state: &mut MarketData, batch: &FeedBatch, out: &mut Vec<(String, String)>) -> Updates {
+    for command in &batch.commands {
+        let context = command.command.as_ref().map(|c| CommandContext { command: c, client_id: command.client_id.as_deref() });
+        state.apply_command(command.seq, command.time_ms, context, &command.events);
+        if let Some(trading) = &hub.trading {
+            if let Some(annex) = &command.rest {
+                trading.applied(state, command, annex);
+            }
+            userstream::after_command(trading, state, command, out);
+        }
     }
-    state.advance(last_seq, time_ms);
+    state.advance(batch.last_seq, batch.time_ms);
     state.take_updates()
+}
+
+/// After a batch is applied: the REST gateway's refusals and answers, the
+/// user data streams' messages, then the market-data feeds.
+fn finish_batch(hub: &Hub, batch: FeedBatch, updates: &Updates, out: Vec<(String, String)>) {
+    if let Some(trading) = &hub.trading {
+        for (account, annex) in &batch.refused {
+            trading.refused(*account, annex);
+        }
+        for answer in batch.answers {
+            if answer.query.token == userstream::USER_STREAM_TOKEN {
+                userstream::balances(hub, trading, &hub.read(), &answer);
+            } else {
+                trading.answered(answer);
+            }
+        }
+        userstream::after_batch(hub, trading, out);
+    }
+    hub.publish(updates);
 }
 
 fn feed_loop(hub: &Hub, receiver: Receiver<Feed>) {
     while let Ok(feed) = receiver.recv() {
         match feed {
-            Feed::Batch { commands, last_seq, time_ms } => {
-                let updates = apply_batch(&mut hub.write(), &commands, last_seq, time_ms);
-                hub.publish(&updates);
+            Feed::Batch(batch) => {
+                let mut out = Vec::new();
+                let updates = apply_batch(hub, &mut hub.write(), &batch, &mut out);
+                finish_batch(hub, batch, &updates, out);
             }
             Feed::Checkpoint(answer) => {
                 let _ = answer.send(codec::encode(&hub.read()));
@@ -349,9 +444,37 @@ fn feed_loop(hub: &Hub, receiver: Receiver<Feed>) {
     }
 }
 
-/// The events market data follows.
+/// The events market data and the accounts' records follow.
 fn wanted(event: &Event) -> bool {
-    matches!(event.kind, EventKind::Accepted { .. } | EventKind::Trade { .. } | EventKind::Cancelled { .. } | EventKind::Replaced { .. })
+    matches!(
+        event.kind,
+        EventKind::Accepted { .. } | EventKind::Trade { .. } | EventKind::Cancelled { .. } | EventKind::Replaced { .. } | EventKind::Rejected { reason: RejectReason::FokCannotFill }
+    )
+}
+
+/// A command's REST annex, and the client order id its gateway journaled
+/// with it (a REST order's, or a FIX order's or replace's ClOrdID).
+fn annex_of(annex: Option<&[u8]>) -> (Option<RestAnnex>, Option<String>) {
+    let Some(bytes) = annex else { return (None, None) };
+    if let Some(rest) = RestAnnex::decode(bytes) {
+        let client_id = (!rest.client_id.is_empty()).then(|| rest.client_id.clone());
+        return (Some(rest), client_id);
+    }
+    match crate::fix::venue::Annex::decode(bytes) {
+        Some(fix) if matches!(fix.kind, b'D' | b'G') => (None, Some(fix.cl_ord_id)),
+        _ => (None, None),
+    }
+}
+
+/// One durable command as the market-data thread needs it, if it needs it.
+fn feed_command(durable: &Durable<'_>) -> Option<FeedCommand> {
+    let (rest, client_id) = annex_of(durable.annex);
+    if rest.is_none() && !durable.events.iter().any(wanted) {
+        return None;
+    }
+    // A REST command's answer needs all of its events (a reject's reason).
+    let events = if rest.is_some() { durable.events.to_vec() } else { durable.events.iter().filter(|e| wanted(e)).copied().collect() };
+    Some(FeedCommand { seq: durable.seq, time_ms: durable.time_ms, command: Some(*durable.command), client_id, rest, events })
 }
 
 /// The sequencer's side of the market-data gateway.
@@ -359,28 +482,34 @@ pub(crate) struct MarketSink(pub(crate) Arc<Market>);
 
 impl ReportSink for MarketSink {
     fn released(&mut self, batch: &Released<'_>) {
-        let mut commands = Vec::new();
-        let (mut last_seq, mut time_ms) = (0, 0);
+        let mut feed = FeedBatch::default();
         for durable in batch.durable() {
-            last_seq = durable.seq;
-            time_ms = durable.time_ms;
-            if durable.events.iter().any(wanted) {
-                commands.push(FeedCommand { seq: durable.seq, time_ms: durable.time_ms, events: durable.events.iter().filter(|e| wanted(e)).copied().collect() });
+            feed.last_seq = durable.seq;
+            feed.time_ms = durable.time_ms;
+            feed.commands.extend(feed_command(&durable));
+        }
+        for refusal in batch.refused().filter(|r| r.source == REST) {
+            if let Some(annex) = refusal.annex.and_then(RestAnnex::decode) {
+                feed.refused.push((refusal.place.account, annex));
             }
         }
-        if last_seq == 0 {
+        feed.answers.extend(batch.answers().filter(|a| a.source == REST).cloned());
+        if feed.last_seq == 0 && feed.refused.is_empty() && feed.answers.is_empty() {
             return;
         }
-        if let Err(Feed::Batch { commands, last_seq, time_ms }) = self.0.send(Feed::Batch { commands, last_seq, time_ms }) {
+        if let Err(Feed::Batch(feed)) = self.0.send(Feed::Batch(feed)) {
             // No thread (not started, or stopped): the state follows all
             // the same, nothing is sent.
-            let _ = apply_batch(&mut self.0.hub.write(), &commands, last_seq, time_ms);
+            let hub = &self.0.hub;
+            let _ = apply_batch(hub, &mut hub.write(), &feed, &mut Vec::new());
         }
     }
 
     fn recovered(&mut self, durable: &Durable<'_>) {
         let mut state = self.0.hub.write();
-        state.apply(durable.seq, durable.time_ms, durable.events);
+        let (_, client_id) = annex_of(durable.annex);
+        let context = CommandContext { command: durable.command, client_id: client_id.as_deref() };
+        state.apply_command(durable.seq, durable.time_ms, Some(context), durable.events);
         let _ = state.take_updates();
     }
 
@@ -404,5 +533,6 @@ impl ReportSink for MarketSink {
     fn reset(&mut self) {
         let mut market = self.0.hub.write();
         *market = MarketData::new(market.instruments.iter().map(|d| d.info.clone()).collect(), 0);
+        market.accounts.gateway_cids = gateway_cids();
     }
 }

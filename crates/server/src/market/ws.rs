@@ -28,6 +28,10 @@ const WRITE_BATCH: usize = 256;
 /// The canonical name of a stream (lower-case symbol), if it is one this
 /// venue serves.
 pub(crate) fn stream_name(hub: &Hub, name: &str) -> Option<String> {
+    // A user data stream: a live listen key.
+    if !name.contains('@') {
+        return hub.trading.as_ref().filter(|t| t.streams.is_live(name)).map(|_| name.to_string());
+    }
     let (symbol, kind) = name.split_once('@')?;
     let upper = symbol.to_ascii_uppercase();
     hub.read().index_of_symbol(&upper)?;

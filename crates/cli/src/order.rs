@@ -1,0 +1,159 @@
+//! `crossbook order ...`: one order (or cancel, replace, query) by hand over
+//! the binary protocol, printing every message the server sends back, one
+//! line each (`crossbook_client::binary::describe`).
+
+use anyhow::{Context, Result, anyhow, bail};
+use crossbook_client::binary::{Client, describe};
+use crossbook_engine::{OrderType, SelfTradePrevention, Side, TimeInForce};
+use crossbook_protocol::{ClientMessage, NewOrder, ReportKind, ServerMessage};
+use std::time::{Duration, Instant};
+
+/// What to do, once logged in.
+pub(crate) enum Action {
+    Place(NewOrder),
+    Cancel { order: u64 },
+    Replace { order: u64, price: i64, qty: u64 },
+    CancelAll { instrument: Option<u32> },
+    Balances,
+    OpenOrders { instrument: Option<u32> },
+    /// Print reports as they come for this long (or until Ctrl-C).
+    Watch { duration: Option<Duration> },
+}
+
+pub(crate) struct Options {
+    pub(crate) address: String,
+    pub(crate) account: u64,
+    pub(crate) key: String,
+    /// Replay reports after this one first (`u64::MAX`: none).
+    pub(crate) last_seen: u64,
+    /// How long to wait for the server's answer.
+    pub(crate) timeout: Duration,
+    /// After the answer, how long to go on printing what comes (fills of
+    /// a resting order, say).
+    pub(crate) linger: Duration,
+    pub(crate) action: Action,
+}
+
+pub(crate) fn parse_side(text: &str) -> Result<Side> {
+    match text {
+        "buy" => Ok(Side::Buy),
+        "sell" => Ok(Side::Sell),
+        other => bail!("--side must be buy or sell, not {other:?}"),
+    }
+}
+
+pub(crate) fn parse_type(text: &str) -> Result<OrderType> {
+    match text {
+        "limit" => Ok(OrderType::Limit),
+        "market" => Ok(OrderType::Market),
+        other => bail!("--type must be limit or market, not {other:?}"),
+    }
+}
+
+pub(crate) fn parse_tif(text: &str) -> Result<TimeInForce> {
+    match text {
+        "gtc" => Ok(TimeInForce::Gtc),
+        "ioc" => Ok(TimeInForce::Ioc),
+        "fok" => Ok(TimeInForce::Fok),
+        other => bail!("--tif must be gtc, ioc or fok, not {other:?}"),
+    }
+}
+
+pub(crate) fn parse_stp(text: &str) -> Result<SelfTradePrevention> {
+    match text {
+        "none" => Ok(SelfTradePrevention::None),
+        "cancel-newest" => Ok(SelfTradePrevention::CancelNewest),
+        "cancel-oldest" => Ok(SelfTradePrevention::CancelOldest),
+        "cancel-both" => Ok(SelfTradePrevention::CancelBoth),
+        other => bail!("--stp must be none, cancel-newest, cancel-oldest or cancel-both, not {other:?}"),
+    }
+}
+
+/// A client order id nobody typed: the wall clock in microseconds (below
+/// 2^62, where the FIX and REST gateways' own ids begin).
+pub(crate) fn fresh_cid() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64)
+}
+
+/// Whether `message` is the server's answer to `action` (the last message
+/// it owes for it, or the first for an order: its fills in the same batch
+/// follow at once and are printed during the linger).
+fn answers(action: &Action, message: &ServerMessage, request: u64) -> bool {
+    match (action, message) {
+        (_, ServerMessage::Error { .. } | ServerMessage::Logout { .. }) => true,
+        (Action::Place(order), ServerMessage::ExecutionReport(r)) => r.cid == order.cid && matches!(r.kind, ReportKind::Accepted | ReportKind::Rejected),
+        (Action::Cancel { order } | Action::Replace { order, .. }, ServerMessage::ExecutionReport(r)) => {
+            r.order == *order && matches!(r.kind, ReportKind::Cancelled | ReportKind::Replaced | ReportKind::Rejected)
+        }
+        (Action::CancelAll { .. }, ServerMessage::ExecutionReport(r)) => matches!(r.kind, ReportKind::CancelAllDone) || (r.kind == ReportKind::Rejected && r.order == 0),
+        (Action::Balances | Action::OpenOrders { .. }, ServerMessage::QueryDone { request: done, .. }) => *done == request,
+        _ => false,
+    }
+}
+
+/// Runs `options.action`; an order the server rejects is an error (exit
+/// status 1) after its report is printed.
+pub(crate) fn run(options: Options) -> Result<()> {
+    let (mut client, reply) = Client::login(&options.address, options.account, &options.key, options.last_seen).with_context(|| format!("logging in to {}", options.address))?;
+    println!("{}", describe(&reply));
+    if !matches!(reply, ServerMessage::LoginAccepted { .. }) {
+        bail!("login refused");
+    }
+    let request = 1;
+    let message = match &options.action {
+        Action::Place(order) => Some(ClientMessage::NewOrder(*order)),
+        Action::Cancel { order } => Some(ClientMessage::Cancel { order: *order }),
+        Action::Replace { order, price, qty } => Some(ClientMessage::Replace { order: *order, price: *price, qty: *qty }),
+        Action::CancelAll { instrument } => Some(ClientMessage::CancelAll { instrument: *instrument }),
+        Action::Balances => Some(ClientMessage::QueryBalances { request }),
+        Action::OpenOrders { instrument } => Some(ClientMessage::QueryOpenOrders { request, instrument: *instrument }),
+        Action::Watch { .. } => None,
+    };
+    if let Some(message) = &message {
+        client.send(message)?;
+    }
+    let deadline = match &options.action {
+        Action::Watch { duration } => duration.map(|d| Instant::now() + d),
+        _ => Some(Instant::now() + options.timeout),
+    };
+    let mut answered: Option<Instant> = None;
+    let mut refused: Option<String> = None;
+    client.set_timeout(Duration::from_millis(50));
+    loop {
+        if let Some(at) = answered
+            && at.elapsed() >= options.linger
+        {
+            break;
+        }
+        if answered.is_none() && deadline.is_some_and(|d| Instant::now() >= d) {
+            if matches!(options.action, Action::Watch { .. }) {
+                break;
+            }
+            bail!("no answer from the server within {} s", options.timeout.as_secs_f64());
+        }
+        let message = match client.recv() {
+            Ok(Some(message)) => message,
+            Ok(None) => bail!("the server closed the connection"),
+            Err(crossbook_client::ClientError::TimedOut) => continue,
+            Err(e) => return Err(anyhow!(e)),
+        };
+        println!("{}", describe(&message));
+        if let ServerMessage::ExecutionReport(r) = &message
+            && let Some(refusal) = r.refusal()
+            && answers(&options.action, &message, request)
+        {
+            refused = Some(refusal.name().to_string());
+        }
+        if let ServerMessage::Error { reason } = &message {
+            refused = Some(reason.to_string());
+        }
+        if answered.is_none() && answers(&options.action, &message, request) {
+            answered = Some(Instant::now());
+        }
+    }
+    let _ = client.send(&ClientMessage::Logout);
+    match refused {
+        Some(reason) => bail!("refused: {reason}"),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,419 @@
+//! Each account's own orders and trades, derived from durable engine
+//! events like the rest of market data: what Binance's signed endpoints
+//! (`GET /api/v3/order`, `openOrders`, `allOrders`, `myTrades`) and the
+//! user data stream show. Orders placed through any gateway are here (a
+//! binary order's client id is its number written in decimal; a FIX or
+//! REST order's is the ClOrdID or `newClientOrderId` the gateway journaled
+//! with it).
+//!
+//! **Kept**: every open order; of each account the last [`ORDERS_KEPT`]
+//! orders that ended and the last [`TRADES_KEPT_PER_ACCOUNT`] trades. What
+//! is older is forgotten (`docs/trading.md` says so). Balances are not
+//! here: the engine is their source, asked through the sequencer.
+
+use crossbook_engine::codec::{side_code, stp_code, tif_code};
+use crossbook_engine::{AccountId, CancelReason, ClientOrderId, OrderId, OrderType, SelfTradePrevention, Side, TimeInForce};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+
+/// Orders that ended, kept per account.
+pub const ORDERS_KEPT: usize = 10_000;
+/// Trades kept per account.
+pub const TRADES_KEPT_PER_ACCOUNT: usize = 10_000;
+
+/// Where an order stands, in Binance's terms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OrderStatus {
+    New,
+    PartiallyFilled,
+    Filled,
+    /// Cancelled by its owner (cancel, cancel-all, or a replace down to
+    /// what was filled).
+    Canceled,
+    /// An IOC or market order's unfilled rest, or a FOK that could not
+    /// fill.
+    Expired,
+    /// Cancelled by self-trade prevention.
+    ExpiredInMatch,
+}
+
+impl OrderStatus {
+    pub fn binance(self) -> &'static str {
+        match self {
+            OrderStatus::New => "NEW",
+            OrderStatus::PartiallyFilled => "PARTIALLY_FILLED",
+            OrderStatus::Filled => "FILLED",
+            OrderStatus::Canceled => "CANCELED",
+            OrderStatus::Expired => "EXPIRED",
+            OrderStatus::ExpiredInMatch => "EXPIRED_IN_MATCH",
+        }
+    }
+
+    pub fn is_open(self) -> bool {
+        matches!(self, OrderStatus::New | OrderStatus::PartiallyFilled)
+    }
+
+    fn code(self) -> u8 {
+        self as u8
+    }
+
+    fn from_code(code: u8) -> Option<OrderStatus> {
+        use OrderStatus::*;
+        [New, PartiallyFilled, Filled, Canceled, Expired, ExpiredInMatch].into_iter().find(|s| s.code() == code)
+    }
+}
+
+/// One order, as its owner sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OrderRecord {
+    pub id: OrderId,
+    pub account: AccountId,
+    /// Its instrument's index in [`crate::MarketData::instruments`].
+    pub instrument: u32,
+    /// Binance's `clientOrderId`.
+    pub client_id: String,
+    pub cid: ClientOrderId,
+    pub side: Side,
+    pub order_type: OrderType,
+    pub tif: TimeInForce,
+    pub post_only: bool,
+    pub stp: SelfTradePrevention,
+    pub price: i64,
+    /// Its quantity, filled lots included (a replace changes it).
+    pub qty: u64,
+    pub filled: u64,
+    /// The sum of price x lots over its fills (ticks x lots).
+    pub quote_filled: u128,
+    /// A market buy's budget in quote units (`quoteOrderQty`).
+    pub budget: Option<u64>,
+    pub status: OrderStatus,
+    /// When it was placed, and when it last changed (journal time, ms).
+    pub time_ms: u64,
+    pub update_ms: u64,
+}
+
+/// One fill, as one side's owner sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AccountTrade {
+    /// The instrument's trade id (market data's, `GET /api/v3/trades`).
+    pub id: u64,
+    pub instrument: u32,
+    pub order: OrderId,
+    pub price: i64,
+    pub qty: u64,
+    /// This side's fee in quote units (negative: a rebate).
+    pub fee: i64,
+    pub is_buyer: bool,
+    pub is_maker: bool,
+    pub time_ms: u64,
+    /// The command that made it.
+    pub seq: u64,
+}
+
+/// One account's history.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AccountData {
+    pub open: BTreeSet<OrderId>,
+    /// Orders that ended, oldest first.
+    pub closed: VecDeque<OrderId>,
+    /// Its fills, oldest first.
+    pub trades: VecDeque<AccountTrade>,
+    /// When its orders or balances last changed.
+    pub update_ms: u64,
+}
+
+/// Every account's orders and trades.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Accounts {
+    /// Open orders, and the ended ones each account still keeps.
+    pub orders: HashMap<OrderId, OrderRecord>,
+    pub accounts: HashMap<AccountId, AccountData>,
+    /// (account, client id) of every open order.
+    open_client_ids: HashMap<(AccountId, String), OrderId>,
+    /// The largest engine client id seen in `gateway_cids` (a gateway that
+    /// numbers its orders goes on after it).
+    pub largest_gateway_cid: u64,
+    /// The range of engine client ids a gateway gives its orders (the
+    /// REST gateway's), tracked in `largest_gateway_cid`.
+    pub gateway_cids: std::ops::Range<u64>,
+}
+
+/// The part of a place command that its events do not carry.
+#[derive(Clone, Copy, Debug)]
+pub struct PlaceDetails<'a> {
+    pub client_id: Option<&'a str>,
+    pub post_only: bool,
+    pub stp: SelfTradePrevention,
+    pub budget: Option<u64>,
+}
+
+impl Accounts {
+    pub fn new(gateway_cids: std::ops::Range<u64>) -> Accounts {
+        Accounts { gateway_cids, ..Accounts::default() }
+    }
+
+    /// An account's open order by client id.
+    pub fn open_by_client_id(&self, account: AccountId, client_id: &str) -> Option<&OrderRecord> {
+        self.open_client_ids.get(&(account, client_id.to_string())).and_then(|id| self.orders.get(id))
+    }
+
+    /// An account's order (open, or ended and still kept) by client id:
+    /// the open one, else the newest that ended.
+    pub fn by_client_id(&self, account: AccountId, client_id: &str) -> Option<&OrderRecord> {
+        self.open_by_client_id(account, client_id).or_else(|| {
+            let data = self.accounts.get(&account)?;
+            data.closed.iter().rev().filter_map(|id| self.orders.get(id)).find(|o| o.client_id == client_id)
+        })
+    }
+
+    /// An account's order by id (another account's is not found).
+    pub fn order_of(&self, account: AccountId, id: OrderId) -> Option<&OrderRecord> {
+        self.orders.get(&id).filter(|o| o.account == account)
+    }
+
+    /// An order accepted by the engine.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn accepted(&mut self, id: OrderId, account: AccountId, instrument: u32, cid: ClientOrderId, side: Side, order_type: OrderType, tif: TimeInForce, price: i64, qty: u64, time_ms: u64, details: Option<PlaceDetails<'_>>) {
+        let client_id = details.and_then(|d| d.client_id).map_or_else(|| cid.to_string(), str::to_string);
+        if self.gateway_cids.contains(&cid) {
+            self.largest_gateway_cid = self.largest_gateway_cid.max(cid);
+        }
+        let record = OrderRecord {
+            id,
+            account,
+            instrument,
+            client_id: client_id.clone(),
+            cid,
+            side,
+            order_type,
+            tif,
+            post_only: details.is_some_and(|d| d.post_only),
+            stp: details.map_or(SelfTradePrevention::None, |d| d.stp),
+            price,
+            qty,
+            filled: 0,
+            quote_filled: 0,
+            budget: details.and_then(|d| d.budget),
+            status: OrderStatus::New,
+            time_ms,
+            update_ms: time_ms,
+        };
+        let data = self.accounts.entry(account).or_default();
+        data.open.insert(id);
+        data.update_ms = time_ms;
+        self.open_client_ids.insert((account, client_id), id);
+        self.orders.insert(id, record);
+    }
+
+    /// A FOK order that could not fill: it is kept as expired (Binance
+    /// answers such an order with status `EXPIRED`, not an error).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn expired_unfilled(&mut self, id: OrderId, account: AccountId, instrument: u32, cid: ClientOrderId, side: Side, order_type: OrderType, price: i64, qty: u64, time_ms: u64, details: Option<PlaceDetails<'_>>) {
+        self.accepted(id, account, instrument, cid, side, order_type, TimeInForce::Fok, price, qty, time_ms, details);
+        self.end(id, OrderStatus::Expired, time_ms);
+    }
+
+    /// One fill of `order` (either side).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn fill(&mut self, trade_id: u64, instrument: u32, order: OrderId, account: AccountId, price: i64, qty: u64, remaining: u64, fee: i64, is_buyer: bool, is_maker: bool, time_ms: u64, seq: u64) {
+        if let Some(record) = self.orders.get_mut(&order) {
+            record.filled += qty;
+            record.quote_filled += u128::from(qty) * price.unsigned_abs() as u128;
+            record.update_ms = time_ms;
+            if remaining > 0 {
+                record.status = OrderStatus::PartiallyFilled;
+            }
+        }
+        let data = self.accounts.entry(account).or_default();
+        data.update_ms = time_ms;
+        if data.trades.len() == TRADES_KEPT_PER_ACCOUNT {
+            data.trades.pop_front();
+        }
+        data.trades.push_back(AccountTrade { id: trade_id, instrument, order, price, qty, fee, is_buyer, is_maker, time_ms, seq });
+        if remaining == 0 {
+            self.end(order, OrderStatus::Filled, time_ms);
+        }
+    }
+
+    pub(crate) fn cancelled(&mut self, order: OrderId, reason: CancelReason, time_ms: u64) {
+        let status = match reason {
+            CancelReason::User | CancelReason::CancelAll | CancelReason::Replace => OrderStatus::Canceled,
+            CancelReason::Ioc => OrderStatus::Expired,
+            CancelReason::Stp => OrderStatus::ExpiredInMatch,
+        };
+        self.end(order, status, time_ms);
+    }
+
+    /// A new price and total quantity (and, from a FIX replace, a new
+    /// client id).
+    pub(crate) fn replaced(&mut self, order: OrderId, price: i64, qty: u64, client_id: Option<&str>, time_ms: u64) {
+        let Some(record) = self.orders.get_mut(&order) else { return };
+        record.price = price;
+        record.qty = qty;
+        record.update_ms = time_ms;
+        if let Some(new) = client_id
+            && new != record.client_id
+        {
+            let old = std::mem::replace(&mut record.client_id, new.to_string());
+            let account = record.account;
+            self.open_client_ids.remove(&(account, old));
+            self.open_client_ids.insert((account, new.to_string()), order);
+        }
+    }
+
+    /// `order` ended with `status`: out of the open ones, into the
+    /// account's window of ended orders (the oldest beyond it forgotten).
+    fn end(&mut self, order: OrderId, status: OrderStatus, time_ms: u64) {
+        let Some(record) = self.orders.get_mut(&order) else { return };
+        if !record.status.is_open() {
+            return;
+        }
+        record.status = status;
+        record.update_ms = time_ms;
+        let (account, client_id) = (record.account, record.client_id.clone());
+        if self.open_client_ids.get(&(account, client_id.clone())) == Some(&order) {
+            self.open_client_ids.remove(&(account, client_id));
+        }
+        let data = self.accounts.entry(account).or_default();
+        data.open.remove(&order);
+        data.update_ms = time_ms;
+        data.closed.push_back(order);
+        if data.closed.len() > ORDERS_KEPT
+            && let Some(old) = data.closed.pop_front()
+        {
+            self.orders.remove(&old);
+        }
+    }
+
+    // ---- checkpoint ------------------------------------------------------
+
+    pub(crate) fn encode(&self, out: &mut Vec<u8>, instrument_ids: &[u32]) {
+        put64(out, self.largest_gateway_cid);
+        let mut ids: Vec<&OrderId> = self.orders.keys().collect();
+        ids.sort_unstable();
+        put64(out, ids.len() as u64);
+        for id in ids {
+            let o = &self.orders[id];
+            put64(out, o.id);
+            put64(out, o.account);
+            put32(out, instrument_ids[o.instrument as usize]);
+            put64(out, o.cid);
+            out.push(o.client_id.len() as u8);
+            out.extend_from_slice(o.client_id.as_bytes());
+            out.push(side_code(o.side));
+            out.push(u8::from(o.order_type == OrderType::Market));
+            out.push(tif_code(o.tif));
+            out.push(u8::from(o.post_only));
+            out.push(stp_code(o.stp));
+            put64(out, o.price as u64);
+            put64(out, o.qty);
+            put64(out, o.filled);
+            out.extend_from_slice(&o.quote_filled.to_le_bytes());
+            put64(out, o.budget.unwrap_or(u64::MAX));
+            out.push(o.status.code());
+            put64(out, o.time_ms);
+            put64(out, o.update_ms);
+        }
+        let mut accounts: Vec<&AccountId> = self.accounts.keys().collect();
+        accounts.sort_unstable();
+        put64(out, accounts.len() as u64);
+        for account in accounts {
+            let data = &self.accounts[account];
+            put64(out, *account);
+            put64(out, data.update_ms);
+            // Open orders are the kept orders whose status is open; the
+            // ended ones in the order they ended.
+            put64(out, data.closed.len() as u64);
+            for id in &data.closed {
+                put64(out, *id);
+            }
+            put64(out, data.trades.len() as u64);
+            for t in &data.trades {
+                put64(out, t.id);
+                put32(out, instrument_ids[t.instrument as usize]);
+                put64(out, t.order);
+                put64(out, t.price as u64);
+                put64(out, t.qty);
+                put64(out, t.fee as u64);
+                out.push(u8::from(t.is_buyer) | (u8::from(t.is_maker) << 1));
+                put64(out, t.time_ms);
+                put64(out, t.seq);
+            }
+        }
+    }
+
+    pub(crate) fn restore(&mut self, r: &mut crate::codec::Reader<'_>, index_of: &dyn Fn(u32) -> Option<u32>) -> Result<(), crate::codec::CodecError> {
+        use crate::codec::CodecError;
+        let instrument = |id: u32| index_of(id).ok_or_else(|| CodecError(format!("instrument {id} is not in the configuration")));
+        self.largest_gateway_cid = r.u64()?;
+        let count = r.count(true, 100)?;
+        self.orders.clear();
+        self.open_client_ids.clear();
+        self.accounts.clear();
+        for _ in 0..count {
+            let id = r.u64()?;
+            let account = r.u64()?;
+            let index = instrument(r.u32()?)?;
+            let cid = r.u64()?;
+            let len = usize::from(r.u8()?);
+            let client_id = String::from_utf8(r.take(len)?.to_vec()).map_err(|_| CodecError(format!("order {id}: client id is not UTF-8")))?;
+            let side = side_of(r.u8()?).ok_or_else(|| CodecError(format!("order {id}: bad side")))?;
+            let order_type = if r.u8()? == 1 { OrderType::Market } else { OrderType::Limit };
+            let tif = tif_of(r.u8()?).ok_or_else(|| CodecError(format!("order {id}: bad time in force")))?;
+            let post_only = r.u8()? == 1;
+            let stp = stp_of(r.u8()?).ok_or_else(|| CodecError(format!("order {id}: bad self-trade prevention")))?;
+            let price = r.i64()?;
+            let (qty, filled) = (r.u64()?, r.u64()?);
+            let quote_filled = r.u128()?;
+            let budget = Some(r.u64()?).filter(|b| *b != u64::MAX);
+            let status = OrderStatus::from_code(r.u8()?).ok_or_else(|| CodecError(format!("order {id}: bad status")))?;
+            let (time_ms, update_ms) = (r.u64()?, r.u64()?);
+            if status.is_open() {
+                self.accounts.entry(account).or_default().open.insert(id);
+                self.open_client_ids.insert((account, client_id.clone()), id);
+            }
+            let record = OrderRecord { id, account, instrument: index, client_id, cid, side, order_type, tif, post_only, stp, price, qty, filled, quote_filled, budget, status, time_ms, update_ms };
+            self.orders.insert(id, record);
+        }
+        let count = r.count(true, 32)?;
+        for _ in 0..count {
+            let account = r.u64()?;
+            let data = self.accounts.entry(account).or_default();
+            data.update_ms = r.u64()?;
+            let closed = r.count(true, 8)?;
+            for _ in 0..closed {
+                data.closed.push_back(r.u64()?);
+            }
+            let trades = r.count(true, 61)?;
+            for _ in 0..trades {
+                let id = r.u64()?;
+                let index = instrument(r.u32()?)?;
+                let (order, price, qty, fee) = (r.u64()?, r.i64()?, r.u64()?, r.i64()?);
+                let flags = r.u8()?;
+                let (time_ms, seq) = (r.u64()?, r.u64()?);
+                data.trades.push_back(AccountTrade { id, instrument: index, order, price, qty, fee, is_buyer: flags & 1 == 1, is_maker: flags & 2 == 2, time_ms, seq });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn put32(out: &mut Vec<u8>, value: u32) {
+    out.extend_from_slice(&value.to_le_bytes());
+}
+
+fn put64(out: &mut Vec<u8>, value: u64) {
+    out.extend_from_slice(&value.to_le_bytes());
+}
+
+fn side_of(code: u8) -> Option<Side> {
+    [Side::Buy, Side::Sell].into_iter().find(|s| side_code(*s) == code)
+}
+
+fn tif_of(code: u8) -> Option<TimeInForce> {
+    [TimeInForce::Gtc, TimeInForce::Ioc, TimeInForce::Fok].into_iter().find(|t| tif_code(*t) == code)
+}
+
+fn stp_of(code: u8) -> Option<SelfTradePrevention> {
+    use SelfTradePrevention::*;
+    [None, CancelNewest, CancelOldest, CancelBoth].into_iter().find(|s| stp_code(*s) == code)
+}

@@ -1,0 +1,885 @@
+//! Binance's signed spot endpoints on the market-data port
+//! (`docs/trading.md`): orders placed, cancelled and queried over REST,
+//! the account's balances, orders and trades, and user data streams.
+//!
+//! An order over REST is a command like any other: the handler (on the
+//! HTTP thread) checks the request (key, signature, time window, weight,
+//! parameters), turns it into an engine command with an annex (the
+//! request's number and the client order id), queues it for the sequencer
+//! beside the FIX gateway's commands, and waits. The sequencer journals and
+//! applies it; once the journal holds it durably, the market-data thread
+//! applies its events to the accounts' records and answers the waiting
+//! handler with the order as it stands right after its command. So the
+//! answer says only what is durable (in `sync` mode the HTTP response
+//! waits for the fsync), and a `GET /api/v3/order` sent after the answer
+//! always finds the order. Balances come from the engine itself: a query
+//! the sequencer answers in sequence (`sink::Query`), released with its
+//! batch.
+
+use super::http::{ApiError, Params, json_response};
+use super::userstream::USER_STREAM_TOKEN;
+use super::{FeedCommand, Hub};
+use crate::config::Config;
+use crate::now_ms;
+use crate::sequencer::{InFlight, Inbound, Request};
+use crate::sink::{Answer, Query, QueryKind, REST};
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::Response;
+use crossbook_engine::{AccountId, AssetId, Command, EventKind, OrderType, PlaceOrder, RejectReason, SelfTradePrevention, Side, TimeInForce};
+use crossbook_fix::decimal::Decimal;
+use crossbook_marketdata::accounts::{AccountTrade, OrderRecord};
+use crossbook_marketdata::{MarketData, Unit, render};
+use hmac::{Hmac, Mac};
+use serde_json::{Value, json};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::SyncSender;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Engine client ids of orders placed over REST: from 2^62 up (the FIX
+/// gateway's start at 2^63; binary clients keep below 2^62).
+pub const REST_CID_BASE: u64 = 1 << 62;
+/// Binance's longest `newClientOrderId`.
+pub const MAX_CLIENT_ID: usize = 36;
+/// `recvWindow` when none is sent, and the largest accepted (ms).
+const DEFAULT_RECV_WINDOW_MS: u64 = 5_000;
+const MAX_RECV_WINDOW_MS: u64 = 60_000;
+/// How far ahead of our clock a request's `timestamp` may be (ms).
+const AHEAD_MS: u64 = 1_000;
+/// The most rows `allOrders` and `myTrades` answer with, and by default.
+const MAX_ROWS: u64 = 1_000;
+const DEFAULT_ROWS: u64 = 500;
+
+/// The annex the REST gateway journals with each of its commands: a tag,
+/// the request's number (to answer the waiting handler) and the client
+/// order id (the order's name in every later answer).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RestAnnex {
+    pub(crate) request: u64,
+    pub(crate) client_id: String,
+}
+
+const ANNEX_TAG: u8 = b'R';
+const _: () = assert!(1 + 8 + 1 + MAX_CLIENT_ID <= crossbook_journal::format::MAX_ANNEX);
+
+impl RestAnnex {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(10 + self.client_id.len());
+        out.push(ANNEX_TAG);
+        out.extend_from_slice(&self.request.to_le_bytes());
+        out.push(self.client_id.len() as u8);
+        out.extend_from_slice(self.client_id.as_bytes());
+        out
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Option<RestAnnex> {
+        let (&tag, rest) = bytes.split_first()?;
+        let (request, rest) = rest.split_at_checked(8)?;
+        let (&len, rest) = rest.split_first()?;
+        if tag != ANNEX_TAG || rest.len() != usize::from(len) {
+            return None;
+        }
+        let request = u64::from_le_bytes(request.try_into().ok()?);
+        Some(RestAnnex { request, client_id: String::from_utf8(rest.to_vec()).ok()? })
+    }
+}
+
+/// What the market-data thread answers a waiting handler with.
+pub(crate) enum Outcome {
+    /// The command is durable and applied: the order right after it (for
+    /// a place or cancel), the fills it made, the orders a cancel-all
+    /// cancelled, or the engine's reject.
+    Applied { seq: u64, time_ms: u64, reject: Option<RejectReason>, order: Option<OrderRecord>, fills: Vec<AccountTrade>, cancelled: Vec<OrderRecord> },
+    /// Refused by the open-order limit before the engine.
+    Refused,
+    /// A balance query's answer.
+    Answered(Answer),
+}
+
+struct Credentials {
+    account: AccountId,
+    secret: Vec<u8>,
+}
+
+/// Request weight used in the current minute, and orders in the current
+/// ten seconds (Binance's fixed windows).
+#[derive(Default)]
+struct Usage {
+    minute: u64,
+    weight: u32,
+    ten_seconds: u64,
+    orders: u32,
+}
+
+#[derive(Default)]
+struct Waiting {
+    answers: HashMap<u64, tokio::sync::oneshot::Sender<Outcome>>,
+    /// Client order ids of orders sent and not yet applied: a second
+    /// order with the same id is refused as a duplicate meanwhile.
+    client_ids: HashSet<(AccountId, String)>,
+}
+
+/// An asset as the REST API shows it.
+pub(crate) struct AssetInfo {
+    pub(crate) id: AssetId,
+    pub(crate) name: String,
+    pub(crate) unit: Unit,
+}
+
+/// The sequencer's queue, and how to wake it.
+pub(crate) struct SequencerLink {
+    pub(crate) queue: SyncSender<Vec<Inbound>>,
+    pub(crate) wake: Arc<dyn Fn() + Send + Sync>,
+}
+
+/// The trading side of the HTTP gateway.
+pub(crate) struct Trading {
+    keys: HashMap<String, Credentials>,
+    pub(crate) assets: Vec<AssetInfo>,
+    /// Each instrument's (base, quote) asset ids, by market-data index.
+    pub(crate) instrument_assets: Vec<(AssetId, AssetId)>,
+    link: Mutex<Option<SequencerLink>>,
+    in_flight: Arc<InFlight>,
+    waiting: Mutex<Waiting>,
+    next_request: AtomicU64,
+    pub(crate) next_cid: AtomicU64,
+    usage: Mutex<HashMap<String, Usage>>,
+    pub(crate) streams: super::userstream::Streams,
+    max_weight: u32,
+    max_orders: u32,
+    answer_timeout: Duration,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Trading {
+    pub(crate) fn new(config: &Config) -> Trading {
+        let keys = config.accounts.iter().map(|a| (a.api_key.clone(), Credentials { account: a.id, secret: a.api_secret.as_bytes().to_vec() })).collect();
+        let assets = config.assets.iter().map(|a| AssetInfo { id: a.id, name: a.name.clone(), unit: Unit { mantissa: 1, scale: a.decimals } }).collect();
+        let instrument_assets = config.instruments.iter().map(|i| (i.base, i.quote)).collect();
+        Trading {
+            keys,
+            assets,
+            instrument_assets,
+            link: Mutex::new(None),
+            in_flight: InFlight::polled(),
+            waiting: Mutex::new(Waiting::default()),
+            next_request: AtomicU64::new(1),
+            next_cid: AtomicU64::new(REST_CID_BASE + 1),
+            usage: Mutex::new(HashMap::new()),
+            streams: super::userstream::Streams::default(),
+            max_weight: config.market_data.max_weight_per_minute,
+            max_orders: config.market_data.max_orders_per_10s,
+            answer_timeout: Duration::from_millis(config.market_data.answer_timeout_ms.max(1)),
+        }
+    }
+
+    pub(crate) fn connect(&self, link: SequencerLink) {
+        *lock(&self.link) = Some(link);
+    }
+
+    /// Queues `request` for the sequencer; `false` if the queue is full
+    /// (or the venue is stopping).
+    pub(crate) fn send(&self, request: Request, annex: Option<Vec<u8>>) -> bool {
+        let link = lock(&self.link);
+        let Some(link) = link.as_ref() else { return false };
+        self.in_flight.add(1);
+        match link.queue.try_send(vec![Inbound { request, annex, source: REST, in_flight: self.in_flight.clone() }]) {
+            Ok(()) => {
+                (link.wake)();
+                true
+            }
+            Err(_) => {
+                // Never reached the sequencer: it will not count it down.
+                self.in_flight.undo();
+                false
+            }
+        }
+    }
+
+    fn new_request(&self) -> (u64, tokio::sync::oneshot::Receiver<Outcome>) {
+        let request = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let (sender, receiver) = tokio::sync::oneshot::channel();
+        lock(&self.waiting).answers.insert(request, sender);
+        (request, receiver)
+    }
+
+    fn forget(&self, request: u64, client_id: Option<&(AccountId, String)>) {
+        let mut waiting = lock(&self.waiting);
+        waiting.answers.remove(&request);
+        if let Some(key) = client_id {
+            waiting.client_ids.remove(key);
+        }
+    }
+
+    /// Sends a request to the sequencer and waits for its outcome.
+    async fn ask(&self, request: Request, annex: Option<RestAnnex>, client_id: Option<(AccountId, String)>) -> Result<Outcome, ApiError> {
+        let (number, receiver) = match &annex {
+            Some(annex) => {
+                let (sender, receiver) = tokio::sync::oneshot::channel();
+                lock(&self.waiting).answers.insert(annex.request, sender);
+                (annex.request, receiver)
+            }
+            None => self.new_request(),
+        };
+        let request = match request {
+            Request::Query(mut query) => {
+                query.token = number;
+                Request::Query(query)
+            }
+            command => command,
+        };
+        if !self.send(request, annex.map(|a| a.encode())) {
+            self.forget(number, client_id.as_ref());
+            return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, -1008, "Server is currently overloaded with other requests. Please try again in a few minutes."));
+        }
+        match tokio::time::timeout(self.answer_timeout, receiver).await {
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(_)) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, -1001, "Internal error; unable to process your request. Please try again.")),
+            Err(_) => {
+                // The command may still be applied; the client id stays
+                // reserved until it is (the market-data thread frees it).
+                lock(&self.waiting).answers.remove(&number);
+                Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, -1007, "Timeout waiting for response from backend server. Send status unknown; execution status unknown."))
+            }
+        }
+    }
+
+    /// Reserves an account's client order id for an order about to be
+    /// sent: refused if one of its open orders, or one on its way, has it.
+    fn reserve(&self, market: &MarketData, account: AccountId, client_id: &str) -> Result<(), ApiError> {
+        let mut waiting = lock(&self.waiting);
+        let key = (account, client_id.to_string());
+        if waiting.client_ids.contains(&key) || market.accounts.open_by_client_id(account, client_id).is_some() {
+            return Err(ApiError::bad(-2010, "Duplicate order sent."));
+        }
+        waiting.client_ids.insert(key);
+        Ok(())
+    }
+
+    // ---- the market-data thread's side ---------------------------------
+
+    /// A REST command is durable and applied to `market`: its handler is
+    /// answered with the order as it stands now.
+    pub(crate) fn applied(&self, market: &MarketData, command: &FeedCommand, annex: &RestAnnex) {
+        let Some(cmd) = command.command.as_ref() else { return };
+        let reject = command.events.iter().find_map(|e| match e.kind {
+            EventKind::Rejected { reason } => Some(reason),
+            _ => None,
+        });
+        let account = match cmd {
+            Command::Place(p) => p.account,
+            Command::Cancel { account, .. } | Command::Replace { account, .. } | Command::CancelAll { account, .. } => *account,
+            _ => 0,
+        };
+        let order_id = match cmd {
+            Command::Place(_) => Some(command.seq),
+            Command::Cancel { order, .. } | Command::Replace { order, .. } => Some(*order),
+            _ => None,
+        };
+        let order = order_id.and_then(|id| market.accounts.order_of(account, id)).cloned();
+        let fills: Vec<AccountTrade> = match (cmd, market.accounts.accounts.get(&account)) {
+            (Command::Place(_), Some(data)) => {
+                let mut fills: Vec<AccountTrade> = data.trades.iter().rev().take_while(|t| t.seq == command.seq).filter(|t| Some(t.order) == order_id).copied().collect();
+                fills.reverse();
+                fills
+            }
+            _ => Vec::new(),
+        };
+        let cancelled = if matches!(cmd, Command::CancelAll { .. }) {
+            command
+                .events
+                .iter()
+                .filter_map(|e| match e.kind {
+                    EventKind::Cancelled { order, .. } => market.accounts.order_of(account, order).cloned(),
+                    _ => None,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let outcome = Outcome::Applied { seq: command.seq, time_ms: command.time_ms, reject, order, fills, cancelled };
+        let mut waiting = lock(&self.waiting);
+        if matches!(cmd, Command::Place(_)) {
+            waiting.client_ids.remove(&(account, annex.client_id.clone()));
+        }
+        if let Some(answer) = waiting.answers.remove(&annex.request) {
+            let _ = answer.send(outcome);
+        }
+    }
+
+    /// A REST order the open-order limit refused.
+    pub(crate) fn refused(&self, account: AccountId, annex: &RestAnnex) {
+        let mut waiting = lock(&self.waiting);
+        waiting.client_ids.remove(&(account, annex.client_id.clone()));
+        if let Some(answer) = waiting.answers.remove(&annex.request) {
+            let _ = answer.send(Outcome::Refused);
+        }
+    }
+
+    /// A query answered by the sequencer (for a handler, or for a user
+    /// data stream's balances).
+    pub(crate) fn answered(&self, answer: Answer) {
+        if answer.query.token == USER_STREAM_TOKEN {
+            return;
+        }
+        if let Some(waiting) = lock(&self.waiting).answers.remove(&answer.query.token) {
+            let _ = waiting.send(Outcome::Answered(answer));
+        }
+    }
+
+    // ---- authentication and limits -------------------------------------
+
+    /// The account behind a request's `X-MBX-APIKEY`, and the key.
+    fn key(&self, headers: &HeaderMap) -> Result<(&str, &Credentials), ApiError> {
+        let Some(value) = headers.get("x-mbx-apikey") else {
+            return Err(ApiError::new(StatusCode::UNAUTHORIZED, -2014, "API-key format invalid."));
+        };
+        let key = value.to_str().map_err(|_| ApiError::new(StatusCode::UNAUTHORIZED, -2014, "API-key format invalid."))?;
+        match self.keys.get_key_value(key) {
+            Some((key, credentials)) if !credentials.secret.is_empty() => Ok((key.as_str(), credentials)),
+            _ => Err(ApiError::new(StatusCode::UNAUTHORIZED, -2015, "Invalid API-key, IP, or permissions for action.")),
+        }
+    }
+
+    /// Counts `weight` against the key's minute (HTTP 429 past the limit)
+    /// and, for a new order, one order against the account's ten seconds.
+    fn spend(&self, key: &str, weight: u32, order: bool) -> Result<u32, ApiError> {
+        let now = now_ms();
+        let mut usage = lock(&self.usage);
+        let used = usage.entry(key.to_string()).or_default();
+        let minute = now / 60_000;
+        if used.minute != minute {
+            used.minute = minute;
+            used.weight = 0;
+        }
+        if used.weight.saturating_add(weight) > self.max_weight {
+            let mut error = ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                -1003,
+                format!("Too much request weight used; current limit is {} request weight per 1 MINUTE. Please use WebSocket Streams for live updates to avoid polling the API.", self.max_weight),
+            );
+            error.retry_after = Some((60_000 - now % 60_000).div_ceil(1000));
+            return Err(error);
+        }
+        used.weight += weight;
+        if order {
+            let window = now / 10_000;
+            if used.ten_seconds != window {
+                used.ten_seconds = window;
+                used.orders = 0;
+            }
+            if used.orders >= self.max_orders {
+                let mut error = ApiError::new(StatusCode::TOO_MANY_REQUESTS, -1015, format!("Too many new orders; current limit is {} orders per 10 SECOND.", self.max_orders));
+                error.retry_after = Some((10_000 - now % 10_000).div_ceil(1000));
+                return Err(error);
+            }
+            used.orders += 1;
+        }
+        Ok(used.weight)
+    }
+
+    /// Checks a signed request: its key, its weight, its signature (HMAC-
+    /// SHA256 of the query string and the body, `signature` left out) and
+    /// its `timestamp` against `recvWindow`. Returns the account, its
+    /// parameters and the weight used this minute.
+    fn signed(&self, headers: &HeaderMap, query: Option<&str>, body: &str, known: &[&str], weight: impl Fn(&Params) -> u32, order: bool) -> Result<(AccountId, Params, u32), ApiError> {
+        let (key, credentials) = self.key(headers)?;
+        let mut all: Vec<&str> = known.to_vec();
+        all.extend(["timestamp", "recvWindow", "signature"]);
+        let body = (!body.is_empty()).then_some(body);
+        let params = match Params::parse_both(query, body, &all) {
+            Ok(params) => params,
+            Err(e) => {
+                // A malformed request costs its key too.
+                self.spend(key, 1, false)?;
+                return Err(e);
+            }
+        };
+        let used = self.spend(key, weight(&params), order)?;
+        let signature = params.get("signature").ok_or_else(|| ApiError::mandatory("signature"))?;
+        let payload = format!("{}{}", without_signature(query.unwrap_or("")), without_signature(body.unwrap_or("")));
+        if !signature_matches(&credentials.secret, payload.as_bytes(), signature) {
+            return Err(ApiError::bad(-1022, "Signature for this request is not valid."));
+        }
+        let timestamp = params.get("timestamp").ok_or_else(|| ApiError::mandatory("timestamp"))?;
+        let timestamp: u64 = timestamp.parse().map_err(|_| ApiError::illegal("timestamp", "0-18446744073709551615"))?;
+        // Microseconds, as Binance also takes them.
+        let timestamp = if timestamp > 10_000_000_000_000 { timestamp / 1000 } else { timestamp };
+        let window = match params.get("recvWindow") {
+            None => DEFAULT_RECV_WINDOW_MS,
+            Some(text) => {
+                let value = Decimal::parse(text.as_bytes()).and_then(|d| d.whole_units(Decimal { mantissa: 1, scale: 3 })).ok_or_else(|| ApiError::illegal("recvWindow", "0-60000"))?;
+                if !(0..=i128::from(MAX_RECV_WINDOW_MS) * 1000).contains(&value) {
+                    return Err(ApiError::bad(-1131, "recvWindow must be less than 60000"));
+                }
+                (value / 1000) as u64
+            }
+        };
+        let now = now_ms();
+        if timestamp >= now + AHEAD_MS {
+            return Err(ApiError::bad(-1021, "Timestamp for this request was 1000ms ahead of the server's time."));
+        }
+        if now.saturating_sub(timestamp) > window {
+            return Err(ApiError::bad(-1021, "Timestamp for this request is outside of the recvWindow."));
+        }
+        Ok((credentials.account, params, used))
+    }
+
+    /// An endpoint that needs only the API key (the user data stream's).
+    fn keyed(&self, headers: &HeaderMap, query: Option<&str>, body: &str, known: &[&str], weight: u32) -> Result<(AccountId, Params, u32), ApiError> {
+        let (key, credentials) = self.key(headers)?;
+        let used = self.spend(key, weight, false)?;
+        let params = Params::parse_both(query, (!body.is_empty()).then_some(body), known)?;
+        Ok((credentials.account, params, used))
+    }
+}
+
+/// `text` (a query string or form body) without its `signature=...` pair.
+fn without_signature(text: &str) -> String {
+    text.split('&').filter(|pair| !pair.starts_with("signature=")).collect::<Vec<_>>().join("&")
+}
+
+fn signature_matches(secret: &[u8], payload: &[u8], signature: &str) -> bool {
+    let Ok(mut mac) = Hmac::<sha2::Sha256>::new_from_slice(secret) else { return false };
+    mac.update(payload);
+    let Some(given) = hex_decode(signature) else { return false };
+    // Constant time: `verify_slice` does not stop at the first difference.
+    mac.verify_slice(&given).is_ok()
+}
+
+fn hex_decode(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 {
+        return None;
+    }
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
+}
+
+// ---- the HTTP handlers ----------------------------------------------------
+
+type Reply = Result<Response, ApiError>;
+
+/// A response with the weight used header.
+fn answer(value: Value, used: u32) -> Response {
+    let mut response = json_response(value);
+    response.headers_mut().insert("x-mbx-used-weight-1m", HeaderValue::from(used));
+    response
+}
+
+fn trading(hub: &Hub) -> Result<&Trading, ApiError> {
+    hub.trading.as_deref().ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, -1000, "Trading is off on this venue (market_data.trading = false)."))
+}
+
+fn body_text(body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>, hub: &Hub) -> Result<String, ApiError> {
+    let bytes = body.map_err(|_| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, -1000, format!("Request body too large: at most {} bytes.", hub.config.max_body)))?;
+    String::from_utf8(bytes.to_vec()).map_err(|_| ApiError::bad(-1100, "Illegal characters found in the request body; it must be UTF-8 form data."))
+}
+
+type Body = Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>;
+
+fn side(params: &Params) -> Result<Side, ApiError> {
+    match params.get("side").ok_or_else(|| ApiError::mandatory("side"))? {
+        "BUY" => Ok(Side::Buy),
+        "SELL" => Ok(Side::Sell),
+        _ => Err(ApiError::bad(-1117, "Invalid side.")),
+    }
+}
+
+/// A decimal parameter in whole units of `unit` (ticks, lots, quote
+/// units); `filter` names the Binance filter a value off the grid fails.
+fn units(params: &Params, name: &str, unit: Unit, filter: &str) -> Result<Option<u64>, ApiError> {
+    let Some(text) = params.get(name) else { return Ok(None) };
+    let decimal = Decimal::parse(text.as_bytes()).filter(|d| d.mantissa >= 0).ok_or_else(|| ApiError::illegal(name, "a non-negative decimal"))?;
+    let unit = Decimal { mantissa: i128::from(unit.mantissa), scale: unit.scale };
+    let whole = decimal.whole_units(unit).ok_or_else(|| ApiError::bad(-1013, format!("Filter failure: {filter}")))?;
+    u64::try_from(whole).map(Some).map_err(|_| ApiError::bad(-1013, format!("Filter failure: {filter}")))
+}
+
+fn stp(params: &Params) -> Result<SelfTradePrevention, ApiError> {
+    match params.get("selfTradePreventionMode") {
+        None | Some("NONE") => Ok(SelfTradePrevention::None),
+        Some("EXPIRE_TAKER") => Ok(SelfTradePrevention::CancelNewest),
+        Some("EXPIRE_MAKER") => Ok(SelfTradePrevention::CancelOldest),
+        Some("EXPIRE_BOTH") => Ok(SelfTradePrevention::CancelBoth),
+        Some(_) => Err(ApiError::bad(-1013, "This symbol does not allow the specified self-trade prevention mode.")),
+    }
+}
+
+/// A client order id as Binance allows it.
+fn client_id(params: &Params, name: &str) -> Result<Option<String>, ApiError> {
+    match params.get(name) {
+        None => Ok(None),
+        Some(id) if id.len() <= MAX_CLIENT_ID && id.bytes().all(|b| b.is_ascii_alphanumeric() || b".:/_-".contains(&b)) => Ok(Some(id.to_string())),
+        Some(_) => Err(ApiError::illegal(name, "^[\\.A-Z\\:/a-z0-9_-]{1,36}$")),
+    }
+}
+
+/// The reject of an order the engine refused, as Binance words it.
+fn order_reject(reason: RejectReason) -> ApiError {
+    match reason {
+        RejectReason::InsufficientFunds => ApiError::bad(-2010, "Account has insufficient balance for requested action."),
+        RejectReason::DuplicateClientOrderId => ApiError::bad(-2010, "Duplicate order sent."),
+        RejectReason::PostOnlyWouldTake => ApiError::bad(-2010, "Order would immediately match and take."),
+        RejectReason::InvalidQuantity => ApiError::bad(-1013, "Filter failure: LOT_SIZE"),
+        RejectReason::InvalidPrice | RejectReason::PriceOutOfBand => ApiError::bad(-1013, "Filter failure: PRICE_FILTER"),
+        RejectReason::InvalidBudget => ApiError::bad(-1013, "Filter failure: NOTIONAL"),
+        RejectReason::InvalidTimeInForce => ApiError::bad(-1115, "Invalid timeInForce."),
+        RejectReason::UnknownInstrument => ApiError::invalid_symbol(),
+        other => ApiError::bad(-2010, format!("Order rejected: {}.", other.name())),
+    }
+}
+
+/// `POST /api/v3/order`.
+pub(crate) async fn new_order(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
+    let trading = trading(&hub)?;
+    let body = body_text(body, &hub)?;
+    let known = [
+        "symbol", "side", "type", "timeInForce", "quantity", "quoteOrderQty", "price", "newClientOrderId", "newOrderRespType", "selfTradePreventionMode", "stopPrice", "trailingDelta", "icebergQty", "strategyId", "strategyType", "pegPriceType", "pegOffsetValue", "pegOffsetType",
+    ];
+    let (account, params, used) = trading.signed(&headers, query.as_deref(), &body, &known, |_| 1, true)?;
+    for unsupported in ["stopPrice", "trailingDelta", "icebergQty", "strategyId", "strategyType", "pegPriceType", "pegOffsetValue", "pegOffsetType"] {
+        if params.get(unsupported).is_some() {
+            return Err(ApiError::bad(-1106, format!("Parameter '{unsupported}' sent when not required.")));
+        }
+    }
+    let (place, client_id, response, index) = {
+        let market = hub.read();
+        let index = params.instrument(&market)?;
+        let info = &market.instruments[index].info;
+        let side = side(&params)?;
+        let kind = params.get("type").ok_or_else(|| ApiError::mandatory("type"))?;
+        let (order_type, post_only) = match kind {
+            "LIMIT" => (OrderType::Limit, false),
+            "LIMIT_MAKER" => (OrderType::Limit, true),
+            "MARKET" => (OrderType::Market, false),
+            _ => return Err(ApiError::bad(-1116, "Invalid orderType.")),
+        };
+        let tif = match (kind, params.get("timeInForce")) {
+            ("LIMIT", None) => return Err(ApiError::mandatory("timeInForce")),
+            ("LIMIT", Some("GTC")) | ("LIMIT_MAKER", None) => TimeInForce::Gtc,
+            ("LIMIT", Some("IOC")) => TimeInForce::Ioc,
+            ("LIMIT", Some("FOK")) => TimeInForce::Fok,
+            ("LIMIT", Some(_)) => return Err(ApiError::bad(-1115, "Invalid timeInForce.")),
+            ("MARKET", None | Some("IOC")) => TimeInForce::Ioc,
+            ("MARKET", Some("FOK")) => TimeInForce::Fok,
+            (_, Some(_)) => return Err(ApiError::bad(-1114, "TimeInForce parameter sent when not required.")),
+            (_, None) => TimeInForce::Ioc,
+        };
+        let qty = units(&params, "quantity", info.qty_unit, "LOT_SIZE")?;
+        let budget = units(&params, "quoteOrderQty", info.quote_asset_unit, "NOTIONAL")?;
+        let price = units(&params, "price", info.price_unit, "PRICE_FILTER")?;
+        let (qty, budget, price) = match order_type {
+            OrderType::Limit => {
+                if budget.is_some() {
+                    return Err(ApiError::bad(-1106, "Parameter 'quoteOrderQty' sent when not required."));
+                }
+                let price = price.ok_or_else(|| ApiError::mandatory("price"))?;
+                (qty.ok_or_else(|| ApiError::mandatory("quantity"))?, None, price)
+            }
+            OrderType::Market => {
+                if price.is_some() {
+                    return Err(ApiError::bad(-1106, "Parameter 'price' sent when not required."));
+                }
+                match (qty, budget) {
+                    (Some(_), Some(_)) | (None, None) => return Err(ApiError::bad(-1102, "Param 'quantity' or 'quoteOrderQty' must be sent, but both were empty/null!")),
+                    (Some(qty), None) => (qty, None, 0),
+                    // A budget alone: as many lots as it buys (sells)
+                    // within the instrument's largest quantity.
+                    (None, Some(budget)) => {
+                        if side == Side::Sell {
+                            return Err(ApiError::bad(-2010, "Quote order qty market sell orders are not supported: give quantity."));
+                        }
+                        (info.max_qty, Some(budget), 0)
+                    }
+                }
+            }
+        };
+        let price = i64::try_from(price).map_err(|_| ApiError::bad(-1013, "Filter failure: PRICE_FILTER"))?;
+        let stp = stp(&params)?;
+        let response = match params.get("newOrderRespType") {
+            None if order_type == OrderType::Market || !post_only => "FULL",
+            None => "ACK",
+            Some(kind @ ("ACK" | "RESULT" | "FULL")) => kind,
+            Some(_) => return Err(ApiError::illegal("newOrderRespType", "ACK, RESULT, FULL")),
+        };
+        let cid = trading.next_cid.fetch_add(1, Ordering::Relaxed);
+        // Without one, the order is named after its engine client id
+        // (unique for ever: the numbering goes on after the journal's).
+        let client_id = client_id(&params, "newClientOrderId")?.unwrap_or_else(|| format!("crossbook-{}", cid - REST_CID_BASE));
+        trading.reserve(&market, account, &client_id)?;
+        let place = PlaceOrder { account, instrument: info.id, cid, side, order_type, tif, price, qty, post_only, stp, budget };
+        (place, client_id, response, index)
+    };
+    let request = trading.next_request.fetch_add(1, Ordering::Relaxed);
+    let reserved = (account, client_id.clone());
+    let outcome = trading.ask(Request::Command(Command::Place(place)), Some(RestAnnex { request, client_id }), Some(reserved)).await?;
+    let market = hub.read();
+    let data = &market.instruments[index];
+    match outcome {
+        Outcome::Refused => Err(ApiError::bad(-1013, "Filter failure: MAX_NUM_ORDERS")),
+        Outcome::Applied { reject: Some(RejectReason::FokCannotFill), order: Some(order), time_ms, .. } => Ok(answer(render::new_order(data, &order, time_ms, response, &[]), used)),
+        Outcome::Applied { reject: Some(reason), .. } => Err(order_reject(reason)),
+        Outcome::Applied { order: Some(order), time_ms, fills, .. } => Ok(answer(render::new_order(data, &order, time_ms, response, &fills), used)),
+        Outcome::Applied { order: None, seq, .. } => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, -1000, format!("Order {seq} was applied but is not in the account's records."))),
+        Outcome::Answered(_) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, -1000, "Unexpected answer.")),
+    }
+}
+
+/// The account's order named by `orderId` or `origClientOrderId` (in
+/// `symbol`): another account's, or one long gone, is not found.
+fn find_order<'a>(market: &'a MarketData, account: AccountId, index: usize, params: &Params) -> Result<Option<&'a OrderRecord>, ApiError> {
+    let found = match (params.number("orderId", 0..=u64::MAX)?, params.get("origClientOrderId")) {
+        (Some(id), _) => market.accounts.order_of(account, id),
+        (None, Some(client_id)) => market.accounts.by_client_id(account, client_id),
+        (None, None) => return Err(ApiError::bad(-1102, "Param 'origClientOrderId' or 'orderId' must be sent, but both were empty/null!")),
+    };
+    Ok(found.filter(|o| o.instrument as usize == index))
+}
+
+/// `DELETE /api/v3/order`.
+pub(crate) async fn cancel_order(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
+    let trading = trading(&hub)?;
+    let body = body_text(body, &hub)?;
+    let (account, params, used) = trading.signed(&headers, query.as_deref(), &body, &["symbol", "orderId", "origClientOrderId", "newClientOrderId", "cancelRestrictions"], |_| 1, false)?;
+    if params.get("cancelRestrictions").is_some() {
+        return Err(ApiError::bad(-1106, "Parameter 'cancelRestrictions' sent when not required."));
+    }
+    let (order, index) = {
+        let market = hub.read();
+        let index = params.instrument(&market)?;
+        let order = find_order(&market, account, index, &params)?.filter(|o| o.status.is_open()).map(|o| o.id);
+        (order.ok_or_else(|| ApiError::bad(-2011, "Unknown order sent."))?, index)
+    };
+    let request = trading.next_request.fetch_add(1, Ordering::Relaxed);
+    let outcome = trading.ask(Request::Command(Command::Cancel { account, order }), Some(RestAnnex { request, client_id: String::new() }), None).await?;
+    let market = hub.read();
+    match outcome {
+        Outcome::Applied { reject: None, order: Some(order), time_ms, .. } => Ok(answer(render::cancelled_order(&market.instruments[index], &order, time_ms), used)),
+        _ => Err(ApiError::bad(-2011, "Unknown order sent.")),
+    }
+}
+
+/// `DELETE /api/v3/openOrders`.
+pub(crate) async fn cancel_open_orders(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
+    let trading = trading(&hub)?;
+    let body = body_text(body, &hub)?;
+    let (account, params, used) = trading.signed(&headers, query.as_deref(), &body, &["symbol"], |_| 1, false)?;
+    let (instrument, index) = {
+        let market = hub.read();
+        let index = params.instrument(&market)?;
+        (market.instruments[index].info.id, index)
+    };
+    let request = trading.next_request.fetch_add(1, Ordering::Relaxed);
+    let outcome = trading.ask(Request::Command(Command::CancelAll { account, instrument: Some(instrument) }), Some(RestAnnex { request, client_id: String::new() }), None).await?;
+    let market = hub.read();
+    match outcome {
+        Outcome::Applied { reject: None, cancelled, time_ms, .. } if !cancelled.is_empty() => {
+            Ok(answer(Value::Array(cancelled.iter().map(|o| render::cancelled_order(&market.instruments[index], o, time_ms)).collect()), used))
+        }
+        _ => Err(ApiError::bad(-2011, "Unknown order sent.")),
+    }
+}
+
+/// `GET /api/v3/order`.
+pub(crate) async fn query_order(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
+    let trading = trading(&hub)?;
+    let body = body_text(body, &hub)?;
+    let (account, params, used) = trading.signed(&headers, query.as_deref(), &body, &["symbol", "orderId", "origClientOrderId"], |_| 4, false)?;
+    let market = hub.read();
+    let index = params.instrument(&market)?;
+    let order = find_order(&market, account, index, &params)?.ok_or_else(|| ApiError::bad(-2013, "Order does not exist."))?;
+    Ok(answer(render::order(&market.instruments[index], order), used))
+}
+
+/// `GET /api/v3/openOrders`.
+pub(crate) async fn open_orders(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
+    let trading = trading(&hub)?;
+    let body = body_text(body, &hub)?;
+    let (account, params, used) = trading.signed(&headers, query.as_deref(), &body, &["symbol"], |p| if p.get("symbol").is_some() { 6 } else { 80 }, false)?;
+    let market = hub.read();
+    let only = if params.get("symbol").is_some() { Some(params.instrument(&market)?) } else { None };
+    let orders: Vec<Value> = market
+        .accounts
+        .accounts
+        .get(&account)
+        .map(|data| {
+            data.open
+                .iter()
+                .filter_map(|id| market.accounts.orders.get(id))
+                .filter(|o| only.is_none_or(|i| o.instrument as usize == i))
+                .map(|o| render::order(&market.instruments[o.instrument as usize], o))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(answer(Value::Array(orders), used))
+}
+
+fn rows(params: &Params) -> Result<usize, ApiError> {
+    Ok(params.number("limit", 1..=MAX_ROWS)?.unwrap_or(DEFAULT_ROWS) as usize)
+}
+
+/// `GET /api/v3/allOrders`: the account's orders of one symbol, open and
+/// ended (the ended ones as far back as they are kept), oldest first.
+pub(crate) async fn all_orders(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
+    let trading = trading(&hub)?;
+    let body = body_text(body, &hub)?;
+    let (account, params, used) = trading.signed(&headers, query.as_deref(), &body, &["symbol", "orderId", "startTime", "endTime", "limit"], |_| 20, false)?;
+    let market = hub.read();
+    let index = params.instrument(&market)?;
+    let limit = rows(&params)?;
+    let from_id = params.number("orderId", 0..=u64::MAX)?;
+    let start = params.number("startTime", 0..=u64::MAX)?;
+    let end = params.number("endTime", 0..=u64::MAX)?;
+    let mut orders: Vec<&OrderRecord> = market
+        .accounts
+        .accounts
+        .get(&account)
+        .map(|data| data.open.iter().chain(data.closed.iter()).filter_map(|id| market.accounts.orders.get(id)).collect())
+        .unwrap_or_default();
+    orders.retain(|o| o.instrument as usize == index && from_id.is_none_or(|f| o.id >= f) && start.is_none_or(|s| o.time_ms >= s) && end.is_none_or(|e| o.time_ms <= e));
+    orders.sort_unstable_by_key(|o| o.id);
+    // From `orderId` on: the first ones; otherwise the most recent.
+    let chosen: Vec<&OrderRecord> = if from_id.is_some() || start.is_some() { orders.into_iter().take(limit).collect() } else { orders.split_off(orders.len().saturating_sub(limit)) };
+    Ok(answer(Value::Array(chosen.iter().map(|o| render::order(&market.instruments[index], o)).collect()), used))
+}
+
+/// `GET /api/v3/myTrades`.
+pub(crate) async fn my_trades(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
+    let trading = trading(&hub)?;
+    let body = body_text(body, &hub)?;
+    let (account, params, used) = trading.signed(&headers, query.as_deref(), &body, &["symbol", "orderId", "startTime", "endTime", "fromId", "limit"], |_| 20, false)?;
+    let market = hub.read();
+    let index = params.instrument(&market)?;
+    let limit = rows(&params)?;
+    let order = params.number("orderId", 0..=u64::MAX)?;
+    let from_id = params.number("fromId", 0..=u64::MAX)?;
+    let start = params.number("startTime", 0..=u64::MAX)?;
+    let end = params.number("endTime", 0..=u64::MAX)?;
+    let mut trades: Vec<&AccountTrade> = market
+        .accounts
+        .accounts
+        .get(&account)
+        .map(|data| data.trades.iter().filter(|t| t.instrument as usize == index).collect())
+        .unwrap_or_default();
+    trades.retain(|t| order.is_none_or(|o| t.order == o) && from_id.is_none_or(|f| t.id >= f) && start.is_none_or(|s| t.time_ms >= s) && end.is_none_or(|e| t.time_ms <= e));
+    let chosen: Vec<&AccountTrade> = if from_id.is_some() || start.is_some() { trades.into_iter().take(limit).collect() } else { trades.split_off(trades.len().saturating_sub(limit)) };
+    Ok(answer(Value::Array(chosen.iter().map(|t| render::my_trade(&market.instruments[index], t)).collect()), used))
+}
+
+/// `GET /api/v3/account`: balances from the engine, asked in sequence.
+pub(crate) async fn account(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
+    let trading = trading(&hub)?;
+    let body = body_text(body, &hub)?;
+    let (account, params, used) = trading.signed(&headers, query.as_deref(), &body, &["omitZeroBalances"], |_| 20, false)?;
+    let omit_zero = match params.get("omitZeroBalances") {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => return Err(ApiError::illegal("omitZeroBalances", "true, false")),
+    };
+    let query = Query { account, kind: QueryKind::Balances, token: 0, request: 0 };
+    let Outcome::Answered(answered) = trading.ask(Request::Query(query), None, None).await? else {
+        return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, -1000, "Unexpected answer."));
+    };
+    let update_ms = hub.read().accounts.accounts.get(&account).map_or(0, |d| d.update_ms);
+    let balances: Vec<Value> = answered
+        .balances
+        .iter()
+        .filter(|(_, available, locked)| !omit_zero || *available > 0 || *locked > 0)
+        .filter_map(|&(asset, available, locked)| {
+            let info = trading.assets.iter().find(|a| a.id == asset)?;
+            Some(json!({"asset": info.name, "free": render::decimal(i128::from(available), info.unit), "locked": render::decimal(i128::from(locked), info.unit)}))
+        })
+        .collect();
+    Ok(answer(
+        json!({
+            "uid": account,
+            "accountType": "SPOT",
+            "canTrade": true,
+            "canWithdraw": false,
+            "canDeposit": false,
+            "brokered": false,
+            "requireSelfTradePrevention": false,
+            "preventSor": false,
+            "updateTime": update_ms,
+            "balances": balances,
+            "permissions": ["SPOT"],
+        }),
+        used,
+    ))
+}
+
+/// `GET /api/v3/account/commission`: the symbol's fees (the same for
+/// every account).
+pub(crate) async fn commission(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
+    let trading = trading(&hub)?;
+    let body = body_text(body, &hub)?;
+    let (_, params, used) = trading.signed(&headers, query.as_deref(), &body, &["symbol"], |_| 20, false)?;
+    let market = hub.read();
+    let info = &market.instruments[params.instrument(&market)?].info;
+    let bps = |value: i64| render::decimal(i128::from(value), Unit { mantissa: 1, scale: 4 });
+    let zero = || json!({"maker": "0", "taker": "0", "buyer": "0", "seller": "0"});
+    Ok(answer(
+        json!({
+            "symbol": info.binance,
+            "standardCommission": {"maker": bps(info.maker_bps), "taker": bps(info.taker_bps), "buyer": "0", "seller": "0"},
+            "specialCommission": zero(),
+            "taxCommission": zero(),
+            "discount": {"enabledForAccount": false, "enabledForSymbol": false, "discountAsset": Value::Null, "discount": "0"},
+        }),
+        used,
+    ))
+}
+
+/// `POST /api/v3/userDataStream`: the account's listen key (the same one
+/// while it lives; its hour starts again).
+pub(crate) async fn new_listen_key(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
+    let trading = trading(&hub)?;
+    let body = body_text(body, &hub)?;
+    let (account, _, used) = trading.keyed(&headers, query.as_deref(), &body, &[], 2)?;
+    let key = trading.streams.open(account).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, -1000, format!("Cannot make a listen key: {e}")))?;
+    Ok(answer(json!({"listenKey": key}), used))
+}
+
+/// `PUT /api/v3/userDataStream`: another hour for the key.
+pub(crate) async fn keep_listen_key(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
+    let trading = trading(&hub)?;
+    let body = body_text(body, &hub)?;
+    let (account, params, used) = trading.keyed(&headers, query.as_deref(), &body, &["listenKey"], 2)?;
+    let key = params.get("listenKey").ok_or_else(|| ApiError::mandatory("listenKey"))?;
+    if !trading.streams.keep(account, key) {
+        return Err(ApiError::bad(-1125, "This listenKey does not exist."));
+    }
+    Ok(answer(json!({}), used))
+}
+
+/// `DELETE /api/v3/userDataStream`: the key and its stream end.
+pub(crate) async fn close_listen_key(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
+    let trading = trading(&hub)?;
+    let body = body_text(body, &hub)?;
+    let (account, params, used) = trading.keyed(&headers, query.as_deref(), &body, &["listenKey"], 2)?;
+    let key = params.get("listenKey").ok_or_else(|| ApiError::mandatory("listenKey"))?;
+    if !trading.streams.close(account, key) {
+        return Err(ApiError::bad(-1125, "This listenKey does not exist."));
+    }
+    super::userstream::expired(&hub, key);
+    Ok(answer(json!({}), used))
+}
+
+/// `GET /api/v3/aggTrades` (public): the recent trades, each its own
+/// aggregate (`a` is the trade's id), oldest first.
+pub(crate) async fn agg_trades(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Reply {
+    let params = Params::parse(query.as_deref(), &["symbol", "fromId", "startTime", "endTime", "limit"])?;
+    let limit = params.number("limit", 1..=super::http::MAX_TRADES as u64)?.unwrap_or(500) as usize;
+    let from_id = params.number("fromId", 0..=u64::MAX)?;
+    let start = params.number("startTime", 0..=u64::MAX)?;
+    let end = params.number("endTime", 0..=u64::MAX)?;
+    let market = hub.read();
+    let data = &market.instruments[params.instrument(&market)?];
+    let mut trades: Vec<&crossbook_marketdata::Trade> = data.trades.iter().filter(|t| from_id.is_none_or(|f| t.id >= f) && start.is_none_or(|s| t.time_ms >= s) && end.is_none_or(|e| t.time_ms <= e)).collect();
+    let chosen: Vec<&crossbook_marketdata::Trade> = if from_id.is_some() || start.is_some() { trades.into_iter().take(limit).collect() } else { trades.split_off(trades.len().saturating_sub(limit)) };
+    Ok(json_response(Value::Array(chosen.iter().map(|t| render::agg_trade(data, t)).collect())))
+}
