@@ -234,12 +234,25 @@ impl Accounts {
         }
     }
 
-    pub(crate) fn cancelled(&mut self, order: OrderId, reason: CancelReason, time_ms: u64) {
-        let status = match reason {
+    /// `order` cancelled; `book_left`: the book still had orders to meet
+    /// it when it ended (a market buy with a budget then stopped because
+    /// the budget was spent: Binance calls such an order `FILLED`).
+    pub(crate) fn cancelled(&mut self, order: OrderId, reason: CancelReason, time_ms: u64, book_left: bool) {
+        let mut status = match reason {
             CancelReason::User | CancelReason::CancelAll | CancelReason::Replace => OrderStatus::Canceled,
             CancelReason::Ioc => OrderStatus::Expired,
             CancelReason::Stp => OrderStatus::ExpiredInMatch,
         };
+        if let Some(record) = self.orders.get_mut(&order)
+            && record.budget.is_some()
+            && reason == CancelReason::Ioc
+        {
+            // A quote-quantity order's quantity is what it bought.
+            record.qty = record.filled;
+            if book_left && record.filled > 0 {
+                status = OrderStatus::Filled;
+            }
+        }
         self.end(order, status, time_ms);
     }
 

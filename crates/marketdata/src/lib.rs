@@ -374,7 +374,14 @@ impl MarketData {
                 if reason != CancelReason::Ioc {
                     self.counters.cancels += 1;
                 }
-                self.accounts.cancelled(order, reason, self.time_ms);
+                let book_left = self.accounts.orders.get(&order).is_some_and(|o| {
+                    let book = &self.instruments[o.instrument as usize].book;
+                    match o.side {
+                        Side::Buy => !book.asks.is_empty(),
+                        Side::Sell => !book.bids.is_empty(),
+                    }
+                });
+                self.accounts.cancelled(order, reason, self.time_ms, book_left);
                 let Some(live) = self.orders.remove(&order) else { return };
                 if live.resting {
                     let data = &mut self.instruments[live.instrument as usize];

@@ -422,6 +422,35 @@ impl Config {
         Ok(commands)
     }
 
+    /// Instruments whose decimal units disagree with their assets'
+    /// `decimals` (one lot must be `lot_size` base units, and one tick on
+    /// one lot `tick_size` quote units): the REST API's prices and
+    /// quantities would then not add up to its balances and fees.
+    pub fn unit_warnings(&self) -> Vec<String> {
+        use crossbook_fix::decimal::Decimal;
+        let decimals = |asset: u32| self.assets.iter().find(|a| a.id == asset).map_or(0, |a| a.decimals);
+        // a * 10^-sa == b * 10^-sb
+        let same = |a: Decimal, b: Decimal| {
+            let left = a.mantissa.checked_mul(10i128.checked_pow(b.scale).unwrap_or(0));
+            let right = b.mantissa.checked_mul(10i128.checked_pow(a.scale).unwrap_or(0));
+            left.is_some() && left == right
+        };
+        let mut warnings = Vec::new();
+        for i in &self.instruments {
+            let (Some(price), Some(qty)) = (Decimal::parse(i.fix_price_unit.as_bytes()), Decimal::parse(i.fix_qty_unit.as_bytes())) else { continue };
+            let lot = Decimal { mantissa: i128::from(i.lot_size), scale: decimals(i.base) };
+            if !same(qty, lot) {
+                warnings.push(format!("instrument {}: fix_qty_unit {} is not lot_size {} in units of 10^-{} {} (the asset's decimals)", i.symbol, i.fix_qty_unit, i.lot_size, decimals(i.base), i.base));
+            }
+            let tick = Decimal { mantissa: i128::from(i.tick_size), scale: decimals(i.quote) };
+            let notional = Decimal { mantissa: price.mantissa * qty.mantissa, scale: price.scale + qty.scale };
+            if !same(notional, tick) {
+                warnings.push(format!("instrument {}: fix_price_unit x fix_qty_unit ({}) is not tick_size {} in units of 10^-{} (asset {}'s decimals)", i.symbol, notional.to_text(), i.tick_size, decimals(i.quote), i.quote));
+            }
+        }
+        warnings
+    }
+
     /// The key an account logs in with, padded to the wire's 32 bytes.
     pub fn api_key(&self, account: AccountId) -> Option<[u8; crossbook_protocol::API_KEY_BYTES]> {
         let configured = self.accounts.iter().find(|a| a.id == account)?;
@@ -459,6 +488,22 @@ mod tests {
         let mut config = Config::default();
         config.accounts[0].api_key = "x".repeat(33);
         assert!(config.setup_commands().is_err());
+    }
+
+    #[test]
+    fn units_that_disagree_with_the_assets_decimals_are_named() {
+        let mut config = Config::default();
+        assert!(config.unit_warnings().is_empty(), "{:?}", config.unit_warnings());
+        config.assets[0].decimals = 3;
+        config.assets[1].decimals = 2;
+        config.instruments[0].fix_qty_unit = "0.001".into();
+        config.instruments[0].tick_size = 10;
+        config.instruments[0].fix_price_unit = "100".into();
+        assert!(config.unit_warnings().is_empty(), "{:?}", config.unit_warnings());
+        config.instruments[0].fix_price_unit = "0.1".into();
+        assert_eq!(config.unit_warnings().len(), 1);
+        config.instruments[0].fix_qty_unit = "0.01".into();
+        assert_eq!(config.unit_warnings().len(), 2);
     }
 
     #[test]

@@ -78,6 +78,9 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
 pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<dyn ReportSink + Send>>, listening: impl FnOnce(SocketAddr)) -> Result<Summary, ServeError> {
     let Controls { shutdown, snapshot: snapshot_now } = controls;
     config.check()?;
+    for warning in config.unit_warnings() {
+        log(&format!("warning: {warning}: the REST API's amounts would not add up"));
+    }
     let durability = config.durability()?;
     log(&format!(
         "starting: data directory {}, durability {}, binary protocol on {}, FIX {}",

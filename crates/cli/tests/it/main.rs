@@ -17,5 +17,6 @@ mod restart;
 mod rules;
 mod serve;
 mod snapshot;
+mod trading;
 mod workloads;
 mod support;

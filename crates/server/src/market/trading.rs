@@ -784,7 +784,14 @@ pub(crate) async fn account(State(hub): State<Arc<Hub>>, headers: HeaderMap, Raw
     let Outcome::Answered(answered) = trading.ask(Request::Query(query), None, None).await? else {
         return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, -1000, "Unexpected answer."));
     };
-    let update_ms = hub.read().accounts.accounts.get(&account).map_or(0, |d| d.update_ms);
+    let (update_ms, fees) = {
+        let market = hub.read();
+        // Binance's account-wide rates: the first instrument's (each
+        // symbol's own: GET /api/v3/account/commission).
+        let fees = market.instruments.first().map_or((0, 0), |d| (d.info.maker_bps, d.info.taker_bps));
+        (market.accounts.accounts.get(&account).map_or(0, |d| d.update_ms), fees)
+    };
+    let rate = |bps: i64| render::decimal(i128::from(bps), Unit { mantissa: 1, scale: 4 });
     let balances: Vec<Value> = answered
         .balances
         .iter()
@@ -796,6 +803,11 @@ pub(crate) async fn account(State(hub): State<Arc<Hub>>, headers: HeaderMap, Raw
         .collect();
     Ok(answer(
         json!({
+            "makerCommission": fees.0,
+            "takerCommission": fees.1,
+            "buyerCommission": 0,
+            "sellerCommission": 0,
+            "commissionRates": {"maker": rate(fees.0), "taker": rate(fees.1), "buyer": "0", "seller": "0"},
             "uid": account,
             "accountType": "SPOT",
             "canTrade": true,

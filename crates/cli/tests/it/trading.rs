@@ -1,0 +1,533 @@
+//! Trading beyond the binary order path: the binary protocol's account
+//! queries, `crossbook order` by hand, and Binance's signed REST API and
+//! user data streams (`docs/trading.md`), against the real server over TCP.
+//! Every refusal a client can meet is asked for and its code checked; an
+//! account never sees or touches another's orders, balances or stream.
+
+use crate::serve::{Client, Server, limit, spawn_with};
+use crate::support::TempDir;
+use crossbook_engine::{Side, TimeInForce};
+use crossbook_protocol::{ClientMessage, ReportKind, ServerMessage};
+use hmac::{Hmac, Mac};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const CONFIG: &str = r#"
+listen = "127.0.0.1:0"
+durability = "sync"
+snapshot_every = 0
+
+[market_data]
+max_weight_per_minute = 400
+max_orders_per_10s = 50
+
+[[assets]]
+id = 1
+name = "BTC"
+decimals = 3
+
+[[assets]]
+id = 2
+name = "USD"
+decimals = 2
+
+[[instruments]]
+id = 1
+symbol = "BTC-USD"
+base = 1
+quote = 2
+tick_size = 10
+lot_size = 1
+min_qty = 1
+max_qty = 100000
+min_price = 1
+max_price = 1000000
+maker_bps = 0
+taker_bps = 10
+fix_price_unit = "100"
+fix_qty_unit = "0.001"
+
+[[accounts]]
+id = 1
+api_key = "alice"
+api_secret = "alice-secret"
+deposits = [[1, 100000], [2, 100000000]]
+
+[[accounts]]
+id = 2
+api_key = "bob"
+api_secret = "bob-secret"
+deposits = [[1, 100000], [2, 100000000]]
+
+[[accounts]]
+id = 3
+api_key = "mallory"
+api_secret = "mallory-secret"
+deposits = [[2, 1000]]
+
+[[accounts]]
+id = 4
+api_key = "nosecret"
+deposits = [[2, 1000]]
+"#;
+
+fn start(dir: &TempDir) -> Server {
+    let config = dir.0.join("crossbook.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    spawn_with(&["--config", config.to_str().unwrap(), "--data", dir.0.join("data").to_str().unwrap()], &[])
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+fn hex_hmac(secret: &str, payload: &str) -> String {
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(payload.as_bytes());
+    mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// An HTTP response: status, headers (lower-case names), body as JSON.
+struct Reply {
+    status: u16,
+    headers: BTreeMap<String, String>,
+    body: Value,
+}
+
+fn http(address: &str, method: &str, target: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    let mut request = format!("{method} {target} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if !body.is_empty() {
+        request.push_str(&format!("Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n", body.len()));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    let mut stream = TcpStream::connect(address).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines.next().and_then(|l| l.split_whitespace().nth(1)).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let headers = lines.filter_map(|l| l.split_once(':')).map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string())).collect();
+    let body = serde_json::from_str(body).unwrap_or(Value::String(body.to_string()));
+    Reply { status, headers, body }
+}
+
+/// A signed request as a Binance client makes it: `timestamp` added, the
+/// HMAC of the query (or form body) appended as `signature`.
+fn signed(address: &str, method: &str, path: &str, params: &[(&str, &str)], key: &str, secret: &str) -> Reply {
+    let mut query: Vec<String> = params.iter().map(|(n, v)| format!("{n}={v}")).collect();
+    query.push(format!("timestamp={}", now_ms()));
+    let query = query.join("&");
+    let signed = format!("{query}&signature={}", hex_hmac(secret, &query));
+    if method == "POST" {
+        http(address, method, path, &[("X-MBX-APIKEY", key)], &signed)
+    } else {
+        http(address, method, &format!("{path}?{signed}"), &[("X-MBX-APIKEY", key)], "")
+    }
+}
+
+fn alice(server: &Server, method: &str, path: &str, params: &[(&str, &str)]) -> Reply {
+    signed(&server.market_address, method, path, params, "alice", "alice-secret")
+}
+
+fn bob(server: &Server, method: &str, path: &str, params: &[(&str, &str)]) -> Reply {
+    signed(&server.market_address, method, path, params, "bob", "bob-secret")
+}
+
+fn ok(reply: Reply) -> Value {
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert!(reply.body.get("code").is_none(), "a success carries no code: {}", reply.body);
+    reply.body
+}
+
+fn refused(reply: Reply, status: u16, code: i64) -> Reply {
+    assert_eq!((reply.status, reply.body["code"].as_i64()), (status, Some(code)), "{}", reply.body);
+    assert!(reply.body["msg"].as_str().is_some_and(|m| !m.is_empty()), "{}", reply.body);
+    reply
+}
+
+/// Balances of the logged-in account over the binary protocol: asset ->
+/// (available, locked), and the command the answer reflects.
+fn binary_balances(client: &mut Client, request: u64) -> (BTreeMap<u32, (u64, u64)>, u64) {
+    client.send(&ClientMessage::QueryBalances { request });
+    let mut balances = BTreeMap::new();
+    loop {
+        match client.recv() {
+            Some(ServerMessage::Balance { request: r, asset, available, locked }) => {
+                assert_eq!(r, request);
+                balances.insert(asset, (available, locked));
+            }
+            Some(ServerMessage::QueryDone { request: r, count, as_of }) => {
+                assert_eq!((r, count as usize), (request, balances.len()));
+                return (balances, as_of);
+            }
+            Some(ServerMessage::ExecutionReport(_)) => {}
+            other => panic!("expected balances, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn binary_queries_answer_balances_and_open_orders_after_the_reports_they_reflect() {
+    let dir = TempDir::new("trading-binary-queries");
+    let server = start(&dir);
+    let (mut alice, _) = Client::login(&server.address, 1, "alice");
+    let (mut bob, _) = Client::login(&server.address, 2, "bob");
+    let (before, _) = binary_balances(&mut alice, 1);
+    assert_eq!(before, BTreeMap::from([(1, (100_000, 0)), (2, (100_000_000, 0))]));
+    // Alice rests a sell of 30 at 500 and a buy of 10 at 400; bob takes 12
+    // of the sell.
+    alice.send(&limit(7, Side::Sell, 500, 30, TimeInForce::Gtc));
+    alice.send(&limit(8, Side::Buy, 400, 10, TimeInForce::Gtc));
+    alice.send(&ClientMessage::QueryOpenOrders { request: 2, instrument: None });
+    let mut seen_accepted = 0;
+    let mut orders = Vec::new();
+    loop {
+        match alice.recv() {
+            Some(ServerMessage::ExecutionReport(r)) if r.kind == ReportKind::Accepted => seen_accepted += 1,
+            Some(ServerMessage::OpenOrder(o)) => {
+                assert_eq!(seen_accepted, 2, "the answer comes after the reports of the orders it lists");
+                orders.push(o);
+            }
+            Some(ServerMessage::QueryDone { request: 2, count: 2, .. }) => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(orders.iter().map(|o| (o.cid, o.side, o.price, o.qty, o.cum_qty, o.leaves_qty)).collect::<Vec<_>>(), vec![(7, Side::Sell, 500, 30, 0, 30), (8, Side::Buy, 400, 10, 0, 10)]);
+    bob.send(&limit(1, Side::Buy, 500, 12, TimeInForce::Ioc));
+    let fill = loop {
+        if let Some(ServerMessage::ExecutionReport(r)) = bob.recv()
+            && r.kind == ReportKind::Fill
+        {
+            break r;
+        }
+    };
+    assert_eq!((fill.last_qty, fill.last_price), (12, 500));
+    // Tick 10 quote units per lot per tick; taker fee 10 bps, rounded up.
+    let notional: u64 = 500 * 12 * 10;
+    let taker_fee = (notional * 10).div_ceil(10_000);
+    let (after, as_of) = binary_balances(&mut bob, 3);
+    assert_eq!(after[&1], (100_012, 0));
+    assert_eq!(after[&2], (100_000_000 - notional - taker_fee, 0));
+    assert!(as_of >= fill.order, "the answer reflects the order's command ({as_of} >= {})", fill.order);
+    // Alice: 12 sold, 18 still locked; her buy locks 400 x 10 x 10 plus the worst fee.
+    let (mine, _) = binary_balances(&mut alice, 4);
+    assert_eq!(mine[&1], (100_000 - 30, 18));
+    let buy_lock = 400 * 10 * 10 + (400 * 10 * 10 * 10u64).div_ceil(10_000);
+    assert_eq!(mine[&2], (100_000_000 + notional - buy_lock, buy_lock));
+    alice.send(&ClientMessage::QueryOpenOrders { request: 5, instrument: Some(1) });
+    let mut listed = Vec::new();
+    loop {
+        match alice.recv() {
+            Some(ServerMessage::OpenOrder(o)) => listed.push((o.cid, o.cum_qty, o.leaves_qty)),
+            Some(ServerMessage::QueryDone { request: 5, .. }) => break,
+            Some(ServerMessage::ExecutionReport(_)) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(listed, vec![(7, 12, 18), (8, 0, 10)]);
+    // Another account's orders are not listed: mallory has none.
+    let (mut mallory, _) = Client::login(&server.address, 3, "mallory");
+    mallory.send(&ClientMessage::QueryOpenOrders { request: 9, instrument: None });
+    assert!(matches!(mallory.recv(), Some(ServerMessage::QueryDone { request: 9, count: 0, .. })));
+}
+
+fn crossbook(args: &[&str]) -> (bool, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_crossbook")).args(args).output().unwrap();
+    (output.status.success(), format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)))
+}
+
+#[test]
+fn crossbook_order_places_cancels_and_queries_by_hand() {
+    let dir = TempDir::new("trading-order-cli");
+    let server = start(&dir);
+    let address = server.address.as_str();
+    let common = ["order", "--address", address, "--account", "1", "--key", "alice"];
+    let run = |more: &[&str]| crossbook(&[&common[..], more].concat());
+    let (placed, out) = run(&["place", "--side", "sell", "--price", "700", "--qty", "5", "--cid", "41"]);
+    assert!(placed, "{out}");
+    assert!(out.contains("login-accepted account=1"), "{out}");
+    let order: u64 = out.lines().find(|l| l.contains(" accepted ")).and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("order="))).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{out}"));
+    assert!(out.contains("cid=41") && out.contains("leaves_qty=5"), "{out}");
+    let (listed, out) = run(&["open-orders"]);
+    assert!(listed && out.contains(&format!("open-order request=1 order={order} cid=41 instrument=1 side=sell price=700 qty=5 cum_qty=0 leaves_qty=5")), "{out}");
+    assert!(out.contains("query-done request=1 count=1"), "{out}");
+    let (balances, out) = run(&["balances"]);
+    assert!(balances && out.contains("balance request=1 asset=1 available=99995 locked=5") && out.contains("query-done request=1 count=2"), "{out}");
+    let (replaced, out) = run(&["replace", "--order", &order.to_string(), "--price", "710", "--qty", "4"]);
+    assert!(replaced && out.contains(" replaced ") && out.contains("price=710"), "{out}");
+    let (cancelled, out) = run(&["cancel", "--order", &order.to_string()]);
+    assert!(cancelled && out.contains(" cancelled ") && out.contains("reason=user"), "{out}");
+    // A refusal is printed with its reason and is the command's failure.
+    let (placed, out) = run(&["place", "--side", "buy", "--price", "700", "--qty", "100000"]);
+    assert!(!placed && out.contains(" rejected ") && out.contains("reason=insufficient_funds"), "{out}");
+    let (cancelled, out) = run(&["cancel", "--order", &order.to_string()]);
+    assert!(!cancelled && out.contains("reason=unknown_order"), "{out}");
+    let (all, out) = run(&["cancel-all"]);
+    assert!(all && out.contains("cancel-all-done"), "{out}");
+    let (bad, out) = crossbook(&["order", "--address", address, "--account", "1", "--key", "wrong", "balances"]);
+    assert!(!bad && out.contains("login-rejected reason=bad_credentials"), "{out}");
+}
+
+#[test]
+fn rest_orders_are_commands_like_any_other() {
+    let dir = TempDir::new("trading-rest-orders");
+    let server = start(&dir);
+    // Alice is also logged in over the binary protocol: she gets the
+    // reports of her REST orders there too.
+    let (mut session, _) = Client::login(&server.address, 1, "alice");
+    let placed = ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.030"), ("price", "50000"), ("newClientOrderId", "a-1")]));
+    assert_eq!((placed["status"].as_str(), placed["clientOrderId"].as_str(), placed["price"].as_str(), placed["origQty"].as_str()), (Some("NEW"), Some("a-1"), Some("50000"), Some("0.030")));
+    let order_id = placed["orderId"].as_u64().unwrap();
+    let report = loop {
+        if let Some(ServerMessage::ExecutionReport(r)) = session.recv() {
+            break r;
+        }
+    };
+    assert_eq!((report.kind, report.order, report.price, report.leaves_qty), (ReportKind::Accepted, order_id, 500, 30));
+    // Bob buys 12 of it at market over REST: FULL, with the fill and fee.
+    let taken = ok(bob(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "MARKET"), ("quantity", "0.012")]));
+    assert_eq!(taken["status"], "FILLED");
+    let fill = &taken["fills"][0];
+    // 12 lots at 500 ticks, 10 units a tick: 60,000 cents = 600.00 USD; 10 bps: 0.60.
+    assert_eq!((fill["price"].as_str(), fill["qty"].as_str(), fill["commission"].as_str(), fill["commissionAsset"].as_str()), (Some("50000"), Some("0.012"), Some("0.60"), Some("USD")), "{taken}");
+    assert_eq!(taken["cummulativeQuoteQty"], "600.000");
+    let report = loop {
+        if let Some(ServerMessage::ExecutionReport(r)) = session.recv() {
+            break r;
+        }
+    };
+    assert_eq!((report.kind, report.last_qty, report.cum_qty), (ReportKind::PartialFill, 12, 12));
+    // Her order, her trades, her balances, as the engine has them.
+    let order = ok(alice(&server, "GET", "/api/v3/order", &[("symbol", "BTCUSD"), ("origClientOrderId", "a-1")]));
+    assert_eq!((order["status"].as_str(), order["executedQty"].as_str(), order["orderId"].as_u64()), (Some("PARTIALLY_FILLED"), Some("0.012"), Some(order_id)));
+    let trades = ok(alice(&server, "GET", "/api/v3/myTrades", &[("symbol", "BTCUSD")]));
+    assert_eq!(trades.as_array().map(Vec::len), Some(1));
+    assert_eq!((trades[0]["isBuyer"].as_bool(), trades[0]["isMaker"].as_bool(), trades[0]["orderId"].as_u64(), trades[0]["commission"].as_str()), (Some(false), Some(true), Some(order_id), Some("0.00")));
+    let account = ok(alice(&server, "GET", "/api/v3/account", &[]));
+    let balance = |asset: &str| account["balances"].as_array().unwrap().iter().find(|b| b["asset"] == asset).cloned().unwrap();
+    assert_eq!((balance("BTC")["free"].as_str(), balance("BTC")["locked"].as_str()), (Some("99.970"), Some("0.018")));
+    assert_eq!(balance("USD")["free"].as_str(), Some("1000600.00"));
+    let (binary, _) = binary_balances(&mut session, 1);
+    assert_eq!(binary[&1], (99_970, 18), "REST and the binary protocol see the same engine");
+    // A binary order of hers is in the REST view, named by its number.
+    session.send(&limit(77, Side::Buy, 400, 5, TimeInForce::Gtc));
+    let open = loop {
+        let open = ok(alice(&server, "GET", "/api/v3/openOrders", &[("symbol", "BTCUSD")]));
+        if open.as_array().map(Vec::len) == Some(2) {
+            break open;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(open[1]["clientOrderId"], "77");
+    // A cancel by client id; the same one again is unknown.
+    let cancelled = ok(alice(&server, "DELETE", "/api/v3/order", &[("symbol", "BTCUSD"), ("origClientOrderId", "a-1")]));
+    assert_eq!((cancelled["status"].as_str(), cancelled["executedQty"].as_str()), (Some("CANCELED"), Some("0.012")));
+    refused(alice(&server, "DELETE", "/api/v3/order", &[("symbol", "BTCUSD"), ("origClientOrderId", "a-1")]), 400, -2011);
+    // The rest cancelled in one request.
+    let all = ok(alice(&server, "DELETE", "/api/v3/openOrders", &[("symbol", "BTCUSD")]));
+    assert_eq!(all.as_array().map(|a| a.iter().map(|o| o["clientOrderId"].as_str().unwrap_or("").to_string()).collect::<Vec<_>>()), Some(vec!["77".to_string()]));
+    refused(alice(&server, "DELETE", "/api/v3/openOrders", &[("symbol", "BTCUSD")]), 400, -2011);
+    let history = ok(alice(&server, "GET", "/api/v3/allOrders", &[("symbol", "BTCUSD")]));
+    assert_eq!(history.as_array().map(|h| h.iter().map(|o| o["status"].as_str().unwrap_or("").to_string()).collect::<Vec<_>>()), Some(vec!["CANCELED".to_string(), "CANCELED".to_string()]));
+    // FOK that cannot fill: expired, not an error; post-only that would take: -2010.
+    let fok = ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "FOK"), ("quantity", "1"), ("price", "60000")]));
+    assert_eq!(fok["status"], "EXPIRED");
+    ok(bob(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "55000")]));
+    let maker = refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT_MAKER"), ("quantity", "0.001"), ("price", "56000")]), 400, -2010);
+    assert_eq!(maker.body["msg"], "Order would immediately match and take.");
+    let poor = refused(signed(&server.market_address, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "1"), ("price", "50000")], "mallory", "mallory-secret"), 400, -2010);
+    assert_eq!(poor.body["msg"], "Account has insufficient balance for requested action.");
+    // Off the grid: a filter failure, never rounded.
+    refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.0005"), ("price", "50000")]), 400, -1013);
+    refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "50050")]), 400, -1013);
+}
+
+#[test]
+fn every_bad_request_is_refused_with_its_binance_code() {
+    let dir = TempDir::new("trading-refusals");
+    let server = start(&dir);
+    let market = server.market_address.as_str();
+    let query = |params: &str, secret: &str| format!("{params}&signature={}", hex_hmac(secret, params));
+    let now = now_ms();
+    // No key, an unknown key, a key without a secret: refused before anything is read.
+    refused(http(market, "GET", &format!("/api/v3/account?{}", query(&format!("timestamp={now}"), "alice-secret")), &[], ""), 401, -2014);
+    refused(signed(market, "GET", "/api/v3/account", &[], "eve", "eve-secret"), 401, -2015);
+    refused(signed(market, "GET", "/api/v3/account", &[], "nosecret", ""), 401, -2015);
+    // A bad signature, a missing one, a changed parameter after signing.
+    refused(signed(market, "GET", "/api/v3/account", &[], "alice", "bob-secret"), 400, -1022);
+    refused(http(market, "GET", &format!("/api/v3/account?timestamp={now}"), &[("X-MBX-APIKEY", "alice")], ""), 400, -1102);
+    let good = query(&format!("symbol=BTCUSD&timestamp={now}"), "alice-secret");
+    refused(http(market, "GET", &format!("/api/v3/openOrders?{}", good.replace("BTCUSD", "ETHUSD")), &[("X-MBX-APIKEY", "alice")], ""), 400, -1022);
+    // Timestamps: too old for the window, too far ahead, a window past the maximum.
+    let stale = query(&format!("timestamp={}&recvWindow=1000", now - 5_000), "alice-secret");
+    refused(http(market, "GET", &format!("/api/v3/account?{stale}"), &[("X-MBX-APIKEY", "alice")], ""), 400, -1021);
+    let ahead = query(&format!("timestamp={}", now + 60_000), "alice-secret");
+    refused(http(market, "GET", &format!("/api/v3/account?{ahead}"), &[("X-MBX-APIKEY", "alice")], ""), 400, -1021);
+    refused(alice(&server, "GET", "/api/v3/account", &[("recvWindow", "70000")]), 400, -1131);
+    // Parameters: unknown, missing, bad values, unsupported ones refused (never half-done).
+    refused(alice(&server, "GET", "/api/v3/account", &[("colour", "red")]), 400, -1104);
+    refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("quantity", "1"), ("price", "50000")]), 400, -1102);
+    refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "UP"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "1"), ("price", "50000")]), 400, -1117);
+    refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "STOP_LOSS"), ("quantity", "1")]), 400, -1116);
+    refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTD"), ("quantity", "1"), ("price", "50000")]), 400, -1115);
+    refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "1"), ("price", "50000"), ("icebergQty", "0.5")]), 400, -1106);
+    refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "1"), ("price", "50000"), ("selfTradePreventionMode", "DECREMENT")]), 400, -1013);
+    refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "DOGEUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "1"), ("price", "50000")]), 400, -1121);
+    refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "1"), ("price", "50000"), ("newClientOrderId", "has space")]), 400, -1100);
+    // A client order id already on an open order.
+    ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "1000"), ("newClientOrderId", "mine")]));
+    let duplicate = refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "1000"), ("newClientOrderId", "mine")]), 400, -2010);
+    assert_eq!(duplicate.body["msg"], "Duplicate order sent.");
+    // Another account's order is answered as no order at all, by id and by client id.
+    let theirs = ok(bob(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "1100"), ("newClientOrderId", "bobs")]));
+    let id = theirs["orderId"].as_u64().unwrap().to_string();
+    for (name, value) in [("orderId", id.as_str()), ("origClientOrderId", "bobs"), ("orderId", "999999")] {
+        let unknown = refused(alice(&server, "GET", "/api/v3/order", &[("symbol", "BTCUSD"), (name, value)]), 400, -2013);
+        assert_eq!(unknown.body["msg"], "Order does not exist.");
+        let unknown = refused(alice(&server, "DELETE", "/api/v3/order", &[("symbol", "BTCUSD"), (name, value)]), 400, -2011);
+        assert_eq!(unknown.body["msg"], "Unknown order sent.");
+    }
+    assert!(ok(alice(&server, "GET", "/api/v3/openOrders", &[])).as_array().unwrap().iter().all(|o| o["clientOrderId"] != "bobs"));
+    assert!(ok(alice(&server, "GET", "/api/v3/allOrders", &[("symbol", "BTCUSD")])).as_array().unwrap().iter().all(|o| o["clientOrderId"] != "bobs"));
+    assert_eq!(ok(bob(&server, "GET", "/api/v3/order", &[("symbol", "BTCUSD"), ("origClientOrderId", "bobs")]))["status"], "NEW", "bob's order is untouched");
+    // A body past max_body costs that request only.
+    let huge = format!("symbol=BTCUSD&padding={}", "x".repeat(20_000));
+    refused(http(market, "POST", "/api/v3/order", &[("X-MBX-APIKEY", "alice")], &huge), 413, -1000);
+    ok(alice(&server, "GET", "/api/v3/account", &[]));
+    // A flood: past the key's weight for the minute, 429 with Retry-After
+    // and the weight used; other keys go on.
+    let mut limited = None;
+    for _ in 0..30 {
+        let reply = alice(&server, "GET", "/api/v3/account", &[]);
+        if reply.status == 429 {
+            limited = Some(reply);
+            break;
+        }
+        assert!(reply.headers.get("x-mbx-used-weight-1m").is_some(), "every answer says the weight used");
+    }
+    let limited = refused(limited.expect("a flood is limited"), 429, -1003);
+    let retry: u64 = limited.headers.get("retry-after").and_then(|v| v.parse().ok()).expect("Retry-After");
+    assert!((1..=60).contains(&retry), "{retry}");
+    ok(bob(&server, "GET", "/api/v3/account", &[]));
+}
+
+#[test]
+fn new_orders_past_the_accounts_rate_are_refused() {
+    let dir = TempDir::new("trading-order-rate");
+    let server = start(&dir);
+    let mut codes = Vec::new();
+    for i in 0..52 {
+        let id = format!("r{i}");
+        let reply = bob(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "1000"), ("newClientOrderId", &id), ("newOrderRespType", "ACK")]);
+        codes.push(reply.body["code"].as_i64().unwrap_or(0));
+        if reply.status == 429 {
+            assert!(reply.headers.contains_key("retry-after"));
+            break;
+        }
+    }
+    // 50 in ten seconds (unless the window turned meanwhile), then -1015.
+    assert_eq!(codes.last(), Some(&-1015), "{codes:?}");
+    assert!(codes.len() >= 51, "{codes:?}");
+}
+
+type Socket = tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<TcpStream>>;
+
+fn listen(address: &str, path: &str) -> Socket {
+    let (socket, _) = tungstenite::connect(format!("ws://{address}{path}")).unwrap_or_else(|e| panic!("WebSocket {path}: {e}"));
+    if let tungstenite::stream::MaybeTlsStream::Plain(stream) = socket.get_ref() {
+        stream.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    }
+    socket
+}
+
+/// The messages a socket gets within `wait`.
+fn messages(socket: &mut Socket, wait: Duration) -> Vec<Value> {
+    let deadline = Instant::now() + wait;
+    let mut out = Vec::new();
+    while Instant::now() < deadline {
+        match socket.read() {
+            Ok(tungstenite::Message::Text(text)) => out.push(serde_json::from_str(text.as_str()).unwrap()),
+            Ok(_) => {}
+            Err(tungstenite::Error::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => break,
+        }
+    }
+    out
+}
+
+#[test]
+fn a_user_data_stream_carries_its_own_accounts_events_only() {
+    let dir = TempDir::new("trading-user-stream");
+    let server = start(&dir);
+    let market = server.market_address.as_str();
+    let key = |reply: Reply| ok(reply)["listenKey"].as_str().unwrap().to_string();
+    let alice_key = key(http(market, "POST", "/api/v3/userDataStream", &[("X-MBX-APIKEY", "alice")], ""));
+    assert_eq!(alice_key.len(), 64);
+    assert_eq!(key(http(market, "POST", "/api/v3/userDataStream", &[("X-MBX-APIKEY", "alice")], "")), alice_key, "one live key per account");
+    let bob_key = key(http(market, "POST", "/api/v3/userDataStream", &[("X-MBX-APIKEY", "bob")], ""));
+    assert_ne!(alice_key, bob_key);
+    refused(http(market, "POST", "/api/v3/userDataStream", &[], ""), 401, -2014);
+    // Bob cannot keep or close alice's key; a made-up key is no stream.
+    refused(http(market, "PUT", "/api/v3/userDataStream", &[("X-MBX-APIKEY", "bob")], &format!("listenKey={alice_key}")), 400, -1125);
+    refused(http(market, "DELETE", "/api/v3/userDataStream", &[("X-MBX-APIKEY", "bob")], &format!("listenKey={alice_key}")), 400, -1125);
+    ok(http(market, "PUT", "/api/v3/userDataStream", &[("X-MBX-APIKEY", "alice")], &format!("listenKey={alice_key}")));
+    let (status, _) = crate::marketdata::http_get(market, &format!("/ws/{}", "0".repeat(64)));
+    assert_ne!(status, 101);
+    let mut alice_stream = listen(market, &format!("/ws/{alice_key}"));
+    let mut combined = listen(market, &format!("/stream?streams={alice_key}/btcusd@trade"));
+    // Alice rests a sell; bob takes part of it; a third party trades alone.
+    let sold = ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.020"), ("price", "4000"), ("newClientOrderId", "s1")]));
+    ok(bob(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "IOC"), ("quantity", "0.005"), ("price", "4000"), ("newClientOrderId", "b1")]));
+    ok(bob(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "100"), ("newClientOrderId", "b2")]));
+    let got = messages(&mut alice_stream, Duration::from_secs(2));
+    let reports: Vec<&Value> = got.iter().filter(|m| m["e"] == "executionReport").collect();
+    assert!(reports.iter().all(|r| r["c"] == "s1"), "only alice's orders: {got:?}");
+    assert_eq!(reports.iter().map(|r| (r["x"].as_str().unwrap(), r["X"].as_str().unwrap(), r["z"].as_str().unwrap())).collect::<Vec<_>>(), vec![("NEW", "NEW", "0.000"), ("TRADE", "PARTIALLY_FILLED", "0.005")]);
+    assert_eq!((reports[1]["l"].as_str(), reports[1]["L"].as_str(), reports[1]["m"].as_bool(), reports[1]["i"].as_u64()), (Some("0.005"), Some("4000"), Some(true), sold["orderId"].as_u64()));
+    let positions: Vec<&Value> = got.iter().filter(|m| m["e"] == "outboundAccountPosition").collect();
+    let last = positions.last().unwrap_or_else(|| panic!("balances follow: {got:?}"));
+    let btc = last["B"].as_array().unwrap().iter().find(|b| b["a"] == "BTC").unwrap();
+    assert_eq!((btc["f"].as_str(), btc["l"].as_str()), (Some("99.980"), Some("0.015")));
+    // The combined stream wraps it, beside a public stream.
+    let wrapped = messages(&mut combined, Duration::from_millis(500));
+    assert!(wrapped.iter().any(|m| m["stream"] == alice_key.as_str() && m["data"]["e"] == "executionReport"), "{wrapped:?}");
+    assert!(wrapped.iter().any(|m| m["stream"] == "btcusd@trade"), "{wrapped:?}");
+    // Closing the key ends the stream with listenKeyExpired.
+    ok(http(market, "DELETE", "/api/v3/userDataStream", &[("X-MBX-APIKEY", "alice")], &format!("listenKey={alice_key}")));
+    let end = messages(&mut alice_stream, Duration::from_millis(500));
+    assert!(end.iter().any(|m| m["e"] == "listenKeyExpired" && m["listenKey"] == alice_key.as_str()), "{end:?}");
+    ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "9000")]));
+    assert!(messages(&mut alice_stream, Duration::from_millis(500)).is_empty(), "nothing after the key ended");
+}
+
+#[test]
+fn rest_history_and_numbering_survive_a_kill() {
+    let dir = TempDir::new("trading-rest-restart");
+    let server = start(&dir);
+    let placed = ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.010"), ("price", "7000")]));
+    ok(bob(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "MARKET"), ("quantity", "0.004")]));
+    ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "8000"), ("newClientOrderId", "keep")]));
+    let orders = ok(alice(&server, "GET", "/api/v3/allOrders", &[("symbol", "BTCUSD")]));
+    let trades = ok(bob(&server, "GET", "/api/v3/myTrades", &[("symbol", "BTCUSD")]));
+    server.kill();
+    let server = start(&dir);
+    assert_eq!(ok(alice(&server, "GET", "/api/v3/allOrders", &[("symbol", "BTCUSD")])), orders, "orders rebuilt from the journal");
+    assert_eq!(ok(bob(&server, "GET", "/api/v3/myTrades", &[("symbol", "BTCUSD")])), trades, "trades rebuilt from the journal");
+    // An open order's client id is still taken; a new order without one
+    // is named after a number never used before.
+    refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "8000"), ("newClientOrderId", "keep")]), 400, -2010);
+    let next = ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "8100")]));
+    assert_ne!(next["clientOrderId"], placed["clientOrderId"]);
+    let number = |v: &Value| v["clientOrderId"].as_str().and_then(|c| c.strip_prefix("crossbook-")).and_then(|n| n.parse::<u64>().ok()).unwrap();
+    assert!(number(&next) > number(&placed), "{} after {}", next["clientOrderId"], placed["clientOrderId"]);
+}
