@@ -98,7 +98,8 @@ enum Cmd {
         /// port with --protocol fix).
         #[arg(long)]
         address: Option<String>,
-        /// `binary` (docs/protocol.md) or `fix` (docs/fix.md).
+        /// `binary` (docs/protocol.md), `fix` (docs/fix.md) or `rest`
+        /// (Binance's signed POST /api/v3/order, docs/trading.md).
         #[arg(long, default_value = "binary")]
         protocol: String,
         /// What to send (docs/benchmarks.md): `cross-rest`, limit orders
@@ -358,7 +359,8 @@ fn real_main() -> Result<()> {
             protocol: match protocol.as_str() {
                 "binary" => crossbook_load::Protocol::Binary,
                 "fix" => crossbook_load::Protocol::Fix,
-                other => bail!("--protocol must be binary or fix, not {other:?}"),
+                "rest" => crossbook_load::Protocol::Rest,
+                other => bail!("--protocol must be binary, fix or rest, not {other:?}"),
             },
             count: {
                 if !crossbook_load::WORKLOADS.contains(&workload.as_str()) {
@@ -366,9 +368,14 @@ fn real_main() -> Result<()> {
                 }
                 count
             },
-            address: address.unwrap_or_else(|| if protocol == "fix" { "127.0.0.1:7701".into() } else { "127.0.0.1:7700".into() }),
+            address: address.unwrap_or_else(|| match protocol.as_str() {
+                "fix" => "127.0.0.1:7701".into(),
+                "rest" => "127.0.0.1:7702".into(),
+                _ => "127.0.0.1:7700".into(),
+            }),
             connections,
             keys: (1..=crossbook_server::config::DEMO_ACCOUNTS).map(crossbook_server::config::demo_key).collect(),
+            secrets: (1..=crossbook_server::config::DEMO_ACCOUNTS).map(crossbook_server::config::demo_secret).collect(),
             duration: Duration::from_secs_f64(duration.max(0.0)),
             rate,
             window: window.max(1),

@@ -19,6 +19,7 @@
 //! orders that cross (IOC), order to the first fill report, into HDR
 //! histograms.
 
+mod rest;
 pub mod watch;
 
 use anyhow::{Context, Result, bail};
@@ -34,9 +35,11 @@ use std::time::{Duration, Instant};
 pub struct Options {
     pub address: String,
     pub connections: u64,
-    /// The API key (binary) or Password (FIX) of account `n` at `n - 1`;
-    /// at least `connections` of them.
+    /// The API key (binary, REST) or Password (FIX) of account `n` at
+    /// `n - 1`; at least `connections` of them.
     pub keys: Vec<String>,
+    /// The REST signing secret of account `n` at `n - 1` (`Protocol::Rest`).
+    pub secrets: Vec<String>,
     pub duration: Duration,
     pub rate: Option<f64>,
     pub window: u64,
@@ -59,6 +62,8 @@ pub const WORKLOADS: &[&str] = &["cross-rest"];
 pub enum Protocol {
     Binary,
     Fix,
+    /// Binance's signed `POST /api/v3/order` (`docs/trading.md`).
+    Rest,
 }
 
 /// What the load generator needs of a report, whichever protocol.
@@ -172,7 +177,7 @@ fn connect_fix(address: &str, account: u64, key: &str) -> Result<(TcpStream, Fix
 }
 
 /// What one session counted.
-struct Tally {
+pub(crate) struct Tally {
     ack: Histogram<u64>,
     fill: Histogram<u64>,
     sent: u64,
@@ -188,7 +193,7 @@ struct Tally {
     accepted: Vec<(u64, u64)>,
 }
 
-fn histogram() -> Histogram<u64> {
+pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 600_000_000_000, 3).expect("valid histogram bounds")
 }
 
@@ -205,7 +210,7 @@ fn connect(address: &str, account: u64, key: &str) -> Result<TcpStream> {
     }
 }
 
-fn order(cid: u64, rng: &mut crossbook_workload::Rng) -> NewOrder {
+pub(crate) fn order(cid: u64, rng: &mut crossbook_workload::Rng) -> NewOrder {
     let side = if rng.below(2) == 0 { Side::Buy } else { Side::Sell };
     let crossing = rng.below(2) == 0;
     let offset = 1 + rng.below(5) as i64;
@@ -505,19 +510,22 @@ pub fn run(options: Options) -> Result<()> {
         bail!("--connections must be 1 to {} (one account each)", options.keys.len());
     }
     let options = Arc::new(options);
-    let mut streams: Vec<(TcpStream, Box<dyn Wire + Send>)> = Vec::new();
-    for index in 0..options.connections {
-        streams.push(match options.protocol {
-            Protocol::Binary => (connect(&options.address, index + 1, &options.keys[index as usize])?, Box::new(BinaryWire)),
-            Protocol::Fix => {
-                let (stream, wire) = connect_fix(&options.address, index + 1, &options.keys[index as usize])?;
-                (stream, Box::new(wire))
-            }
-        });
-    }
-    let clients: Vec<Client> = streams.into_iter().enumerate().map(|(index, (stream, wire))| Client::new(stream, wire, index as u64)).collect();
-    let start = Instant::now();
-    let (tallies, sending) = drive(clients, &options, start);
+    let (tallies, sending) = if options.protocol == Protocol::Rest {
+        rest::drive(&options, &options.secrets)?
+    } else {
+        let mut streams: Vec<(TcpStream, Box<dyn Wire + Send>)> = Vec::new();
+        for index in 0..options.connections {
+            streams.push(match options.protocol {
+                Protocol::Binary | Protocol::Rest => (connect(&options.address, index + 1, &options.keys[index as usize])?, Box::new(BinaryWire)),
+                Protocol::Fix => {
+                    let (stream, wire) = connect_fix(&options.address, index + 1, &options.keys[index as usize])?;
+                    (stream, Box::new(wire))
+                }
+            });
+        }
+        let clients: Vec<Client> = streams.into_iter().enumerate().map(|(index, (stream, wire))| Client::new(stream, wire, index as u64)).collect();
+        drive(clients, &options, Instant::now())
+    };
     let mut ack = histogram();
     let mut fill = histogram();
     let (mut sent, mut acked, mut rejected, mut fills, mut cancels, mut errors, mut unanswered) = (0, 0, 0, 0, 0, 0, 0);
@@ -548,7 +556,11 @@ pub fn run(options: Options) -> Result<()> {
     }
     let seconds = sending.as_secs_f64();
     let report = serde_json::json!({
-        "protocol": if options.protocol == Protocol::Fix { "fix" } else { "binary" },
+        "protocol": match options.protocol {
+            Protocol::Binary => "binary",
+            Protocol::Fix => "fix",
+            Protocol::Rest => "rest",
+        },
         "connections": options.connections,
         "workload": WORKLOADS[0],
         "mode": if options.rate.is_some() { "open" } else { "closed" },
