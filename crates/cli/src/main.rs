@@ -112,6 +112,10 @@ enum Cmd {
         count: Option<u64>,
         #[arg(long, default_value_t = 4)]
         connections: u64,
+        /// The first session's account (the others follow): runs that
+        /// should not meet each other's orders use different accounts.
+        #[arg(long, default_value_t = 1)]
+        first_account: u64,
         /// Seconds of sending.
         #[arg(long, default_value_t = 10.0)]
         duration: f64,
@@ -355,7 +359,8 @@ fn real_main() -> Result<()> {
             depth_symbol,
             json,
         }),
-        Cmd::Load { address, protocol, workload, count, connections, duration, rate, window, json, acked_out, last_seen_out } => crossbook_load::run(crossbook_load::Options {
+        Cmd::Load { address, protocol, workload, count, connections, first_account, duration, rate, window, json, acked_out, last_seen_out } => crossbook_load::run(crossbook_load::Options {
+            first_account,
             protocol: match protocol.as_str() {
                 "binary" => crossbook_load::Protocol::Binary,
                 "fix" => crossbook_load::Protocol::Fix,

@@ -50,6 +50,8 @@ pub struct Options {
     /// sequence number each saw (for crash tests).
     pub last_seen_out: Option<std::path::PathBuf>,
     pub protocol: Protocol,
+    /// Session `i` (from 0) is account `first_account + i`.
+    pub first_account: u64,
     /// Stop sending after this many orders in all (and at the latest after
     /// `duration`).
     pub count: Option<u64>,
@@ -506,8 +508,9 @@ fn percentiles(h: &Histogram<u64>) -> serde_json::Value {
 }
 
 pub fn run(options: Options) -> Result<()> {
-    if options.connections == 0 || options.connections > options.keys.len() as u64 {
-        bail!("--connections must be 1 to {} (one account each)", options.keys.len());
+    let last = options.first_account.saturating_add(options.connections).saturating_sub(1);
+    if options.connections == 0 || options.first_account == 0 || last > options.keys.len() as u64 {
+        bail!("--first-account plus --connections must stay within accounts 1 to {} (one account each)", options.keys.len());
     }
     let options = Arc::new(options);
     let (tallies, sending) = if options.protocol == Protocol::Rest {
@@ -516,9 +519,13 @@ pub fn run(options: Options) -> Result<()> {
         let mut streams: Vec<(TcpStream, Box<dyn Wire + Send>)> = Vec::new();
         for index in 0..options.connections {
             streams.push(match options.protocol {
-                Protocol::Binary | Protocol::Rest => (connect(&options.address, index + 1, &options.keys[index as usize])?, Box::new(BinaryWire)),
+                Protocol::Binary | Protocol::Rest => {
+                    let account = options.first_account + index;
+                    (connect(&options.address, account, &options.keys[account as usize - 1])?, Box::new(BinaryWire))
+                }
                 Protocol::Fix => {
-                    let (stream, wire) = connect_fix(&options.address, index + 1, &options.keys[index as usize])?;
+                    let account = options.first_account + index;
+                    let (stream, wire) = connect_fix(&options.address, account, &options.keys[account as usize - 1])?;
                     (stream, Box::new(wire))
                 }
             });
@@ -532,7 +539,7 @@ pub fn run(options: Options) -> Result<()> {
     let mut accepted = Vec::new();
     let mut last_seen = String::new();
     for (index, tally) in tallies.into_iter().enumerate() {
-        last_seen.push_str(&format!("{} {}\n", index + 1, tally.last_seq));
+        last_seen.push_str(&format!("{} {}\n", options.first_account + index as u64, tally.last_seq));
         ack.add(&tally.ack)?;
         fill.add(&tally.fill)?;
         sent += tally.sent;

@@ -176,12 +176,13 @@ fn session(mut http: Session, index: u64, options: &Options, start: Instant, end
 /// Runs every session on a thread of its own; their tallies and how long
 /// sending lasted.
 pub(crate) fn drive(options: &Options, secrets: &[String]) -> Result<(Vec<Tally>, Duration)> {
-    if secrets.len() < options.connections as usize {
+    if secrets.len() < (options.first_account + options.connections - 1) as usize {
         bail!("--protocol rest needs the secret of each of the {} accounts", options.connections);
     }
     let mut sessions = Vec::new();
     for index in 0..options.connections as usize {
-        sessions.push(Session::connect(&options.address, &options.keys[index], &secrets[index])?);
+        let account = options.first_account as usize + index - 1;
+        sessions.push(Session::connect(&options.address, &options.keys[account], &secrets[account])?);
     }
     let interval = options.rate.map(|rate| Duration::from_secs_f64(options.connections as f64 / rate));
     let quota = options.count.map_or(u64::MAX, |count| count.div_ceil(options.connections.max(1)));
