@@ -248,10 +248,10 @@ struct Client {
     index: u64,
     tally: Tally,
     rng: crossbook_workload::Rng,
-    /// Client order ids: 0 (1 bit: the upper half is the FIX gateway's) |
-    /// session (4 bits) | run (19 bits, from the clock, so that a second
-    /// run does not collide with the first run's resting orders) | counter
-    /// (40 bits).
+    /// Client order ids: 00 (2 bits: from 2^62 up the REST and FIX
+    /// gateways number their own) | session (4 bits) | run (18 bits, from
+    /// the clock, so that a second run does not collide with the first
+    /// run's resting orders) | counter (40 bits).
     run: u64,
     next: u64,
     /// cid -> (planned send time, resting kind), until acknowledged; and,
@@ -313,8 +313,9 @@ impl Client {
                 None => break,
             };
             self.next += 1;
-            // Bit 63 stays clear: that range is the FIX gateway's.
-            let cid = (self.index << 59) | ((self.run & 0x7_FFFF) << 40) | self.next;
+            // Below 2^62: from there up the REST and FIX gateways number
+            // their own orders.
+            let cid = (self.index << 58) | ((self.run & 0x3_FFFF) << 40) | self.next;
             let new_order = order(cid, &mut self.rng);
             self.pending.insert(cid, (planned, new_order.tif == TimeInForce::Gtc));
             if new_order.tif == TimeInForce::Ioc {

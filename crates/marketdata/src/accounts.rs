@@ -135,12 +135,16 @@ pub struct Accounts {
     /// The range of engine client ids a gateway gives its orders (the
     /// REST gateway's), tracked in `largest_gateway_cid`.
     pub gateway_cids: std::ops::Range<u64>,
+    /// Accounts past a window, trimmed before the next command.
+    over: BTreeSet<AccountId>,
 }
 
 /// The part of a place command that its events do not carry.
 #[derive(Clone, Copy, Debug)]
 pub struct PlaceDetails<'a> {
     pub client_id: Option<&'a str>,
+    /// Placed by the gateway that numbers its orders in `gateway_cids`.
+    pub gateway: bool,
     pub post_only: bool,
     pub stp: SelfTradePrevention,
     pub budget: Option<u64>,
@@ -174,7 +178,9 @@ impl Accounts {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn accepted(&mut self, id: OrderId, account: AccountId, instrument: u32, cid: ClientOrderId, side: Side, order_type: OrderType, tif: TimeInForce, price: i64, qty: u64, time_ms: u64, details: Option<PlaceDetails<'_>>) {
         let client_id = details.and_then(|d| d.client_id).map_or_else(|| cid.to_string(), str::to_string);
-        if self.gateway_cids.contains(&cid) {
+        // Only the gateway's own orders: a binary client's cid in that
+        // range does not move its numbering.
+        if details.is_some_and(|d| d.gateway) && self.gateway_cids.contains(&cid) {
             self.largest_gateway_cid = self.largest_gateway_cid.max(cid);
         }
         let record = OrderRecord {
@@ -200,7 +206,10 @@ impl Accounts {
         let data = self.accounts.entry(account).or_default();
         data.open.insert(id);
         data.update_ms = time_ms;
-        self.open_client_ids.insert((account, client_id), id);
+        // Client ids of open orders are unique per account within one
+        // gateway; one of another gateway's with the same text keeps the
+        // first (the later one is still found by its id).
+        self.open_client_ids.entry((account, client_id)).or_insert(id);
         self.orders.insert(id, record);
     }
 
@@ -225,10 +234,10 @@ impl Accounts {
         }
         let data = self.accounts.entry(account).or_default();
         data.update_ms = time_ms;
-        if data.trades.len() == TRADES_KEPT_PER_ACCOUNT {
-            data.trades.pop_front();
-        }
         data.trades.push_back(AccountTrade { id: trade_id, instrument, order, price, qty, fee, is_buyer, is_maker, time_ms, seq });
+        if data.trades.len() > TRADES_KEPT_PER_ACCOUNT {
+            self.over.insert(account);
+        }
         if remaining == 0 {
             self.end(order, OrderStatus::Filled, time_ms);
         }
@@ -268,8 +277,10 @@ impl Accounts {
         {
             let old = std::mem::replace(&mut record.client_id, new.to_string());
             let account = record.account;
-            self.open_client_ids.remove(&(account, old));
-            self.open_client_ids.insert((account, new.to_string()), order);
+            if self.open_client_ids.get(&(account, old.clone())) == Some(&order) {
+                self.open_client_ids.remove(&(account, old));
+            }
+            self.open_client_ids.entry((account, new.to_string())).or_insert(order);
         }
     }
 
@@ -290,10 +301,26 @@ impl Accounts {
         data.open.remove(&order);
         data.update_ms = time_ms;
         data.closed.push_back(order);
-        if data.closed.len() > ORDERS_KEPT
-            && let Some(old) = data.closed.pop_front()
-        {
-            self.orders.remove(&old);
+        if data.closed.len() > ORDERS_KEPT || data.trades.len() > TRADES_KEPT_PER_ACCOUNT {
+            self.over.insert(account);
+        }
+    }
+
+    /// Forgets what is past each account's windows (the oldest ended
+    /// orders and trades). Called before each command, never during one:
+    /// the orders and trades of the command just applied are all there for
+    /// whoever reads them right after it (a REST answer, a user stream).
+    pub(crate) fn trim(&mut self) {
+        for account in std::mem::take(&mut self.over) {
+            let Some(data) = self.accounts.get_mut(&account) else { continue };
+            while data.closed.len() > ORDERS_KEPT {
+                if let Some(old) = data.closed.pop_front() {
+                    self.orders.remove(&old);
+                }
+            }
+            while data.trades.len() > TRADES_KEPT_PER_ACCOUNT {
+                data.trades.pop_front();
+            }
         }
     }
 

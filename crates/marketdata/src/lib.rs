@@ -233,6 +233,9 @@ pub struct Updates {
 pub struct CommandContext<'a> {
     pub command: &'a Command,
     pub client_id: Option<&'a str>,
+    /// Sent by the gateway whose engine client ids are
+    /// `accounts.gateway_cids` (the REST gateway).
+    pub gateway: bool,
 }
 
 /// Every instrument's market data, and the orders it follows.
@@ -293,6 +296,7 @@ impl MarketData {
     /// order's client id, post-only and budget; a FOK order that could not
     /// fill).
     pub fn apply_command(&mut self, seq: u64, time_ms: u64, context: Option<CommandContext<'_>>, events: &[Event]) {
+        self.accounts.trim();
         self.seq = seq;
         self.time_ms = self.time_ms.max(time_ms);
         for event in events {
@@ -319,7 +323,7 @@ impl MarketData {
 
     fn event(&mut self, kind: &EventKind, context: Option<CommandContext<'_>>) {
         let place = context.and_then(|c| match c.command {
-            Command::Place(place) => Some((place, PlaceDetails { client_id: c.client_id, post_only: place.post_only, stp: place.stp, budget: place.budget })),
+            Command::Place(place) => Some((place, PlaceDetails { client_id: c.client_id, gateway: c.gateway, post_only: place.post_only, stp: place.stp, budget: place.budget })),
             _ => None,
         });
         match *kind {

@@ -522,8 +522,8 @@ pub struct Execution {
     /// `z` and `Z` after it.
     pub cum_qty: u64,
     pub cum_quote: u128,
-    /// `I`: unique per execution (the command's sequence number times 64
-    /// plus the event's place in it).
+    /// `I`: unique per execution (the command's sequence number times
+    /// 2^20 plus the report's place among the command's reports).
     pub execution_id: u64,
 }
 

@@ -178,7 +178,7 @@ fn accounts_follow_the_engine_order_by_order() {
         for (index, command) in commands.iter().enumerate() {
             events.clear();
             engine.apply(command, &mut events);
-            let context = CommandContext { command, client_id: None };
+            let context = CommandContext { command, client_id: None, gateway: false };
             market.apply_command(engine.seq(), 1_700_000_000_000 + index as u64, Some(context), &events);
             let _ = market.take_updates();
             fills += 2 * events.iter().filter(|e| matches!(e.kind, EventKind::Trade { .. })).count();
@@ -215,4 +215,47 @@ fn accounts_follow_the_engine_order_by_order() {
         let ended = market.accounts.orders.values().filter(|o| !o.status.is_open()).count();
         assert!(ended > 100 && fills > 100, "seed {seed}: {ended} ended orders, {fills} fills");
     }
+}
+
+/// A command that ends more orders than an account keeps (a cancel-all of
+/// 10,050 open orders) leaves every one of them readable right after it;
+/// the window is trimmed before the next command.
+#[test]
+fn a_command_that_ends_many_orders_keeps_them_until_the_next() {
+    use crate::accounts::{ORDERS_KEPT, OrderStatus};
+    use crossbook_engine::{InstrumentSpec, PlaceOrder, SelfTradePrevention, Symbol};
+    let symbol = Symbol::new("X-Y").expect("symbol");
+    let spec = InstrumentSpec { id: 1, symbol, base: 1, quote: 2, tick_size: 1, lot_size: 1, min_qty: 1, max_qty: 1_000, min_price: 1, max_price: 1_000_000, maker_bps: 0, taker_bps: 0 };
+    let mut commands = vec![
+        Command::AddAsset { id: 1, name: Symbol::new("X").expect("x") },
+        Command::AddAsset { id: 2, name: Symbol::new("Y").expect("y") },
+        Command::AddInstrument(spec),
+        Command::OpenAccount { account: 7 },
+        Command::Deposit { account: 7, asset: 1, amount: 1_000_000 },
+    ];
+    let orders = ORDERS_KEPT + 50;
+    for cid in 0..orders as u64 {
+        commands.push(Command::Place(PlaceOrder { account: 7, instrument: 1, cid, side: Side::Sell, order_type: OrderType::Limit, tif: TimeInForce::Gtc, price: 100 + cid as i64, qty: 1, post_only: false, stp: SelfTradePrevention::None, budget: None }));
+    }
+    commands.push(Command::CancelAll { account: 7, instrument: None });
+    let mut engine = Engine::new();
+    let mut market = MarketData::new(infos(&commands), 0);
+    let mut events = Vec::new();
+    for command in &commands {
+        events.clear();
+        engine.apply(command, &mut events);
+        market.apply(engine.seq(), 0, &events);
+    }
+    let cancelled = events.iter().filter(|e| matches!(e.kind, EventKind::Cancelled { .. })).count();
+    assert_eq!(cancelled, orders);
+    for event in &events {
+        if let EventKind::Cancelled { order, .. } = event.kind {
+            assert_eq!(market.accounts.orders.get(&order).map(|o| o.status), Some(OrderStatus::Canceled), "order {order} readable right after its command");
+        }
+    }
+    events.clear();
+    engine.apply(&Command::Deposit { account: 7, asset: 2, amount: 1 }, &mut events);
+    market.apply(engine.seq(), 0, &events);
+    assert_eq!(market.accounts.accounts[&7].closed.len(), ORDERS_KEPT);
+    assert_eq!(market.accounts.orders.len(), ORDERS_KEPT);
 }

@@ -498,8 +498,27 @@ fn a_user_data_stream_carries_its_own_accounts_events_only() {
     let last = positions.last().unwrap_or_else(|| panic!("balances follow: {got:?}"));
     let btc = last["B"].as_array().unwrap().iter().find(|b| b["a"] == "BTC").unwrap();
     assert_eq!((btc["f"].as_str(), btc["l"].as_str()), (Some("99.980"), Some("0.015")));
+    let first_report = got.iter().position(|m| m["e"] == "executionReport");
+    let first_position = got.iter().position(|m| m["e"] == "outboundAccountPosition");
+    assert!(first_report < first_position, "balances follow the reports they cover: {got:?}");
+    // A FOK that cannot fill: NEW, then EXPIRED. A quote-quantity buy
+    // that spends its budget while the book could go on: FILLED on its
+    // last fill, its unspent rest not reported.
+    ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "FOK"), ("quantity", "5"), ("price", "4000"), ("newClientOrderId", "f1")]));
+    let fok: Vec<(String, String)> = messages(&mut alice_stream, Duration::from_millis(500)).iter().filter(|m| m["e"] == "executionReport").map(|m| (m["x"].as_str().unwrap().to_string(), m["X"].as_str().unwrap().to_string())).collect();
+    assert_eq!(fok, vec![("NEW".to_string(), "NEW".to_string()), ("EXPIRED".to_string(), "EXPIRED".to_string())]);
+    // 0.015 BTC rest at 4000 (one lot costs 4.00 + fees): 10.00 USD buys 2 lots.
+    let spent = ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "MARKET"), ("quoteOrderQty", "10.00"), ("newClientOrderId", "q1")]));
+    let budget: Vec<(String, String, String)> = messages(&mut alice_stream, Duration::from_millis(500))
+        .iter()
+        .filter(|m| m["e"] == "executionReport" && m["c"] == "q1")
+        .map(|m| (m["x"].as_str().unwrap().to_string(), m["X"].as_str().unwrap().to_string(), m["z"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!((spent["status"].as_str(), spent["executedQty"].as_str(), spent["origQty"].as_str()), (Some("FILLED"), Some("0.002"), Some("0.002")), "{spent}");
+    assert_eq!(budget.last().map(|r| (r.1.as_str(), r.2.as_str())), Some(("FILLED", "0.002")), "{budget:?}");
+    assert!(budget.iter().all(|r| r.0 != "EXPIRED"), "{budget:?}");
     // The combined stream wraps it, beside a public stream.
-    let wrapped = messages(&mut combined, Duration::from_millis(500));
+    let wrapped = messages(&mut combined, Duration::from_millis(1500));
     assert!(wrapped.iter().any(|m| m["stream"] == alice_key.as_str() && m["data"]["e"] == "executionReport"), "{wrapped:?}");
     assert!(wrapped.iter().any(|m| m["stream"] == "btcusd@trade"), "{wrapped:?}");
     // Closing the key ends the stream with listenKeyExpired.
@@ -517,7 +536,20 @@ fn rest_history_and_numbering_survive_a_kill() {
     let placed = ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.010"), ("price", "7000")]));
     ok(bob(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "MARKET"), ("quantity", "0.004")]));
     ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "8000"), ("newClientOrderId", "keep")]));
-    let orders = ok(alice(&server, "GET", "/api/v3/allOrders", &[("symbol", "BTCUSD")]));
+    // A binary client's cid in the REST gateway's range does not move its numbering.
+    let (mut session, _) = Client::login(&server.address, 1, "alice");
+    session.send(&limit((1 << 62) + 1_000_000, Side::Sell, 9000, 1, TimeInForce::Gtc));
+    while !matches!(session.recv(), Some(ServerMessage::ExecutionReport(r)) if r.kind == ReportKind::Accepted) {}
+    drop(session);
+    // The binary acknowledgement can come before the REST view has it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let orders = loop {
+        let orders = ok(alice(&server, "GET", "/api/v3/allOrders", &[("symbol", "BTCUSD")]));
+        if orders.as_array().map(Vec::len) == Some(3) || Instant::now() > deadline {
+            break orders;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let trades = ok(bob(&server, "GET", "/api/v3/myTrades", &[("symbol", "BTCUSD")]));
     server.kill();
     let server = start(&dir);
@@ -530,4 +562,5 @@ fn rest_history_and_numbering_survive_a_kill() {
     assert_ne!(next["clientOrderId"], placed["clientOrderId"]);
     let number = |v: &Value| v["clientOrderId"].as_str().and_then(|c| c.strip_prefix("crossbook-")).and_then(|n| n.parse::<u64>().ok()).unwrap();
     assert!(number(&next) > number(&placed), "{} after {}", next["clientOrderId"], placed["clientOrderId"]);
+    assert!(number(&next) < 1_000, "{}", next["clientOrderId"]);
 }

@@ -397,7 +397,7 @@ fn gateway_cids() -> std::ops::Range<u64> {
 /// reports in `out`; what changed for market data.
 fn apply_batch(hub: &Hub, state: &mut MarketData, batch: &FeedBatch, out: &mut Vec<(String, String)>) -> Updates {
     for command in &batch.commands {
-        let context = command.command.as_ref().map(|c| CommandContext { command: c, client_id: command.client_id.as_deref() });
+        let context = command.command.as_ref().map(|c| CommandContext { command: c, client_id: command.client_id.as_deref(), gateway: command.rest.is_some() });
         state.apply_command(command.seq, command.time_ms, context, &command.events);
         if let Some(trading) = &hub.trading {
             if let Some(annex) = &command.rest {
@@ -417,6 +417,9 @@ fn finish_batch(hub: &Hub, batch: FeedBatch, updates: &Updates, out: Vec<(String
         for (account, annex) in &batch.refused {
             trading.refused(*account, annex);
         }
+        // The batch's execution reports before any balances answered with
+        // it (an answer reflects the commands before it in the batch).
+        userstream::send_reports(hub, out);
         for answer in batch.answers {
             if answer.query.token == userstream::USER_STREAM_TOKEN {
                 userstream::balances(hub, trading, &hub.read(), &answer);
@@ -424,7 +427,7 @@ fn finish_batch(hub: &Hub, batch: FeedBatch, updates: &Updates, out: Vec<(String
                 trading.answered(answer);
             }
         }
-        userstream::after_batch(hub, trading, out);
+        userstream::ask_due(trading);
     }
     hub.publish(updates);
 }
@@ -507,8 +510,8 @@ impl ReportSink for MarketSink {
 
     fn recovered(&mut self, durable: &Durable<'_>) {
         let mut state = self.0.hub.write();
-        let (_, client_id) = annex_of(durable.annex);
-        let context = CommandContext { command: durable.command, client_id: client_id.as_deref() };
+        let (rest, client_id) = annex_of(durable.annex);
+        let context = CommandContext { command: durable.command, client_id: client_id.as_deref(), gateway: rest.is_some() };
         state.apply_command(durable.seq, durable.time_ms, Some(context), durable.events);
         let _ = state.take_updates();
     }

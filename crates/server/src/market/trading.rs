@@ -357,7 +357,9 @@ impl Trading {
             used.minute = minute;
             used.weight = 0;
         }
-        if used.weight.saturating_add(weight) > self.max_weight {
+        // Counted even when refused, as Binance counts it.
+        used.weight = used.weight.saturating_add(weight);
+        if used.weight > self.max_weight {
             let mut error = ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 -1003,
@@ -366,7 +368,6 @@ impl Trading {
             error.retry_after = Some((60_000 - now % 60_000).div_ceil(1000));
             return Err(error);
         }
-        used.weight += weight;
         if order {
             let window = now / 10_000;
             if used.ten_seconds != window {
@@ -392,41 +393,25 @@ impl Trading {
         let mut all: Vec<&str> = known.to_vec();
         all.extend(["timestamp", "recvWindow", "signature"]);
         let body = (!body.is_empty()).then_some(body);
-        let params = match Params::parse_both(query, body, &all) {
+        // A request that fails before its signature and time are checked
+        // costs 1; one that passes them costs its weight (and its order).
+        let checked = Params::parse_both(query, body, &all).and_then(|params| {
+            let signature = params.get("signature").ok_or_else(|| ApiError::mandatory("signature"))?;
+            let payload = format!("{}{}", without_signature(query.unwrap_or("")), without_signature(body.unwrap_or("")));
+            if !signature_matches(&credentials.secret, payload.as_bytes(), signature) {
+                return Err(ApiError::bad(-1022, "Signature for this request is not valid."));
+            }
+            check_time(&params)?;
+            Ok(params)
+        });
+        let params = match checked {
             Ok(params) => params,
             Err(e) => {
-                // A malformed request costs its key too.
                 self.spend(key, 1, false)?;
                 return Err(e);
             }
         };
         let used = self.spend(key, weight(&params), order)?;
-        let signature = params.get("signature").ok_or_else(|| ApiError::mandatory("signature"))?;
-        let payload = format!("{}{}", without_signature(query.unwrap_or("")), without_signature(body.unwrap_or("")));
-        if !signature_matches(&credentials.secret, payload.as_bytes(), signature) {
-            return Err(ApiError::bad(-1022, "Signature for this request is not valid."));
-        }
-        let timestamp = params.get("timestamp").ok_or_else(|| ApiError::mandatory("timestamp"))?;
-        let timestamp: u64 = timestamp.parse().map_err(|_| ApiError::illegal("timestamp", "0-18446744073709551615"))?;
-        // Microseconds, as Binance also takes them.
-        let timestamp = if timestamp > 10_000_000_000_000 { timestamp / 1000 } else { timestamp };
-        let window = match params.get("recvWindow") {
-            None => DEFAULT_RECV_WINDOW_MS,
-            Some(text) => {
-                let value = Decimal::parse(text.as_bytes()).and_then(|d| d.whole_units(Decimal { mantissa: 1, scale: 3 })).ok_or_else(|| ApiError::illegal("recvWindow", "0-60000"))?;
-                if !(0..=i128::from(MAX_RECV_WINDOW_MS) * 1000).contains(&value) {
-                    return Err(ApiError::bad(-1131, "recvWindow must be less than 60000"));
-                }
-                (value / 1000) as u64
-            }
-        };
-        let now = now_ms();
-        if timestamp >= now + AHEAD_MS {
-            return Err(ApiError::bad(-1021, "Timestamp for this request was 1000ms ahead of the server's time."));
-        }
-        if now.saturating_sub(timestamp) > window {
-            return Err(ApiError::bad(-1021, "Timestamp for this request is outside of the recvWindow."));
-        }
         Ok((credentials.account, params, used))
     }
 
@@ -437,6 +422,32 @@ impl Trading {
         let params = Params::parse_both(query, (!body.is_empty()).then_some(body), known)?;
         Ok((credentials.account, params, used))
     }
+}
+
+/// A signed request's `timestamp` against `recvWindow` and our clock.
+fn check_time(params: &Params) -> Result<(), ApiError> {
+    let timestamp = params.get("timestamp").ok_or_else(|| ApiError::mandatory("timestamp"))?;
+    let timestamp: u64 = timestamp.parse().map_err(|_| ApiError::illegal("timestamp", "0-18446744073709551615"))?;
+    // Microseconds, as Binance also takes them.
+    let timestamp = if timestamp > 10_000_000_000_000 { timestamp / 1000 } else { timestamp };
+    let window = match params.get("recvWindow") {
+        None => DEFAULT_RECV_WINDOW_MS,
+        Some(text) => {
+            let value = Decimal::parse(text.as_bytes()).and_then(|d| d.whole_units(Decimal { mantissa: 1, scale: 3 })).ok_or_else(|| ApiError::illegal("recvWindow", "0-60000"))?;
+            if !(0..=i128::from(MAX_RECV_WINDOW_MS) * 1000).contains(&value) {
+                return Err(ApiError::bad(-1131, "recvWindow must be less than 60000"));
+            }
+            (value / 1000) as u64
+        }
+    };
+    let now = now_ms();
+    if timestamp >= now + AHEAD_MS {
+        return Err(ApiError::bad(-1021, "Timestamp for this request was 1000ms ahead of the server's time."));
+    }
+    if now.saturating_sub(timestamp) > window {
+        return Err(ApiError::bad(-1021, "Timestamp for this request is outside of the recvWindow."));
+    }
+    Ok(())
 }
 
 /// `text` (a query string or form body) without its `signature=...` pair.

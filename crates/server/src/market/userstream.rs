@@ -200,22 +200,41 @@ pub(crate) fn after_command(trading: &Trading, market: &MarketData, command: &Fe
             }
         }
     }
-    let mut report = |order: OrderId, index: usize, exec: Execution| {
+    // Execution ids: the command's sequence number, then the report's
+    // place among this command's reports.
+    let mut made = 0u64;
+    let mut report = |order: OrderId, exec: Execution| {
         let Some(record) = market.accounts.orders.get(&order) else { return };
         let Some(key) = keys.get(&record.account) else { return };
         let data = &market.instruments[record.instrument as usize];
-        let message = render::execution_report(data, record, &Execution { execution_id: command.seq * 64 + index as u64, ..exec }, command.time_ms);
+        let message = render::execution_report(data, record, &Execution { execution_id: (command.seq << 20) | made, ..exec }, command.time_ms);
+        made += 1;
         out.push((key.clone(), message.to_string()));
         if let Some(&assets) = trading.instrument_assets.get(record.instrument as usize) {
             trading.streams.touch(record.account, [assets.0, assets.1], command.seq);
         }
     };
+    // Each order's last fill in this command: a quote-quantity buy whose
+    // budget ran out is FILLED there (its record says so), and its
+    // leftover's IOC cancel is not reported.
+    let mut last_fill: HashMap<OrderId, usize> = HashMap::new();
+    for (index, event) in command.events.iter().enumerate() {
+        if let EventKind::Trade { maker, taker, .. } = event.kind {
+            last_fill.insert(maker, index);
+            last_fill.insert(taker, index);
+        }
+    }
+    let ended_filled = |order: OrderId| market.accounts.orders.get(&order).is_some_and(|o| o.status == OrderStatus::Filled);
     let blank = Execution { kind: "NEW", status: OrderStatus::New, last_qty: 0, last_price: 0, fee: 0, trade_id: -1, is_maker: false, cum_qty: 0, cum_quote: 0, execution_id: 0 };
     let mut trade_ids: HashMap<u32, u64> = HashMap::new();
     for (index, event) in command.events.iter().enumerate() {
         match event.kind {
-            EventKind::Accepted { order, .. } => report(order, index, blank),
-            EventKind::Rejected { reason: RejectReason::FokCannotFill } => report(command.seq, index, Execution { kind: "EXPIRED", status: OrderStatus::Expired, ..blank }),
+            EventKind::Accepted { order, .. } => report(order, blank),
+            EventKind::Rejected { reason: RejectReason::FokCannotFill } => {
+                // As Binance: NEW, then EXPIRED.
+                report(command.seq, blank);
+                report(command.seq, Execution { kind: "EXPIRED", status: OrderStatus::Expired, ..blank });
+            }
             EventKind::Trade { instrument, maker, taker, price, qty, maker_fee, taker_fee, maker_remaining, taker_remaining, .. } => {
                 // The trade's id: the instrument's next after those this
                 // command made before it (market data numbered them so).
@@ -229,34 +248,37 @@ pub(crate) fn after_command(trading: &Trading, market: &MarketData, command: &Fe
                     let Some(entry) = running.get_mut(&order) else { continue };
                     entry.0 += qty;
                     entry.1 += u128::from(qty) * price.unsigned_abs() as u128;
-                    let status = if remaining == 0 { OrderStatus::Filled } else { OrderStatus::PartiallyFilled };
+                    let spent = last_fill.get(&order) == Some(&index) && ended_filled(order);
+                    let status = if remaining == 0 || spent { OrderStatus::Filled } else { OrderStatus::PartiallyFilled };
                     let (cum_qty, cum_quote) = *entry;
-                    report(order, index, Execution { kind: "TRADE", status, last_qty: qty, last_price: price, fee, trade_id, is_maker, cum_qty, cum_quote, ..blank });
+                    report(order, Execution { kind: "TRADE", status, last_qty: qty, last_price: price, fee, trade_id, is_maker, cum_qty, cum_quote, ..blank });
                 }
             }
             EventKind::Cancelled { order, reason, .. } => {
+                if reason == CancelReason::Ioc && ended_filled(order) {
+                    continue;
+                }
                 let (kind, status) = match reason {
                     CancelReason::User | CancelReason::CancelAll | CancelReason::Replace => ("CANCELED", OrderStatus::Canceled),
                     CancelReason::Ioc => ("EXPIRED", OrderStatus::Expired),
                     CancelReason::Stp => ("TRADE_PREVENTION", OrderStatus::ExpiredInMatch),
                 };
                 let (cum_qty, cum_quote) = running.get(&order).copied().unwrap_or_else(|| market.accounts.orders.get(&order).map_or((0, 0), |o| (o.filled, o.quote_filled)));
-                report(order, index, Execution { kind, status, cum_qty, cum_quote, ..blank });
+                report(order, Execution { kind, status, cum_qty, cum_quote, ..blank });
             }
             EventKind::Replaced { order, .. } => {
                 let Some(record) = market.accounts.orders.get(&order) else { continue };
                 let (cum_qty, cum_quote) = running.get(&order).copied().unwrap_or((record.filled, record.quote_filled));
                 let status = if cum_qty == 0 { OrderStatus::New } else { OrderStatus::PartiallyFilled };
-                report(order, index, Execution { kind: "REPLACED", status, cum_qty, cum_quote, ..blank });
+                report(order, Execution { kind: "REPLACED", status, cum_qty, cum_quote, ..blank });
             }
             _ => {}
         }
     }
 }
 
-/// After a batch: sends its execution reports, and asks for the balances
-/// of the streamed accounts it touched.
-pub(crate) fn after_batch(hub: &Hub, trading: &Trading, out: Vec<(String, String)>) {
+/// Sends a batch's execution reports, each to its listen key's stream.
+pub(crate) fn send_reports(hub: &Hub, out: Vec<(String, String)>) {
     let mut by_key: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (key, message) in out {
         by_key.entry(key).or_default().push(message);
@@ -264,15 +286,25 @@ pub(crate) fn after_batch(hub: &Hub, trading: &Trading, out: Vec<(String, String
     for (key, messages) in by_key {
         hub.send_to_stream(&key, messages);
     }
+}
+
+/// Asks for the balances of the streamed accounts that batches touched
+/// and that have no question in flight.
+pub(crate) fn ask_due(trading: &Trading) {
     if !trading.streams.any() {
         return;
     }
     let due: Vec<AccountId> = {
         let mut state = trading.streams.state();
-        state.watches.iter_mut().filter(|(_, w)| !w.asked && !w.touched.is_empty()).map(|(a, w)| {
-            w.asked = true;
-            *a
-        }).collect()
+        state
+            .watches
+            .iter_mut()
+            .filter(|(_, w)| !w.asked && !w.touched.is_empty())
+            .map(|(a, w)| {
+                w.asked = true;
+                *a
+            })
+            .collect()
     };
     for account in due {
         ask_balances(trading, account);
