@@ -91,6 +91,28 @@ enum Cmd {
         #[arg(long)]
         market_listen: Option<String>,
     },
+    /// A replica of a replicated venue (`[replication]`, docs/replication.md):
+    /// follows the log on NATS JetStream, serves the read side (market
+    /// data, report replay), refuses orders with a redirect to the leader;
+    /// with --standby it takes the lead when the leader is gone.
+    Follow {
+        /// crossbook.toml, with a [replication] section.
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        listen: Option<String>,
+        #[arg(long)]
+        data: Option<PathBuf>,
+        #[arg(long)]
+        market_listen: Option<String>,
+        /// This node's name (overrides replication.node).
+        #[arg(long)]
+        node: Option<String>,
+        /// Take the lead when nobody holds it (a hot standby); without it,
+        /// a read replica that never leads.
+        #[arg(long)]
+        standby: bool,
+    },
     /// Drive a running `crossbook serve` with N sessions and report
     /// throughput and latency.
     Load {
@@ -349,7 +371,15 @@ fn real_main() -> Result<()> {
             journaled::run(&commands, &dir, config, snapshot_every, keep_snapshots)
         }
         Cmd::Recover { journal } => journaled::recover(&journal),
-        Cmd::Serve { config, listen, data, fix_listen, market_listen } => serve(config, listen, data, fix_listen, market_listen),
+        Cmd::Serve { config, listen, data, fix_listen, market_listen } => serve(config, listen, data, fix_listen, market_listen, |_| Ok(())),
+        Cmd::Follow { config, listen, data, market_listen, node, standby } => serve(Some(config), listen, data, None, market_listen, |config| {
+            let Some(replication) = config.replication.as_mut() else { bail!("crossbook follow needs a [replication] section in the configuration") };
+            if let Some(node) = node {
+                replication.node = node;
+            }
+            replication.candidate = standby;
+            Ok(())
+        }),
         Cmd::Watch { address, streams, connections, duration, depth_clients, depth_symbol, json } => crossbook_load::watch::run(crossbook_load::watch::WatchOptions {
             address,
             streams: streams.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect(),
@@ -453,7 +483,14 @@ fn order_action(action: OrderAction) -> Result<order::Action> {
     })
 }
 
-fn serve(config: Option<PathBuf>, listen: Option<String>, data: Option<PathBuf>, fix_listen: Option<String>, market_listen: Option<String>) -> Result<()> {
+fn serve(
+    config: Option<PathBuf>,
+    listen: Option<String>,
+    data: Option<PathBuf>,
+    fix_listen: Option<String>,
+    market_listen: Option<String>,
+    adjust: impl FnOnce(&mut crossbook_server::config::Config) -> Result<()>,
+) -> Result<()> {
     let mut config = match config {
         Some(path) => {
             let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -473,6 +510,7 @@ fn serve(config: Option<PathBuf>, listen: Option<String>, data: Option<PathBuf>,
     if let Some(market_listen) = market_listen {
         config.market_data.listen = market_listen;
     }
+    adjust(&mut config)?;
     let shutdown = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, shutdown.clone()).context("installing the signal handler")?;
@@ -480,10 +518,22 @@ fn serve(config: Option<PathBuf>, listen: Option<String>, data: Option<PathBuf>,
     // SIGUSR1: take a snapshot now.
     let snapshot = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGUSR1, snapshot.clone()).context("installing the signal handler")?;
-    let controls = crossbook_server::Controls { shutdown, snapshot };
-    let summary = crossbook_server::serve(config, controls, |_| {})?;
-    eprintln!("served {} commands; journal synced at seq {}", summary.commands, summary.seq);
-    Ok(())
+    // A replicated node that loses the lead stops acknowledging at once
+    // and starts again as a follower (its journal is checked against the
+    // log first); anything else ends the process.
+    loop {
+        let controls = crossbook_server::Controls { shutdown: shutdown.clone(), snapshot: snapshot.clone() };
+        match crossbook_server::serve(config.clone(), controls, |_| {}) {
+            Err(crossbook_server::ServeError::Deposed(why)) if !shutdown.load(std::sync::atomic::Ordering::Acquire) => {
+                eprintln!("no longer the leader ({why}): starting again as a follower");
+            }
+            Err(e) => return Err(e.into()),
+            Ok(summary) => {
+                eprintln!("served {} commands; journal synced at seq {}", summary.commands, summary.seq);
+                return Ok(());
+            }
+        }
+    }
 }
 
 fn workload(name: &str) -> Result<Workload> {

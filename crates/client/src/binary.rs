@@ -161,5 +161,9 @@ pub fn describe(message: &ServerMessage) -> String {
             o.leaves_qty
         ),
         ServerMessage::QueryDone { request, count, as_of } => format!("query-done request={request} count={count} as_of={as_of}"),
+        ServerMessage::Redirect { leader } => match crossbook_protocol::redirect_address(leader) {
+            address if address.is_empty() => "redirect leader=unknown".into(),
+            address => format!("redirect leader={address}"),
+        },
     }
 }

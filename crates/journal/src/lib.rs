@@ -199,6 +199,55 @@ fn set_aside(dir: &Path, path: &Path) -> Result<PathBuf, JournalError> {
     })
 }
 
+/// Cuts the journal in `dir` after record `seq`: the records after it go
+/// (the segment holding `seq + 1` is cut at that record, later segments and
+/// snapshots past `seq` are removed), and everything is synced. For a
+/// replicated node whose journal holds commands the replicated log does not
+/// (a deposed leader's last, never acknowledged, batches): the log is the
+/// truth, and the node follows it from `seq` on. Nothing is cut from a
+/// journal that ends at or before `seq`.
+pub fn truncate_after(dir: &Path, seq: u64) -> Result<(), JournalError> {
+    let segments = format::list(dir, "segment-", ".xbj").map_err(write::io(format!("listing {}", dir.display())))?;
+    for (first, path) in &segments {
+        if *first > seq {
+            std::fs::remove_file(path).map_err(write::io(format!("removing {}", path.display())))?;
+        }
+    }
+    if let Some((_, path)) = segments.iter().rev().find(|(first, _)| *first <= seq) {
+        let bytes = std::fs::read(path).map_err(write::io(format!("reading {}", path.display())))?;
+        let bad = |what: String| JournalError::Io { context: format!("cutting {} after record {seq}", path.display()), source: std::io::Error::other(what) };
+        let header = format::parse_segment_header(&bytes).map_err(bad)?;
+        let (mut at, mut chain, mut next) = (format::SEGMENT_HEADER_BYTES, header.chain_seed, header.first_seq);
+        while next <= seq {
+            match format::decode_record_at(&bytes, at, chain) {
+                Ok(view) => {
+                    at += view.size;
+                    chain = view.crc;
+                    next += 1;
+                }
+                // The journal ends before `seq` (its end, or zeros written
+                // ahead): nothing to cut.
+                Err(format::RecordError::Incomplete | format::RecordError::BadLength(0)) => {
+                    at = bytes.len();
+                    break;
+                }
+                Err(e) => return Err(bad(format!("record {next}: {e}"))),
+            }
+        }
+        if (at as u64) < bytes.len() as u64 {
+            let file = std::fs::OpenOptions::new().write(true).open(path).map_err(write::io(format!("opening {}", path.display())))?;
+            file.set_len(at as u64).map_err(write::io(format!("cutting {}", path.display())))?;
+            file.sync_all().map_err(write::io(format!("syncing {}", path.display())))?;
+        }
+    }
+    for (at, path) in read::snapshots(dir).map_err(write::io(format!("listing {}", dir.display())))? {
+        if at > seq {
+            std::fs::remove_file(&path).map_err(write::io(format!("removing {}", path.display())))?;
+        }
+    }
+    write::sync_dir(dir)
+}
+
 /// Rebuilds the state from `dir` (created if missing): the newest snapshot
 /// that checks out *and belongs to this journal* (its record's checksum is
 /// the journal's), older ones or the journal from the start as fallback,

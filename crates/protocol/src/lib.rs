@@ -35,6 +35,9 @@ pub enum ProtocolError {
     JournalFailed = 10,
     /// The connection did not log in within `limits.login_timeout_s`.
     LoginTimeout = 11,
+    /// This node stopped leading (a replicated venue): reconnect to the
+    /// leader.
+    NotLeader = 12,
 }
 
 impl ProtocolError {
@@ -44,7 +47,7 @@ impl ProtocolError {
 
     pub fn from_code(code: u8) -> Option<ProtocolError> {
         use ProtocolError::*;
-        [BadLength, UnsupportedVersion, UnknownType, BadValue, FrameTooLong, NotLoggedIn, BadCredentials, AlreadyLoggedIn, ServerBusy, JournalFailed, LoginTimeout]
+        [BadLength, UnsupportedVersion, UnknownType, BadValue, FrameTooLong, NotLoggedIn, BadCredentials, AlreadyLoggedIn, ServerBusy, JournalFailed, LoginTimeout, NotLeader]
             .into_iter()
             .find(|e| e.code() == code)
     }
@@ -62,6 +65,7 @@ impl ProtocolError {
             ProtocolError::ServerBusy => "server_busy",
             ProtocolError::JournalFailed => "journal_failed",
             ProtocolError::LoginTimeout => "login_timeout",
+            ProtocolError::NotLeader => "not_leader",
         }
     }
 }
@@ -188,6 +192,27 @@ pub enum ServerMessage {
     /// The end of a query's answer: `count` messages came before it, the
     /// state after command `as_of` (every report up to it was sent first).
     QueryDone { request: u64, count: u32, as_of: u64 },
+    /// This node does not take orders (a follower of a replicated venue):
+    /// the leader's binary address, `host:port` zero-padded (all zeros: no
+    /// leader is known right now).
+    Redirect { leader: [u8; REDIRECT_BYTES] },
+}
+
+/// The bytes of a Redirect's address field.
+pub const REDIRECT_BYTES: usize = 64;
+
+/// A Redirect's address field from `host:port` (cut at `REDIRECT_BYTES`).
+pub fn redirect_field(address: &str) -> [u8; REDIRECT_BYTES] {
+    let mut field = [0u8; REDIRECT_BYTES];
+    let bytes = &address.as_bytes()[..address.len().min(REDIRECT_BYTES)];
+    field[..bytes.len()].copy_from_slice(bytes);
+    field
+}
+
+/// A Redirect's address as text (empty: none known).
+pub fn redirect_address(field: &[u8; REDIRECT_BYTES]) -> String {
+    let end = field.iter().position(|b| *b == 0).unwrap_or(REDIRECT_BYTES);
+    String::from_utf8_lossy(&field[..end]).into_owned()
 }
 
 /// An open order, as a `QueryOpenOrders` answer lists it.
@@ -264,6 +289,7 @@ const fn server_body(kind: u8) -> Option<usize> {
         107 => 8 + 8 + 4 + 8 + 8,
         108 => 8 + 8 + 8 + 8 + 4 + 1 + 8 + 8 + 8 + 8,
         109 => 8 + 8 + 4 + 8,
+        110 => 8 + REDIRECT_BYTES,
         _ => return None,
     })
 }
@@ -487,6 +513,12 @@ pub fn decode_server(buffer: &[u8], max_frame: usize) -> Result<Decoded<ServerMe
             let _seq = r.u64()?;
             ServerMessage::QueryDone { request: r.u64()?, count: r.u32()?, as_of: r.u64()? }
         }
+        110 => {
+            let _seq = r.u64()?;
+            let mut leader = [0u8; REDIRECT_BYTES];
+            leader.copy_from_slice(r.take(REDIRECT_BYTES)?);
+            ServerMessage::Redirect { leader }
+        }
         _ => return Err(ProtocolError::UnknownType),
     };
     Ok(Decoded::Message(message, used))
@@ -504,6 +536,7 @@ pub fn encode_server(message: &ServerMessage, out: &mut Vec<u8>) {
         ServerMessage::Balance { .. } => 107,
         ServerMessage::OpenOrder(_) => 108,
         ServerMessage::QueryDone { .. } => 109,
+        ServerMessage::Redirect { .. } => 110,
     };
     begin(out, kind, server_body(kind).unwrap_or(0));
     let mut w = Writer { out };
@@ -561,6 +594,10 @@ pub fn encode_server(message: &ServerMessage, out: &mut Vec<u8>) {
             w.u64(request);
             w.u32(count);
             w.u64(as_of);
+        }
+        ServerMessage::Redirect { leader } => {
+            w.u64(0);
+            w.out.extend_from_slice(&leader);
         }
     }
 }

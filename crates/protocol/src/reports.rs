@@ -61,23 +61,30 @@ pub enum Refusal {
     Engine(RejectReason),
     /// `limits.open_orders`: wire code 100, `seq` 0, never journaled.
     OpenOrderLimit,
+    /// A follower of a replicated venue takes no orders: wire code 101,
+    /// `seq` 0, never journaled (a Redirect to the leader follows).
+    NotLeader,
 }
 
 /// The wire code of [`Refusal::OpenOrderLimit`]: above every engine
 /// reason, so the two can never meet.
 pub const OPEN_ORDER_LIMIT: u8 = 100;
+/// The wire code of [`Refusal::NotLeader`].
+pub const NOT_LEADER: u8 = 101;
 
 impl Refusal {
     pub fn code(self) -> u8 {
         match self {
             Refusal::Engine(reason) => reason.code(),
             Refusal::OpenOrderLimit => OPEN_ORDER_LIMIT,
+            Refusal::NotLeader => NOT_LEADER,
         }
     }
 
     pub fn from_code(code: u8) -> Option<Refusal> {
         match code {
             OPEN_ORDER_LIMIT => Some(Refusal::OpenOrderLimit),
+            NOT_LEADER => Some(Refusal::NotLeader),
             code => RejectReason::from_code(code).map(Refusal::Engine),
         }
     }
@@ -87,6 +94,7 @@ impl Refusal {
         match self {
             Refusal::Engine(reason) => reason.name(),
             Refusal::OpenOrderLimit => "open_order_limit",
+            Refusal::NotLeader => "not_leader",
         }
     }
 }

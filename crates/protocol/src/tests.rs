@@ -66,6 +66,7 @@ fn server_samples() -> Vec<ServerMessage> {
         ServerMessage::Balance { request: 12, asset: 2, available: u64::MAX, locked: 5 },
         ServerMessage::OpenOrder(OpenOrder { request: 13, order: 99, cid: 4, instrument: 1, side: Side::Sell, price: -3, qty: 10, cum_qty: 4, leaves_qty: 6 }),
         ServerMessage::QueryDone { request: 13, count: 1, as_of: 1234 },
+        ServerMessage::Redirect { leader: redirect_field("127.0.0.1:7710") },
     ]
 }
 

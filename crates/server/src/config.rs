@@ -28,6 +28,8 @@ pub struct Config {
     pub limits: Limits,
     pub fix: FixConfig,
     pub market_data: MarketDataConfig,
+    /// A replicated venue (`docs/replication.md`); absent: one machine.
+    pub replication: Option<ReplicationConfig>,
     pub assets: Vec<AssetConfig>,
     pub instruments: Vec<InstrumentConfig>,
     pub accounts: Vec<AccountConfig>,
@@ -136,6 +138,51 @@ impl Default for MarketDataConfig {
             max_orders_per_10s: 1000,
             max_body: 8192,
             answer_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// Replication over NATS JetStream (`docs/replication.md`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplicationConfig {
+    /// NATS servers, any of the cluster (`nats://host:port`).
+    pub nats: Vec<String>,
+    /// The JetStream stream of the command log (its lease bucket is
+    /// `<stream>_LEASE`).
+    pub stream: String,
+    /// Copies of the log and of the lease (3 in a 3-node cluster).
+    pub replicas: usize,
+    /// This node's name: unique among the venue's nodes.
+    pub node: String,
+    /// Milliseconds the leader's lease lives without a renewal; the leader
+    /// renews it three times as often. A dead leader's lease runs out this
+    /// long after its last renewal, and a standby takes over.
+    pub lease_ttl_ms: u64,
+    /// Whether this node may lead (take the lease when nobody holds it and
+    /// it has applied the whole log); `crossbook follow` sets it from
+    /// `--standby`.
+    pub candidate: bool,
+    /// Where clients reach this node's binary port and HTTP port, as the
+    /// lease tells other nodes' clients (empty: the listening addresses).
+    pub advertise_binary: String,
+    pub advertise_rest: String,
+    /// Seconds to keep trying to reach NATS at start.
+    pub connect_timeout_s: u64,
+}
+
+impl Default for ReplicationConfig {
+    fn default() -> Self {
+        ReplicationConfig {
+            nats: vec!["nats://127.0.0.1:4222".into()],
+            stream: "CROSSBOOK".into(),
+            replicas: 3,
+            node: "node-1".into(),
+            lease_ttl_ms: 3000,
+            candidate: true,
+            advertise_binary: String::new(),
+            advertise_rest: String::new(),
+            connect_timeout_s: 30,
         }
     }
 }
@@ -259,6 +306,7 @@ impl Default for Config {
             limits: Limits::default(),
             fix: FixConfig::default(),
             market_data: MarketDataConfig::default(),
+            replication: None,
             assets: vec![AssetConfig { id: 1, name: "BTC".into(), decimals: 0 }, AssetConfig { id: 2, name: "USD".into(), decimals: 0 }],
             instruments: vec![InstrumentConfig {
                 id: 1,
@@ -315,6 +363,8 @@ pub enum ConfigError {
     /// Two accounts have the same API key (a REST request names its
     /// account by its key alone).
     SharedApiKey { first: AccountId, second: AccountId },
+    /// A setting replication cannot work with.
+    BadReplication(String),
 }
 
 /// The smallest `segment_bytes` accepted.
@@ -335,6 +385,7 @@ impl std::fmt::Display for ConfigError {
             ConfigError::BadFixUnit { symbol, what, value } => write!(f, "instrument {symbol}: {what} {value:?} is not a positive decimal"),
             ConfigError::SymbolClash { symbol, binance } => write!(f, "instrument {symbol}: another instrument's symbol is also written {binance} (letters and digits only), as market data names it"),
             ConfigError::BadAddress { key, value } => write!(f, "{key} {value:?} is not an address (host:port)"),
+            ConfigError::BadReplication(why) => write!(f, "replication: {why}"),
             ConfigError::SharedApiKey { first, second } => write!(f, "accounts {first} and {second} have the same API key (the REST API names an account by its key)"),
         }
     }
@@ -375,6 +426,20 @@ impl Config {
         }
         if !matches!(self.fix.application.as_str(), "venue" | "echo") {
             return Err(ConfigError::BadFixApplication(self.fix.application.clone()));
+        }
+        if let Some(replication) = &self.replication {
+            if !self.fix.listen.is_empty() {
+                return Err(ConfigError::BadReplication("the FIX gateway is not replicated yet: set fix.listen = \"\"".into()));
+            }
+            if replication.nats.is_empty() || replication.stream.is_empty() || replication.node.is_empty() || replication.node.len() > 64 {
+                return Err(ConfigError::BadReplication("nats, stream and node (1 to 64 characters) are needed".into()));
+            }
+            if !replication.node.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') || !replication.stream.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+                return Err(ConfigError::BadReplication("node and stream are letters, digits, - and _".into()));
+            }
+            if replication.replicas == 0 || replication.lease_ttl_ms < 300 {
+                return Err(ConfigError::BadReplication("replicas at least 1, lease_ttl_ms at least 300".into()));
+            }
         }
         let mut keys: std::collections::HashMap<&str, AccountId> = std::collections::HashMap::new();
         for account in &self.accounts {

@@ -25,6 +25,15 @@ pub enum ServeError {
     Fix(FixError),
     /// A socket, the poll or a thread could not be set up, or failed.
     Io { what: String, source: std::io::Error },
+    /// The replicated log (NATS JetStream) could not be reached or read.
+    Replication(crossbook_replication::ReplicationError),
+    /// Another node leads now (the log moved on past this one's last
+    /// append, or its lease was lost): this node stops acknowledging at
+    /// once; started again, it follows.
+    Deposed(String),
+    /// The local journal holds commands the replicated log does not, in a
+    /// way start-up cannot repair on its own.
+    Diverged(String),
 }
 
 impl ServeError {
@@ -43,6 +52,18 @@ impl std::fmt::Display for ServeError {
             ServeError::Journal(e) => write!(f, "journal: {e}"),
             ServeError::Fix(e) => write!(f, "FIX gateway: {e}"),
             ServeError::Io { what, source } => write!(f, "{what}: {source}"),
+            ServeError::Replication(e) => write!(f, "replication: {e}"),
+            ServeError::Deposed(why) => write!(f, "no longer the leader: {why}"),
+            ServeError::Diverged(why) => write!(f, "the local journal and the replicated log disagree: {why}"),
+        }
+    }
+}
+
+impl From<crossbook_replication::ReplicationError> for ServeError {
+    fn from(e: crossbook_replication::ReplicationError) -> ServeError {
+        match e {
+            crossbook_replication::ReplicationError::Deposed(why) => ServeError::Deposed(why),
+            other => ServeError::Replication(other),
         }
     }
 }
@@ -55,7 +76,8 @@ impl std::error::Error for ServeError {
             ServeError::Journal(e) => Some(e),
             ServeError::Fix(e) => Some(e),
             ServeError::Io { source, .. } => Some(source),
-            ServeError::History(_) => None,
+            ServeError::Replication(e) => Some(e),
+            ServeError::History(_) | ServeError::Deposed(_) | ServeError::Diverged(_) => None,
         }
     }
 }

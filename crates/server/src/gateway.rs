@@ -20,6 +20,7 @@ use crate::config::{Config, keys_match};
 use crate::ratelog::RateLog;
 use crate::sequencer::{InFlight, Inbound, Request, Sequencer};
 use crate::sessions::{Session, Sessions};
+use crate::replica::NodeState;
 use crate::sink::{BINARY, Query, QueryKind, ReportSink};
 use crate::{ServeError, log};
 use crossbook_engine::AccountId;
@@ -157,6 +158,8 @@ struct Gateway<'a> {
     chunk: Vec<u8>,
     /// Connection events a flood could multiply, rate-limited.
     ratelog: RateLog,
+    /// Whether this node takes orders, and who leads (a replicated venue).
+    node: Arc<NodeState>,
 }
 
 /// Runs the gateway, and with it the sequencer, on the calling thread
@@ -175,6 +178,7 @@ pub(crate) fn run(
     sequencer: &mut Sequencer<'_>,
     others: &mut [&mut dyn ReportSink],
     shutdown: &AtomicBool,
+    node: Arc<NodeState>,
 ) -> Result<(), ServeError> {
     listener.set_nonblocking(true).map_err(ServeError::io("setting the listener non-blocking"))?;
     let mut listener = TcpListener::from_std(listener);
@@ -191,6 +195,7 @@ pub(crate) fn run(
         commands: Vec::new(),
         chunk: vec![0u8; READ_BYTES],
         ratelog: RateLog::default(),
+        node,
     };
     let mut events = Events::with_capacity(EVENTS_PER_POLL);
     let mut stopping: Option<Instant> = None;
@@ -248,7 +253,9 @@ pub(crate) fn run(
         let deferred: Vec<Token> = gateway.deferred.drain().collect();
         gateway.unread.extend(deferred);
         gateway.read_ready();
-        let round = sequencer.apply(&mut gateway.commands);
+        // A replicated node applies the log's messages that came (or, as
+        // leader, checks it still leads) before this round's commands.
+        let round = sequencer.replicate().and_then(|()| sequencer.apply(&mut gateway.commands));
         // Reports of what the journal made durable go out even when this
         // round failed (those commands are safe).
         let released = {
@@ -378,7 +385,7 @@ impl Gateway<'_> {
                 }
             }
             let before = self.commands.len();
-            let mut decoded = decode_all(conn, self.config, &mut self.sessions, &mut self.commands);
+            let mut decoded = decode_all(conn, self.config, &mut self.sessions, &mut self.commands, &self.node);
             // A login for an account whose session is still registered: if
             // that session's connection is gone (its end not read yet), it
             // is closed now and the login goes ahead; if it is alive, the
@@ -406,7 +413,7 @@ impl Gateway<'_> {
                 }
                 let Some(conn) = self.conns.get_mut(&token) else { break };
                 conn.probed = Some(old);
-                decoded = decode_all(conn, self.config, &mut self.sessions, &mut self.commands);
+                decoded = decode_all(conn, self.config, &mut self.sessions, &mut self.commands, &self.node);
             }
             let Some(conn) = self.conns.get_mut(&token) else { continue };
             let decoded = decoded.map_err(|stop| match stop {
@@ -539,12 +546,13 @@ impl Gateway<'_> {
     /// queued for it, and closed.
     fn fail(&mut self, why: &ServeError) {
         log(&format!("stopping: {why}; telling {} connections", self.conns.len()));
+        let reason = if matches!(why, ServeError::Deposed(_)) { ProtocolError::NotLeader } else { ProtocolError::JournalFailed };
         let _ = self.poll.registry().deregister(&mut self.listener);
         let tokens: Vec<Token> = self.conns.keys().copied().collect();
         for &token in &tokens {
             if let Some(conn) = self.conns.get_mut(&token) {
-                conn.queue(&ServerMessage::Error { reason: ProtocolError::JournalFailed });
-                conn.close_after("the journal failed".into());
+                conn.queue(&ServerMessage::Error { reason });
+                conn.close_after(if reason == ProtocolError::NotLeader { "no longer the leader".into() } else { "the journal failed".into() });
             }
             self.flush(token);
         }
@@ -578,13 +586,13 @@ impl Gateway<'_> {
 /// Decodes every whole frame in `conn.inbuf` and handles it; stops at
 /// the first that closes the connection, or at a login that conflicts
 /// with a registered session (left in the buffer, to be decoded again).
-fn decode_all(conn: &mut Conn, config: &Config, sessions: &mut Sessions, commands: &mut Vec<Inbound>) -> Result<(), Stop> {
+fn decode_all(conn: &mut Conn, config: &Config, sessions: &mut Sessions, commands: &mut Vec<Inbound>, node: &NodeState) -> Result<(), Stop> {
     let max_frame = config.limits.max_frame;
     let mut used = 0;
     let result = loop {
         match decode_client(&conn.inbuf[used..], max_frame) {
             Ok(Decoded::NeedMore) => break Ok(()),
-            Ok(Decoded::Message(message, size)) => match handle(message, conn, config, sessions, commands) {
+            Ok(Decoded::Message(message, size)) => match handle(message, conn, config, sessions, commands, node) {
                 Ok(()) => used += size,
                 Err(Stop::Close(reason)) => {
                     used += size;
@@ -602,7 +610,38 @@ fn decode_all(conn: &mut Conn, config: &Config, sessions: &mut Sessions, command
     result
 }
 
-fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, sessions: &mut Sessions, commands: &mut Vec<Inbound>) -> Result<(), Stop> {
+/// A follower's answer to an order message: refused (`not_leader`, not
+/// numbered, never journaled), and where the leader is.
+fn not_leader(message: &ClientMessage, conn: &mut Conn, node: &NodeState) {
+    use crossbook_protocol::reports::NOT_LEADER;
+    let mut report = ExecutionReport {
+        seq: 0,
+        kind: ReportKind::Rejected,
+        order: 0,
+        cid: 0,
+        instrument: 0,
+        side: crossbook_engine::Side::Buy,
+        price: 0,
+        last_qty: 0,
+        last_price: 0,
+        cum_qty: 0,
+        leaves_qty: 0,
+        fee: 0,
+        reason: NOT_LEADER,
+    };
+    match *message {
+        ClientMessage::NewOrder(o) => {
+            (report.cid, report.instrument, report.side, report.price) = (o.cid, o.instrument, o.side, o.price);
+        }
+        ClientMessage::Cancel { order } | ClientMessage::Replace { order, .. } => report.order = order,
+        ClientMessage::CancelAll { instrument } => report.instrument = instrument.unwrap_or(0),
+        _ => {}
+    }
+    conn.queue(&ServerMessage::ExecutionReport(report));
+    conn.queue(&ServerMessage::Redirect { leader: redirect_field(&node.leader_binary().unwrap_or_default()) });
+}
+
+fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, sessions: &mut Sessions, commands: &mut Vec<Inbound>, node: &NodeState) -> Result<(), Stop> {
     let id = conn.id;
     let close = |reason: &str| Err(Stop::Close(reason.to_string()));
     match (message, conn.account) {
@@ -655,6 +694,11 @@ fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, sessions: &m
                 }
             }
             conn.account = Some(claimed);
+            if !node.accepting.load(Ordering::Acquire) {
+                // A follower: the session replays and hears its reports,
+                // and learns where orders go.
+                conn.queue(&ServerMessage::Redirect { leader: redirect_field(&node.leader_binary().unwrap_or_default()) });
+            }
             log(&format!("login connection={id} account={claimed} replayed={replayed}"));
             Ok(())
         }
@@ -683,6 +727,10 @@ fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, sessions: &m
         (ClientMessage::QueryOpenOrders { request, instrument }, Some(who)) => {
             let query = Query { account: who, kind: QueryKind::OpenOrders { instrument }, token: id, request };
             commands.push(Inbound { request: Request::Query(query), annex: None, source: BINARY, in_flight: conn.in_flight.clone() });
+            Ok(())
+        }
+        (message, Some(_)) if message.to_command(0).is_some() && !node.accepting.load(Ordering::Acquire) => {
+            not_leader(&message, conn, node);
             Ok(())
         }
         (message, Some(who)) => {

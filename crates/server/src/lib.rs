@@ -23,6 +23,7 @@ mod gateway;
 mod market;
 mod ratelog;
 mod replay;
+mod replica;
 mod sequencer;
 mod sessions;
 pub mod sink;
@@ -95,6 +96,26 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
     for warning in &recovered.warnings {
         log(&format!("warning: {warning}"));
     }
+    // A replicated node: the log on NATS JetStream is the truth; the local
+    // journal is checked against it (and cut back where it holds what the
+    // log does not) before anything is served.
+    let (recovered, replicated_log) = match &config.replication {
+        Some(replication) => {
+            log(&format!("replication: node {} connecting to {:?} (stream {}, {} replicas)", replication.node, replication.nats, replication.stream, replication.replicas));
+            let log_config = crossbook_replication::Config {
+                urls: replication.nats.clone(),
+                stream: replication.stream.clone(),
+                replicas: replication.replicas,
+                lease_ttl: std::time::Duration::from_millis(replication.lease_ttl_ms),
+                node: replication.node.clone(),
+                connect_timeout: std::time::Duration::from_secs(replication.connect_timeout_s),
+            };
+            let replicated_log = Arc::new(crossbook_replication::Log::connect(log_config)?);
+            let recovered = replica::reconcile(&config.data_dir, &replicated_log, recovered)?;
+            (recovered, Some(replicated_log))
+        }
+        None => (recovered, None),
+    };
     log(&format!(
         "recovered seq {} from {}, {} commands replayed, in {} ms",
         recovered.engine.seq(),
@@ -118,12 +139,19 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
     // `Sequencer::apply`): no eager hand-off of its first records.
     let journal_config = JournalConfig { durability, on_ack: Some(on_ack), eager: false, segment_bytes: config.segment_bytes };
     let mut journal = Journal::open(&config.data_dir, journal_config, &recovered.end)?;
-    if engine.seq() == 0 {
+    let chain = recovered.end.last_crc;
+    if engine.seq() == 0 && replicated_log.is_none() {
         sequencer::set_up(&mut engine, &mut journal, &config.setup_commands()?)?;
         log(&format!("new venue: {} set-up commands from the configuration", engine.seq()));
     } else {
         log(&format!("recovered {} commands from {}", engine.seq(), config.data_dir.display()));
     }
+    // Where the log is read from (a replicated node follows first).
+    let read_from = match &replicated_log {
+        Some(replicated_log) => Some(replica::read_from(replicated_log, engine.seq())?),
+        None => None,
+    };
+    let node = replica::NodeState::new(replicated_log.is_none());
 
     // The sequencer's progress, for the gateways that need it.
     let applied = Arc::new(AtomicU64::new(engine.seq()));
@@ -144,7 +172,7 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         None
     } else {
         let fix_sessions = gateway.clone().map(|g| Arc::new(move || g.connected()) as Arc<dyn Fn() -> usize + Send + Sync>);
-        Some(market::Market::new(&config, sessions.logged_in.clone(), fix_sessions)?)
+        Some(market::Market::new(&config, sessions.logged_in.clone(), fix_sessions, node.clone())?)
     };
     let mut market_sink = market.clone().map(market::MarketSink);
     // The FIX stores' messages end there: the start-up replay must begin
@@ -197,17 +225,39 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         history_commands: config.history_commands,
     };
     let mut sequencer = Sequencer::new(engine, journal, settings, checkpoint_now)?;
+
     if let Some(gateway) = &gateway {
         let wake = waker.clone();
         gateway.start(queue.clone(), Arc::new(move || drop(wake.wake())), shutdown.clone())?;
     }
+    let mut market_address = None;
     if let Some(market) = &market {
         let wake = waker.clone();
-        market.start(market::trading::SequencerLink { queue: queue.clone(), wake: Arc::new(move || drop(wake.wake())) })?;
+        market_address = Some(market.start(market::trading::SequencerLink { queue: queue.clone(), wake: Arc::new(move || drop(wake.wake())) })?);
+    }
+    let mut lease = None;
+    if let (Some(replicated_log), Some(from), Some(replication)) = (replicated_log, read_from, &config.replication) {
+        let wake = waker.clone();
+        let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || drop(wake.wake()));
+        node.applied_stream.store(from - 1, Ordering::Release);
+        let reader = replicated_log.reader(from, wake.clone());
+        log(&format!("replication: following the log from stream message {from}{}", if replication.candidate { " (a candidate to lead)" } else { " (a read replica: never leads)" }));
+        let me = crossbook_replication::Leader {
+            node: replication.node.clone(),
+            binary: if replication.advertise_binary.is_empty() { address.to_string() } else { replication.advertise_binary.clone() },
+            rest: if replication.advertise_rest.is_empty() { market_address.map(|a| a.to_string()).unwrap_or_default() } else { replication.advertise_rest.clone() },
+        };
+        let ttl = std::time::Duration::from_millis(replication.lease_ttl_ms);
+        lease = Some(replica::lease_thread(replicated_log.clone(), node.clone(), me, replication.candidate, ttl, wake.clone()).map_err(ServeError::io("starting the lease thread"))?);
+        sequencer.replicated(sequencer::Replication { log: replicated_log, state: node.clone(), wake, chain, role: sequencer::Role::Follower(reader), setup: config.setup_commands()? });
     }
     log(&format!("listening on {address}"));
     listening(address);
-    let served = gateway::run(poll, listener, &config, sessions, &inbound, &mut sequencer, &mut others, &shutdown);
+    let served = gateway::run(poll, listener, &config, sessions, &inbound, &mut sequencer, &mut others, &shutdown, node.clone());
+    node.stop.store(true, Ordering::Release);
+    if let Some(lease) = lease {
+        let _ = lease.join();
+    }
     if let Some(gateway) = &gateway {
         let failure = served.as_ref().err().map(|e| format!("the venue is stopping: {e}"));
         gateway.stop(failure.as_deref());

@@ -9,7 +9,10 @@
 //! out; the journal's writer syncs on its own thread and wakes the gateway
 //! when a group commit is done.
 
+use crate::replica::NodeState;
 use crate::sink::{Answer, Applied, Checkpoint, Query, QueryKind, Refusal, Released, ReportSink, Source};
+use crossbook_replication::batch::Encoder;
+use crossbook_replication::{Appender, Delivered, Log, Reader};
 use crate::snapshotter::{KEEP_SNAPSHOTS, Offer, Snapshotter};
 use crate::{ServeError, Summary, log};
 use crossbook_engine::{Command, Engine, Event};
@@ -119,6 +122,32 @@ pub(crate) fn set_up(engine: &mut Engine, journal: &mut Journal, commands: &[Com
     Ok(())
 }
 
+/// A replicated node's side of the sequencer (`replica.rs`).
+pub(crate) struct Replication {
+    pub(crate) log: Arc<Log>,
+    pub(crate) state: Arc<NodeState>,
+    pub(crate) wake: Arc<dyn Fn() + Send + Sync>,
+    /// The chain value after the last command applied (what the next
+    /// record chains from, in the log as in the journal).
+    pub(crate) chain: u32,
+    pub(crate) role: Role,
+    /// A new venue's reference data: journaled (and so replicated) first
+    /// by the node that leads a log that is still empty.
+    pub(crate) setup: Vec<Command>,
+}
+
+pub(crate) enum Role {
+    /// Applies the log's messages as they come.
+    Follower(Reader),
+    /// Appends its batches to the log; a batch's reports go out once a
+    /// quorum holds it.
+    Leader(Appender),
+}
+
+/// Messages of the log applied per round at most (the gateway's sockets
+/// get their turn between).
+const DELIVERED_PER_ROUND: usize = 64;
+
 /// What the sequencer runs with besides its queue.
 pub(crate) struct Settings<'a> {
     pub(crate) data_dir: &'a Path,
@@ -177,6 +206,8 @@ pub(crate) struct Sequencer<'a> {
     time_ms: u64,
     snapshotter: Snapshotter,
     settings: Settings<'a>,
+    /// A replicated node's log, role and chain; `None`: one machine.
+    replication: Option<Replication>,
 }
 
 impl<'a> Sequencer<'a> {
@@ -208,7 +239,18 @@ impl<'a> Sequencer<'a> {
             logged: 0,
             snapshotter,
             settings,
+            replication: None,
         })
+    }
+
+    /// Makes this a replicated node's sequencer (`replica.rs`).
+    pub(crate) fn replicated(&mut self, replication: Replication) {
+        self.replication = Some(replication);
+    }
+
+    /// Whether this node takes orders: not replicated, or leading.
+    fn leading(&self) -> bool {
+        self.replication.as_ref().is_none_or(|r| matches!(r.role, Role::Leader(_)))
     }
 
     /// Journals and applies `batch` (emptied); its reports wait for the
@@ -232,10 +274,15 @@ impl<'a> Sequencer<'a> {
             answers: Vec::new(),
             answered: Vec::with_capacity(batch.len()),
         };
+        let leading = self.leading();
+        let mut records = self.replication.as_ref().map(|r| Encoder::new(self.engine.seq() + 1, r.chain));
         for item in batch.drain(..) {
             done.answered.push(item.in_flight);
             let command = match item.request {
-                Request::Command(command) => command,
+                Request::Command(command) if leading => command,
+                // A follower takes no command (its gateways refuse them
+                // first; one that raced a lost lead is dropped).
+                Request::Command(_) => continue,
                 Request::Query(query) => {
                     done.answers.push(self.answer(item.source, query));
                     continue;
@@ -250,6 +297,9 @@ impl<'a> Sequencer<'a> {
             }
             let seq = self.engine.seq() + 1;
             self.journal.append_with(seq, &command, item.annex.as_deref())?;
+            if let Some(records) = records.as_mut() {
+                records.push(seq, self.time_ms, &command, item.annex.as_deref());
+            }
             self.events.clear();
             self.engine.apply(&command, &mut self.events);
             let first = done.reports.len();
@@ -267,9 +317,131 @@ impl<'a> Sequencer<'a> {
             self.commands += 1;
         }
         self.journal.publish()?;
+        if let (Some(records), Some(replication)) = (records, self.replication.as_mut())
+            && !records.is_empty()
+            && let Role::Leader(appender) = &replication.role
+        {
+            replication.chain = records.span().chain;
+            appender.submit(records)?;
+        }
         self.settings.applied.store(self.engine.seq(), Ordering::Release);
         done.last_seq = self.engine.seq();
         self.waiting.push_back(done);
+        Ok(())
+    }
+
+    /// A replicated node's turn each round: a follower applies the log's
+    /// messages that came (and takes the lead once the lease thread took
+    /// the lease and its marker is in); a leader checks it still leads.
+    pub(crate) fn replicate(&mut self) -> Result<(), ServeError> {
+        let Some(replication) = self.replication.as_mut() else { return Ok(()) };
+        let mut delivered = Vec::new();
+        if let Role::Follower(reader) = &mut replication.role {
+            while delivered.len() < DELIVERED_PER_ROUND {
+                match reader.next() {
+                    Some(Ok(message)) => delivered.push(message),
+                    Some(Err(e)) => return Err(e.into()),
+                    None => break,
+                }
+            }
+        }
+        for message in delivered {
+            self.apply_delivered(message)?;
+        }
+        self.try_to_lead()
+    }
+
+    /// Applies one message of the log as the leader applied it: the same
+    /// commands under the same sequence numbers and times, journaled
+    /// locally; its reports go to the gateways once the local journal
+    /// holds them.
+    fn apply_delivered(&mut self, message: Delivered) -> Result<(), ServeError> {
+        let Some(replication) = self.replication.as_mut() else { return Ok(()) };
+        let seq = self.engine.seq();
+        if message.span.first > seq + 1 {
+            return Err(ServeError::Diverged(format!("stream message {} begins at command {}, after {seq}", message.stream_seq, message.span.first)));
+        }
+        if message.span.first == seq + 1 && message.span.previous != replication.chain {
+            return Err(ServeError::Diverged(format!("stream message {} does not chain to command {seq} as this node has it", message.stream_seq)));
+        }
+        replication.state.applied_stream.store(message.stream_seq, Ordering::Release);
+        let chain = message.span.chain;
+        let fresh: Vec<_> = message.records.into_iter().filter(|r| r.seq > seq).collect();
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        replication.chain = chain;
+        let mut done = Waiting {
+            last_seq: 0,
+            applied_at: Instant::now(),
+            commands: Vec::with_capacity(fresh.len()),
+            reports: Vec::new(),
+            events: Vec::new(),
+            refused: Vec::new(),
+            answers: Vec::new(),
+            answered: Vec::new(),
+        };
+        for record in fresh {
+            self.time_ms = self.time_ms.max(record.time_ms);
+            self.journal.stamp(record.time_ms);
+            self.journal.append_with(record.seq, &record.command, record.annex.as_deref())?;
+            self.events.clear();
+            self.engine.apply(&record.command, &mut self.events);
+            let first = done.reports.len();
+            self.builder.reports(&record.command, &self.events, &mut done.reports);
+            let first_event = done.events.len();
+            done.events.extend_from_slice(&self.events);
+            done.commands.push(Applied {
+                seq: record.seq,
+                time_ms: record.time_ms,
+                command: record.command,
+                annex: record.annex,
+                reports: first..done.reports.len(),
+                events: first_event..done.events.len(),
+            });
+            self.commands += 1;
+        }
+        self.journal.publish()?;
+        self.settings.applied.store(self.engine.seq(), Ordering::Release);
+        done.last_seq = self.engine.seq();
+        self.waiting.push_back(done);
+        Ok(())
+    }
+
+    /// Once the lease thread has taken the lease: the leadership marker
+    /// right after the last message applied (if the log moved on, what
+    /// came is applied first and it is tried again), then orders.
+    fn try_to_lead(&mut self) -> Result<(), ServeError> {
+        let Some(replication) = self.replication.as_mut() else { return Ok(()) };
+        let epoch = replication.state.promote.load(Ordering::Acquire);
+        if epoch == 0 || !matches!(replication.role, Role::Follower(_)) {
+            return Ok(());
+        }
+        let after = replication.state.applied_stream.load(Ordering::Acquire);
+        let marked = match replication.log.mark_leader(epoch, after, self.engine.seq(), replication.chain) {
+            Ok(marked) => marked,
+            Err(e) => {
+                log(&format!("replication: the leadership marker could not be appended yet ({e}); trying again"));
+                return Ok(());
+            }
+        };
+        let Some(marker) = marked else { return Ok(()) };
+        let appender = replication.log.appender(epoch, marker, self.engine.seq(), replication.wake.clone());
+        replication.role = Role::Leader(appender);
+        replication.state.applied_stream.store(marker, Ordering::Release);
+        replication.state.leading.store(true, Ordering::Release);
+        replication.state.accepting.store(true, Ordering::Release);
+        log(&format!("replication: leading (epoch {epoch}) from command {}, stream message {marker}", self.engine.seq()));
+        if self.engine.seq() == 0 {
+            // A new venue: its reference data is the log's first commands.
+            let setup = std::mem::take(&mut replication.setup);
+            let in_flight = InFlight::polled();
+            let mut batch: Vec<Inbound> = setup.into_iter().map(|command| Inbound { request: Request::Command(command), annex: None, source: crate::sink::OTHER, in_flight: in_flight.clone() }).collect();
+            in_flight.add(batch.len() as u32);
+            let count = batch.len();
+            self.apply(&mut batch)?;
+            log(&format!("new venue: {count} set-up commands from the configuration, replicated"));
+        }
         Ok(())
     }
 
@@ -301,13 +473,30 @@ impl<'a> Sequencer<'a> {
             _ => {}
         }
         if !self.waiting.is_empty() {
-            let acked = self.journal.acked();
+            let acked = match self.replication.as_ref().map(|r| &r.role) {
+                // A leader's batch is acknowledged once a quorum of the log
+                // holds it (and the local journal has it too).
+                Some(Role::Leader(appender)) => self.journal.acked().min(appender.acked()),
+                _ => self.journal.acked(),
+            };
             self.release_through(acked, sinks);
         }
-        match self.journal.failure() {
-            Some(failure) => Err(ServeError::Journal(failure)),
-            None => Ok(()),
+        if let Some(failure) = self.journal.failure() {
+            return Err(ServeError::Journal(failure));
         }
+        if let Some(replication) = &self.replication {
+            if let Role::Leader(appender) = &replication.role
+                && let Some(failure) = appender.failure()
+            {
+                replication.state.accepting.store(false, Ordering::Release);
+                return Err(failure.into());
+            }
+            if replication.state.lost.load(Ordering::Acquire) {
+                replication.state.accepting.store(false, Ordering::Release);
+                return Err(ServeError::Deposed("the lease was lost".into()));
+            }
+        }
+        Ok(())
     }
 
     fn release_through(&mut self, acked: u64, sinks: &mut [&mut dyn ReportSink]) {
@@ -381,7 +570,9 @@ impl<'a> Sequencer<'a> {
 
     /// Applies what is left, makes it all durable, writes a snapshot.
     pub(crate) fn finish(mut self, leftover: Vec<Inbound>) -> Result<Summary, ServeError> {
-        let mut leftover = leftover;
+        // A replicated node applies nothing more at the end: what was never
+        // appended to the log was never acknowledged.
+        let mut leftover = if self.replication.is_some() { Vec::new() } else { leftover };
         self.apply(&mut leftover)?;
         let watch = self.journal.watch();
         let stats = self.journal.close()?;

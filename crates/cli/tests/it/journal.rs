@@ -649,3 +649,32 @@ fn an_older_empty_last_segment_makes_way_for_a_current_one() {
     assert_eq!(u32::from_le_bytes([header[8], header[9], header[10], header[11]]), SEGMENT_VERSION);
     assert_eq!(state_hash(&recover(&dir.0).unwrap().engine), live_hash(&commands));
 }
+
+/// A journal cut after record k (at a segment's start, in its middle, at
+/// its end, past the end, with snapshots on both sides) recovers to the
+/// state of the first k commands, and goes on from there: a replicated
+/// node drops the commands the log does not hold this way.
+#[test]
+fn a_journal_cut_after_a_record_recovers_to_it_and_goes_on() {
+    let commands = generate(Workload::Mixed, 5, 6_000);
+    let dir = TempDir::new("truncate");
+    journal_run(&dir.0, &commands, small_segments(Durability::Sync), 1_500);
+    let segments: Vec<u64> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("segment-")?.strip_suffix(".xbj")?.parse().ok())
+        .collect();
+    let boundary = *segments.iter().filter(|s| **s > 1_000).min().expect("several segments");
+    for cut in [boundary - 1, boundary, boundary + 7, 4_321, 5_999, 6_000, 9_000] {
+        let copy = TempDir::new("truncate-copy");
+        copy_dir(&dir.0, &copy.0);
+        crossbook_journal::truncate_after(&copy.0, cut).unwrap();
+        let kept = cut.min(6_000) as usize;
+        let recovered = recover(&copy.0).unwrap();
+        assert_eq!(recovered.engine.seq(), kept as u64, "cut after {cut}");
+        assert_eq!(state_hash(&recovered.engine), live_hash(&commands[..kept]), "cut after {cut}");
+        assert!(recovered.snapshot.is_none_or(|s| s <= kept as u64));
+        // It goes on: the rest journaled again, the whole recovers.
+        assert_eq!(journal_run(&copy.0, &commands, small_segments(Durability::Sync), 0), live_hash(&commands));
+        assert_eq!(state_hash(&recover(&copy.0).unwrap().engine), live_hash(&commands), "cut after {cut}, then the rest");
+    }
+}

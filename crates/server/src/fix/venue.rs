@@ -498,6 +498,7 @@ impl FixBook {
         let text = match refusal {
             Some(Refusal::Engine(reason)) => reason.name(),
             Some(Refusal::OpenOrderLimit) => "open order limit reached",
+            Some(Refusal::NotLeader) => "not the leader",
             None => "rejected",
         };
         let cl_ord_id = annex.map_or_else(|| report.cid.to_string(), |a| a.cl_ord_id.clone());

@@ -47,11 +47,13 @@ pub(crate) struct ApiError {
     pub(crate) msg: String,
     /// Seconds, for a `Retry-After` header (429).
     pub(crate) retry_after: Option<u64>,
+    /// A `Location` header (a follower's 307 to the leader).
+    pub(crate) location: Option<String>,
 }
 
 impl ApiError {
     pub(crate) fn new(status: StatusCode, code: i32, msg: impl Into<String>) -> ApiError {
-        ApiError { status, code, msg: msg.into(), retry_after: None }
+        ApiError { status, code, msg: msg.into(), retry_after: None, location: None }
     }
 
     pub(crate) fn bad(code: i32, msg: impl Into<String>) -> ApiError {
@@ -76,6 +78,9 @@ impl IntoResponse for ApiError {
         let mut response = (self.status, json_response(json!({"code": self.code, "msg": self.msg}))).into_response();
         if let Some(seconds) = self.retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if let Some(location) = self.location.as_deref().and_then(|l| HeaderValue::from_str(l).ok()) {
+            response.headers_mut().insert(header::LOCATION, location);
         }
         response
     }

@@ -112,6 +112,8 @@ pub(crate) struct Hub {
     pub(crate) stopping: AtomicBool,
     /// The signed endpoints and user data streams (`market_data.trading`).
     pub(crate) trading: Option<Arc<Trading>>,
+    /// Whether this node takes orders, and who leads (a replicated venue).
+    pub(crate) node: Arc<crate::replica::NodeState>,
 }
 
 impl Hub {
@@ -314,7 +316,7 @@ pub(crate) struct Market {
 }
 
 impl Market {
-    pub(crate) fn new(config: &Config, sessions: Arc<AtomicUsize>, fix_sessions: Option<Arc<dyn Fn() -> usize + Send + Sync>>) -> Result<Arc<Market>, ServeError> {
+    pub(crate) fn new(config: &Config, sessions: Arc<AtomicUsize>, fix_sessions: Option<Arc<dyn Fn() -> usize + Send + Sync>>, node: Arc<crate::replica::NodeState>) -> Result<Arc<Market>, ServeError> {
         let infos = instruments(config)?;
         let hub = Arc::new(Hub {
             state: RwLock::new(MarketData::new(infos, 0)),
@@ -329,6 +331,7 @@ impl Market {
             live: Mutex::new(std::collections::HashMap::new()),
             stopping: AtomicBool::new(false),
             trading: config.market_data.trading.then(|| Arc::new(Trading::new(config))),
+            node,
         });
         hub.write().accounts.gateway_cids = gateway_cids();
         Ok(Arc::new(Market { hub, feed: Mutex::new(None), thread: Mutex::new(None), http: Mutex::new(None) }))

@@ -485,6 +485,24 @@ fn trading(hub: &Hub) -> Result<&Trading, ApiError> {
     hub.trading.as_deref().ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, -1000, "Trading is off on this venue (market_data.trading = false)."))
 }
 
+/// An order request sent to a follower of a replicated venue: redirected
+/// to the leader (HTTP 307: the client sends the same request there), or
+/// refused while no leader is known.
+fn follower(hub: &Hub, path: &str, query: Option<&str>) -> Result<(), ApiError> {
+    if hub.node.accepting.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    match hub.node.leader_rest() {
+        Some(leader) => {
+            let target = format!("http://{leader}{path}{}", query.map(|q| format!("?{q}")).unwrap_or_default());
+            let mut error = ApiError::new(StatusCode::TEMPORARY_REDIRECT, -1000, format!("This node follows; the leader takes orders: {target}"));
+            error.location = Some(target);
+            Err(error)
+        }
+        None => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, -1008, "No leader right now (a failover is under way); try again shortly.")),
+    }
+}
+
 fn body_text(body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>, hub: &Hub) -> Result<String, ApiError> {
     let bytes = body.map_err(|_| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, -1000, format!("Request body too large: at most {} bytes.", hub.config.max_body)))?;
     String::from_utf8(bytes.to_vec()).map_err(|_| ApiError::bad(-1100, "Illegal characters found in the request body; it must be UTF-8 form data."))
@@ -547,6 +565,7 @@ fn order_reject(reason: RejectReason) -> ApiError {
 /// `POST /api/v3/order`.
 pub(crate) async fn new_order(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
     let trading = trading(&hub)?;
+    follower(&hub, "/api/v3/order", query.as_deref())?;
     let body = body_text(body, &hub)?;
     let known = [
         "symbol", "side", "type", "timeInForce", "quantity", "quoteOrderQty", "price", "newClientOrderId", "newOrderRespType", "selfTradePreventionMode", "stopPrice", "trailingDelta", "icebergQty", "strategyId", "strategyType", "pegPriceType", "pegOffsetValue", "pegOffsetType",
@@ -654,6 +673,7 @@ fn find_order<'a>(market: &'a MarketData, account: AccountId, index: usize, para
 /// `DELETE /api/v3/order`.
 pub(crate) async fn cancel_order(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
     let trading = trading(&hub)?;
+    follower(&hub, "/api/v3/order", query.as_deref())?;
     let body = body_text(body, &hub)?;
     let (account, params, used) = trading.signed(&headers, query.as_deref(), &body, &["symbol", "orderId", "origClientOrderId", "newClientOrderId", "cancelRestrictions"], |_| 1, false)?;
     if params.get("cancelRestrictions").is_some() {
@@ -677,6 +697,7 @@ pub(crate) async fn cancel_order(State(hub): State<Arc<Hub>>, headers: HeaderMap
 /// `DELETE /api/v3/openOrders`.
 pub(crate) async fn cancel_open_orders(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
     let trading = trading(&hub)?;
+    follower(&hub, "/api/v3/openOrders", query.as_deref())?;
     let body = body_text(body, &hub)?;
     let (account, params, used) = trading.signed(&headers, query.as_deref(), &body, &["symbol"], |_| 1, false)?;
     let (instrument, index) = {

@@ -1,0 +1,494 @@
+//! The replicated log on NATS JetStream, and the leader lease beside it.
+//!
+//! One stream (`<stream>`, subject `<stream>.log`, `replicas` copies, file
+//! storage, kept for ever) holds the messages of `batch.rs`. Appends are
+//! fenced with `Nats-Expected-Last-Sequence`: a writer says which stream
+//! sequence number it expects to follow, so a writer that is no longer the
+//! last one (another leader appended since) is refused (err_code 10071),
+//! and stops. Each append carries a `Nats-Msg-Id` (`<node>-<epoch>-<first
+//! command>`): a retry after a lost acknowledgement is recognised as a
+//! duplicate, never written twice. (The stream-wide header, not the
+//! per-subject one: on nats-server 2.9 a retry with the per-subject header
+//! is refused instead of recognised.)
+//!
+//! The lease is a key-value bucket (`<stream>_LEASE`, history 1, the
+//! bucket's `max_age` the lease's time to live, `replicas` copies) with one
+//! key, `leader`: created by the node that takes the lead (refused if it
+//! exists), kept alive by updates that name the revision they follow
+//! (refused if another wrote since). The bucket's stream is made here
+//! rather than with `create_key_value`, which on async-nats 0.41+ reads
+//! account fields that nats-server 2.9 (Debian 12's) does not send.
+//!
+//! The API here is blocking (the server's threads are not async): a
+//! tokio runtime of one worker thread runs the client and the background
+//! tasks (the appender, the reader).
+
+use crate::batch::{self, HEADER_CHAIN, HEADER_LEADER, HEADER_PREVIOUS, HEADER_SEQ, Record, Span};
+use async_nats::jetstream::{self, context::PublishErrorKind, kv, stream};
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The largest message the appender writes (nats-server's default
+/// `max_payload` is 1 MiB; headers come on top).
+pub const MAX_MESSAGE: usize = 768 * 1024;
+/// Messages of the appender's queue (each one sequencer batch).
+const APPEND_QUEUE: usize = 4096;
+/// Messages the reader may have delivered and not yet taken.
+const READ_QUEUE: usize = 1024;
+/// How long an append or a read waits before it is retried.
+const RETRY: Duration = Duration::from_millis(100);
+/// The stream's window for recognising a retried message.
+const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+const LEASE_KEY: &str = "leader";
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// NATS servers (`nats://host:port`), any of the cluster.
+    pub urls: Vec<String>,
+    /// The stream's name (the subject is `<stream>.log`).
+    pub stream: String,
+    /// Copies of the stream and of the lease bucket (3 in a 3-node cluster).
+    pub replicas: usize,
+    /// The lease's time to live.
+    pub lease_ttl: Duration,
+    /// This node's name (unique in the cluster).
+    pub node: String,
+    /// How long to keep trying to reach NATS at start.
+    pub connect_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicationError {
+    /// NATS could not be reached, or answered with an error.
+    Nats(String),
+    /// Another writer appended since: this node is no longer the leader.
+    Deposed(String),
+    /// A message that is not a well-formed, well-chained batch.
+    Corrupt(String),
+}
+
+impl std::fmt::Display for ReplicationError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReplicationError::Nats(what) => write!(f, "NATS: {what}"),
+            ReplicationError::Deposed(what) => write!(f, "deposed: {what}"),
+            ReplicationError::Corrupt(what) => write!(f, "a corrupt log message: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for ReplicationError {}
+
+/// Where a message is: its stream sequence number and what it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Position {
+    pub stream_seq: u64,
+    pub span: Span,
+}
+
+/// One message as a replica takes it.
+#[derive(Clone, Debug)]
+pub struct Delivered {
+    pub stream_seq: u64,
+    pub span: Span,
+    pub records: Vec<Record>,
+    /// A leadership marker's node.
+    pub leader: Option<String>,
+}
+
+/// Who leads, as the lease says.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Leader {
+    pub node: String,
+    /// Its binary-protocol address (where clients send orders).
+    pub binary: String,
+    /// Its HTTP address (market data and the REST API), or empty.
+    pub rest: String,
+}
+
+pub struct Log {
+    runtime: tokio::runtime::Runtime,
+    js: jetstream::Context,
+    stream_name: String,
+    subject: String,
+    lease: kv::Store,
+    config: Config,
+}
+
+fn span_of(headers: Option<&async_nats::HeaderMap>) -> Result<(Span, Option<String>), ReplicationError> {
+    let headers = headers.ok_or_else(|| ReplicationError::Corrupt("a message without headers".into()))?;
+    let get = |name: &str| headers.get(name).map(|v| v.as_str().to_string()).ok_or_else(|| ReplicationError::Corrupt(format!("no {name} header")));
+    let span = Span::parse(&get(HEADER_SEQ)?, &get(HEADER_PREVIOUS)?, &get(HEADER_CHAIN)?).ok_or_else(|| ReplicationError::Corrupt("bad Crossbook headers".into()))?;
+    Ok((span, headers.get(HEADER_LEADER).map(|v| v.as_str().to_string())))
+}
+
+fn deliver(stream_seq: u64, headers: Option<&async_nats::HeaderMap>, payload: &[u8]) -> Result<Delivered, ReplicationError> {
+    let (span, leader) = span_of(headers)?;
+    let records = batch::decode(&span, payload).map_err(|e| ReplicationError::Corrupt(format!("stream message {stream_seq}: {e}")))?;
+    Ok(Delivered { stream_seq, span, records, leader })
+}
+
+impl Log {
+    /// Connects (trying for `connect_timeout`), and makes the stream and
+    /// the lease bucket if they are not there.
+    pub fn connect(config: Config) -> Result<Log, ReplicationError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("nats").enable_all().build().map_err(|e| ReplicationError::Nats(format!("starting the NATS runtime: {e}")))?;
+        let stream_name = config.stream.clone();
+        let subject = format!("{}.log", config.stream);
+        let (js, lease) = runtime.block_on(async {
+            let deadline = Instant::now() + config.connect_timeout;
+            let client = loop {
+                let options = async_nats::ConnectOptions::new().name(&config.node).max_reconnects(None).connection_timeout(Duration::from_secs(2));
+                match options.connect(config.urls.clone()).await {
+                    Ok(client) => break client,
+                    Err(e) if Instant::now() < deadline => {
+                        let _ = e;
+                        tokio::time::sleep(RETRY * 5).await;
+                    }
+                    Err(e) => return Err(ReplicationError::Nats(format!("connecting to {:?}: {e}", config.urls))),
+                }
+            };
+            let js = jetstream::context::ContextBuilder::new().timeout(Duration::from_secs(5)).build(client);
+            // JetStream answers once the cluster has a meta leader.
+            let stream_config = stream::Config {
+                name: stream_name.clone(),
+                subjects: vec![subject.clone()],
+                num_replicas: config.replicas,
+                duplicate_window: DUPLICATE_WINDOW,
+                storage: stream::StorageType::File,
+                retention: stream::RetentionPolicy::Limits,
+                discard: stream::DiscardPolicy::Old,
+                ..Default::default()
+            };
+            let bucket = format!("{stream_name}_LEASE");
+            let lease_config = stream::Config {
+                name: format!("KV_{bucket}"),
+                subjects: vec![format!("$KV.{bucket}.>")],
+                max_messages_per_subject: 1,
+                max_age: config.lease_ttl,
+                storage: stream::StorageType::File,
+                num_replicas: config.replicas,
+                discard: stream::DiscardPolicy::New,
+                allow_rollup: true,
+                deny_delete: true,
+                allow_direct: true,
+                ..Default::default()
+            };
+            loop {
+                let made = async {
+                    js.get_or_create_stream(stream_config.clone()).await.map_err(|e| e.to_string())?;
+                    js.get_or_create_stream(lease_config.clone()).await.map_err(|e| e.to_string())?;
+                    js.get_key_value(bucket.clone()).await.map_err(|e| e.to_string())
+                }
+                .await;
+                match made {
+                    Ok(lease) => break Ok((js, lease)),
+                    Err(e) if Instant::now() < deadline => {
+                        let _ = e;
+                        tokio::time::sleep(RETRY * 5).await;
+                    }
+                    Err(e) => break Err(ReplicationError::Nats(format!("making the stream {stream_name} and its lease bucket: {e}"))),
+                }
+            }
+        })?;
+        Ok(Log { runtime, js, stream_name, subject, lease, config })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    async fn stream(&self) -> Result<stream::Stream, ReplicationError> {
+        self.js.get_stream(&self.stream_name).await.map_err(|e| ReplicationError::Nats(format!("stream {}: {e}", self.stream_name)))
+    }
+
+    async fn message(&self, stream: &stream::Stream, seq: u64) -> Result<Delivered, ReplicationError> {
+        let message = stream.get_raw_message(seq).await.map_err(|e| ReplicationError::Nats(format!("message {seq}: {e}")))?;
+        deliver(seq, Some(&message.headers), &message.payload)
+    }
+
+    /// The last message of the log, if any.
+    pub fn last(&self) -> Result<Option<Position>, ReplicationError> {
+        self.runtime.block_on(async {
+            let stream = self.stream().await?;
+            let info = stream.get_info().await.map_err(|e| ReplicationError::Nats(format!("stream info: {e}")))?;
+            let last = info.state.last_sequence;
+            if last == 0 {
+                return Ok(None);
+            }
+            let message = self.message(&stream, last).await?;
+            Ok(Some(Position { stream_seq: last, span: message.span }))
+        })
+    }
+
+    /// The message at a stream sequence number.
+    pub fn at(&self, stream_seq: u64) -> Result<Delivered, ReplicationError> {
+        self.runtime.block_on(async {
+            let stream = self.stream().await?;
+            self.message(&stream, stream_seq).await
+        })
+    }
+
+    /// The message that holds command `seq` (by bisection over the stream:
+    /// log(messages) reads); `None` past the log's end.
+    pub fn holding(&self, seq: u64) -> Result<Option<Position>, ReplicationError> {
+        self.runtime.block_on(async {
+            let stream = self.stream().await?;
+            let info = stream.get_info().await.map_err(|e| ReplicationError::Nats(format!("stream info: {e}")))?;
+            let (mut low, mut high) = (info.state.first_sequence.max(1), info.state.last_sequence);
+            while low <= high && high > 0 {
+                let middle = low + (high - low) / 2;
+                let span = self.message(&stream, middle).await?.span;
+                if seq < span.first {
+                    high = middle - 1;
+                } else if seq > span.last {
+                    low = middle + 1;
+                } else {
+                    return Ok(Some(Position { stream_seq: middle, span }));
+                }
+            }
+            Ok(None)
+        })
+    }
+
+    /// Appends a leadership marker after stream message `after` (the last
+    /// this node has applied, its chain value `chain` and last command
+    /// `last_command`): from then on, only this node's appends follow.
+    /// `Ok(None)` if the log has moved on meanwhile (apply what came, and
+    /// try again).
+    pub fn mark_leader(&self, epoch: u64, after: u64, last_command: u64, chain: u32) -> Result<Option<u64>, ReplicationError> {
+        let span = Span { first: last_command + 1, last: last_command, previous: chain, chain };
+        let id = format!("{}-{epoch}-lead", self.config.node);
+        self.runtime.block_on(async {
+            match append(&self.js, &self.subject, &self.config.node, &id, after, &span, Vec::new(), true).await {
+                Ok(seq) => Ok(Some(seq)),
+                Err(ReplicationError::Deposed(_)) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    /// Starts the appender: messages follow stream message `after`.
+    pub fn appender(&self, epoch: u64, after: u64, acked_command: u64, wake: Arc<dyn Fn() + Send + Sync>) -> Appender {
+        let (queue, mut incoming) = tokio::sync::mpsc::channel::<batch::Encoder>(APPEND_QUEUE);
+        let shared = Arc::new(AppendState { acked: AtomicU64::new(acked_command), failed: std::sync::Mutex::new(None), stopped: AtomicBool::new(false) });
+        let state = shared.clone();
+        let (js, subject, node) = (self.js.clone(), self.subject.clone(), self.config.node.clone());
+        self.runtime.spawn(async move {
+            let mut last_stream = after;
+            while let Some(first) = incoming.recv().await {
+                // Everything queued behind it goes in the same message
+                // (group commit at the log's level).
+                let mut message = first;
+                while message.payload.len() < MAX_MESSAGE {
+                    match incoming.try_recv() {
+                        Ok(next) => message.extend(&next),
+                        Err(_) => break,
+                    }
+                }
+                let span = message.span();
+                let id = format!("{node}-{epoch}-{}", span.first);
+                match append(&js, &subject, &node, &id, last_stream, &span, message.payload, false).await {
+                    Ok(seq) => {
+                        last_stream = seq;
+                        state.acked.store(span.last, Ordering::Release);
+                        wake();
+                    }
+                    Err(e) => {
+                        *state.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                        state.stopped.store(true, Ordering::Release);
+                        wake();
+                        return;
+                    }
+                }
+            }
+        });
+        Appender { queue, state: shared }
+    }
+
+    /// Starts reading messages from stream sequence number `from` into a
+    /// queue the caller takes from (`Reader::next`); `wake` is called when
+    /// messages wait.
+    pub fn reader(&self, from: u64, wake: Arc<dyn Fn() + Send + Sync>) -> Reader {
+        let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Delivered, ReplicationError>>(READ_QUEUE);
+        let (js, name, subject) = (self.js.clone(), self.stream_name.clone(), self.subject.clone());
+        let task = self.runtime.spawn(async move {
+            let mut next = from;
+            loop {
+                let consumer = async {
+                    let stream = js.get_stream(&name).await.map_err(|e| e.to_string())?;
+                    let config = jetstream::consumer::pull::OrderedConfig {
+                        filter_subject: subject.clone(),
+                        deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence { start_sequence: next },
+                        ..Default::default()
+                    };
+                    let consumer = stream.create_consumer(config).await.map_err(|e| e.to_string())?;
+                    consumer.messages().await.map_err(|e| e.to_string())
+                }
+                .await;
+                let mut messages = match consumer {
+                    Ok(messages) => messages,
+                    Err(_) => {
+                        tokio::time::sleep(RETRY * 5).await;
+                        continue;
+                    }
+                };
+                while let Some(message) = messages.next().await {
+                    let Ok(message) = message else { break };
+                    let Ok(info) = message.info().map(|i| i.stream_sequence) else { break };
+                    if info < next {
+                        continue;
+                    }
+                    let delivered = deliver(info, message.headers.as_ref(), &message.payload);
+                    let failed = delivered.is_err();
+                    if sender.send(delivered).await.is_err() {
+                        return;
+                    }
+                    wake();
+                    if failed {
+                        return;
+                    }
+                    next = info + 1;
+                }
+                // The consumer ended (a NATS node went, a reconnect): a new
+                // one goes on from the next message.
+                tokio::time::sleep(RETRY).await;
+            }
+        });
+        Reader { receiver, task }
+    }
+
+    // ---- the lease ---------------------------------------------------------
+
+    /// Who leads now, and the lease's revision; `None` if nobody does (the
+    /// key is absent, or its time to live ran out).
+    pub fn leader(&self) -> Result<Option<(Leader, u64)>, ReplicationError> {
+        self.runtime.block_on(async {
+            let entry = self.lease.entry(LEASE_KEY).await.map_err(|e| ReplicationError::Nats(format!("reading the lease: {e}")))?;
+            Ok(entry.filter(|e| e.operation == kv::Operation::Put).and_then(|e| serde_json::from_slice::<Leader>(&e.value).ok().map(|l| (l, e.revision))))
+        })
+    }
+
+    /// Takes the lease if nobody holds it: `Some(revision)` (the epoch of
+    /// this leadership).
+    pub fn take_lease(&self, me: &Leader) -> Result<Option<u64>, ReplicationError> {
+        let value = serde_json::to_vec(me).map_err(|e| ReplicationError::Nats(format!("encoding the lease: {e}")))?;
+        self.runtime.block_on(async {
+            match self.lease.create(LEASE_KEY, value.into()).await {
+                Ok(revision) => Ok(Some(revision)),
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(None),
+                Err(e) => Err(ReplicationError::Nats(format!("taking the lease: {e}"))),
+            }
+        })
+    }
+
+    /// Renews the lease held at `revision`: the new revision, or `None` if
+    /// another node wrote it since (the lease is lost).
+    pub fn renew_lease(&self, me: &Leader, revision: u64) -> Result<Option<u64>, ReplicationError> {
+        let value = serde_json::to_vec(me).map_err(|e| ReplicationError::Nats(format!("encoding the lease: {e}")))?;
+        self.runtime.block_on(async {
+            match self.lease.update(LEASE_KEY, value.into(), revision).await {
+                Ok(revision) => Ok(Some(revision)),
+                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
+                Err(e) => Err(ReplicationError::Nats(format!("renewing the lease: {e}"))),
+            }
+        })
+    }
+
+    /// Gives the lease up (a clean stop), if it is still ours.
+    pub fn release_lease(&self, revision: u64) {
+        self.runtime.block_on(async {
+            let _ = self.lease.delete_expect_revision(LEASE_KEY, Some(revision)).await;
+        });
+    }
+}
+
+/// Publishes one message after stream message `after`, retrying what may
+/// be retried (no stream leader for a moment, a lost acknowledgement, no
+/// quorum) with the same message id, so that it is written once; refused
+/// for good (`Deposed`) when the log has moved on past `after`.
+#[allow(clippy::too_many_arguments)]
+async fn append(js: &jetstream::Context, subject: &str, node: &str, id: &str, after: u64, span: &Span, payload: Vec<u8>, marker: bool) -> Result<u64, ReplicationError> {
+    let payload = bytes::Bytes::from(payload);
+    loop {
+        let mut publish = jetstream::message::PublishMessage::build()
+            .payload(payload.clone())
+            .message_id(id)
+            .expected_last_sequence(after)
+            .header(HEADER_SEQ, span.seq_header().as_str())
+            .header(HEADER_PREVIOUS, span.previous.to_string().as_str())
+            .header(HEADER_CHAIN, span.chain.to_string().as_str());
+        if marker {
+            publish = publish.header(HEADER_LEADER, node);
+        }
+        let acked = match js.send_publish(subject.to_string(), publish).await {
+            Ok(future) => future.await,
+            Err(e) => Err(e),
+        };
+        match acked {
+            Ok(ack) => return Ok(ack.sequence),
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
+                return Err(ReplicationError::Deposed(format!("the log has moved on past stream message {after}: another node leads")));
+            }
+            Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => return Err(ReplicationError::Nats(format!("a message of {} bytes: {e}", payload.len()))),
+            Err(_) => tokio::time::sleep(RETRY).await,
+        }
+    }
+}
+
+struct AppendState {
+    acked: AtomicU64,
+    failed: std::sync::Mutex<Option<ReplicationError>>,
+    stopped: AtomicBool,
+}
+
+/// The leader's side of the log: batches in, the last command JetStream
+/// has acknowledged (a quorum holds it) out.
+pub struct Appender {
+    queue: tokio::sync::mpsc::Sender<batch::Encoder>,
+    state: Arc<AppendState>,
+}
+
+impl Appender {
+    /// Queues a batch's records (waits while the queue is full).
+    pub fn submit(&self, records: batch::Encoder) -> Result<(), ReplicationError> {
+        if let Some(failure) = self.failure() {
+            return Err(failure);
+        }
+        self.queue.blocking_send(records).map_err(|_| self.failure().unwrap_or_else(|| ReplicationError::Nats("the appender stopped".into())))
+    }
+
+    /// The last command a quorum holds.
+    pub fn acked(&self) -> u64 {
+        self.state.acked.load(Ordering::Acquire)
+    }
+
+    pub fn failure(&self) -> Option<ReplicationError> {
+        if !self.state.stopped.load(Ordering::Acquire) {
+            return None;
+        }
+        self.state.failed.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// A replica's side: the messages after a point, in order.
+pub struct Reader {
+    receiver: tokio::sync::mpsc::Receiver<Result<Delivered, ReplicationError>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Reader {
+    /// The next message, if one is waiting.
+    pub fn next(&mut self) -> Option<Result<Delivered, ReplicationError>> {
+        self.receiver.try_recv().ok()
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
