@@ -565,7 +565,7 @@ impl Gateway<'_> {
             }
         }
         for token in tokens {
-            self.close(token, "the journal failed".into());
+            self.close(token, if reason == ProtocolError::NotLeader { "no longer the leader".into() } else { "the journal failed".into() });
         }
     }
 

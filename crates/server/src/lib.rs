@@ -266,7 +266,11 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         // Nothing more can be made durable, or the gateway failed: stop
         // the venue (what the journal holds is safe).
         log(&format!("serving stopped: {e}"));
-        shutdown.store(true, Ordering::Release);
+        // A deposed leader stops this run only: its caller starts it again
+        // as a follower.
+        if !matches!(e, ServeError::Deposed(_)) {
+            shutdown.store(true, Ordering::Release);
+        }
     }
     drop(queue);
     let mut leftover = Vec::new();

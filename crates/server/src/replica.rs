@@ -189,34 +189,66 @@ pub(crate) fn read_from(log: &Log, seq: u64) -> Result<u64, ServeError> {
 pub(crate) fn lease_thread(log: Arc<Log>, state: Arc<NodeState>, me: Leader, candidate: bool, ttl: Duration, wake: Arc<dyn Fn() + Send + Sync>) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new().name("replication-lease".into()).spawn(move || {
         let mut held: Option<(u64, Instant)> = None;
+        let mut reading_failed = false;
+        let mut renew_failing = false;
         let every = ttl / 4;
+        let mut first = true;
         while !state.stop.load(Ordering::Acquire) {
-            std::thread::sleep(every.min(Duration::from_millis(250)));
-            if state.stop.load(Ordering::Acquire) {
-                break;
+            // The first look at once (a follower's clients want the
+            // leader's address), then every quarter of the time to live.
+            if !first {
+                std::thread::sleep(every.min(Duration::from_millis(250)));
+                if state.stop.load(Ordering::Acquire) {
+                    break;
+                }
             }
+            first = false;
             match held {
                 Some((revision, renewed)) => match log.renew_lease(&me, revision) {
-                    Ok(Some(next)) => held = Some((next, Instant::now())),
-                    Ok(None) => {
-                        log_line(&format!("replication: the lease was taken by another node (revision {revision} is not the last)"));
-                        state.lost.store(true, Ordering::Release);
-                        wake();
-                        return;
+                    Ok(Some(next)) => {
+                        held = Some((next, Instant::now()));
+                        renew_failing = false;
                     }
-                    Err(e) if renewed.elapsed() >= ttl * 3 / 4 => {
-                        log_line(&format!("replication: the lease could not be renewed for {} ms ({e}): stepping down before it runs out", renewed.elapsed().as_millis()));
-                        state.lost.store(true, Ordering::Release);
-                        wake();
-                        return;
+                    // Our revision is not the last: the lease ran out
+                    // (NATS was unreachable, or electing, for longer than
+                    // its time to live) or another node wrote it. Taken
+                    // again if nobody holds it: this node is still the
+                    // log's last writer (were it not, its next append would
+                    // be refused, and it would step down then).
+                    Ok(None) => match log.take_lease(&me) {
+                        Ok(Some(next)) => {
+                            log_line(&format!("replication: the lease ran out after {} ms without a renewal; taken again (epoch {next})", renewed.elapsed().as_millis()));
+                            held = Some((next, Instant::now()));
+                        }
+                        _ => {
+                            log_line(&format!("replication: the lease was taken by another node (revision {revision} is not the last)"));
+                            state.lost.store(true, Ordering::Release);
+                            wake();
+                            return;
+                        }
+                    },
+                    // NATS unreachable (or electing): tried again. The log's
+                    // fence, not the lease, keeps a second writer out.
+                    Err(e) => {
+                        if renewed.elapsed() >= ttl && !renew_failing {
+                            log_line(&format!("replication: the lease not renewed for {} ms: {e}", renewed.elapsed().as_millis()));
+                            renew_failing = true;
+                        }
+                        continue;
                     }
-                    Err(_) => {}
                 },
                 None => {
                     let current = match log.leader() {
                         Ok(current) => current,
-                        Err(_) => continue,
+                        Err(e) => {
+                            if !reading_failed {
+                                log_line(&format!("replication: reading the lease: {e}"));
+                                reading_failed = true;
+                            }
+                            continue;
+                        }
                     };
+                    reading_failed = false;
                     *state.leader.lock().unwrap_or_else(|e| e.into_inner()) = current.as_ref().map(|(l, _)| l.clone());
                     if current.is_some() || !candidate {
                         continue;

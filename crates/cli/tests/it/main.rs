@@ -13,6 +13,7 @@ mod invariants;
 mod journal;
 mod marketdata;
 mod powercut;
+mod replication;
 mod restart;
 mod rules;
 mod serve;

@@ -84,9 +84,14 @@ fn spawn(args: &[&str]) -> Server {
 /// `crossbook serve` with `args` (after `--fix-listen 127.0.0.1:0`) and
 /// extra environment variables.
 pub(crate) fn spawn_with(args: &[&str], envs: &[(&str, PathBuf)]) -> Server {
+    spawn_process(&["serve", "--fix-listen", "127.0.0.1:0", "--market-listen", "127.0.0.1:0"], args, envs)
+}
+
+/// `crossbook <first...> <args...>` (`serve` or `follow` and their flags),
+/// once it says where it listens.
+pub(crate) fn spawn_process(first: &[&str], args: &[&str], envs: &[(&str, PathBuf)]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_crossbook"))
-        .arg("serve")
-        .args(["--fix-listen", "127.0.0.1:0", "--market-listen", "127.0.0.1:0"])
+        .args(first)
         .args(args)
         .envs(envs.iter().map(|(k, v)| (*k, v.as_os_str())))
         .stderr(Stdio::piped())
@@ -126,14 +131,25 @@ pub(crate) fn spawn_with(args: &[&str], envs: &[(&str, PathBuf)]) -> Server {
 impl Server {
     /// Waits for a log line containing `needle`.
     pub(crate) fn expect_log(&self, needle: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        self.expect_log_within(needle, Duration::from_secs(10))
+    }
+
+    /// Waits up to `limit` for a log line containing `needle`.
+    pub(crate) fn expect_log_within(&self, needle: &str, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        let mut seen = Vec::new();
         loop {
             match self.log.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                 Ok(line) if line.contains(needle) => return line,
-                Ok(_) => {}
-                Err(_) => panic!("no log line with {needle:?}"),
+                Ok(line) => seen.push(line),
+                Err(_) => panic!("no log line with {needle:?}; the last lines: {:#?}", &seen[seen.len().saturating_sub(15)..]),
             }
         }
+    }
+
+    /// Whether the process has ended.
+    pub(crate) fn exited(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_some()
     }
 
     pub(crate) fn child_id(&self) -> u32 {
@@ -228,7 +244,7 @@ impl Client {
         self.0.recv().unwrap_or_else(|e| panic!("recv: {e}"))
     }
 
-    fn report(&mut self) -> ExecutionReport {
+    pub(crate) fn report(&mut self) -> ExecutionReport {
         match self.recv() {
             Some(ServerMessage::ExecutionReport(report)) => report,
             other => panic!("expected an execution report, got {other:?}"),
