@@ -36,6 +36,8 @@ use std::time::{Duration, Instant};
 pub const MAX_MESSAGE: usize = 768 * 1024;
 /// Messages of the appender's queue (each one sequencer batch).
 const APPEND_QUEUE: usize = 4096;
+/// Messages sent to JetStream and not yet acknowledged, at most.
+const MAX_IN_FLIGHT: usize = 64;
 /// Messages the reader may have delivered and not yet taken.
 const READ_QUEUE: usize = 1024;
 /// How long an append or a read waits before it is retried.
@@ -273,35 +275,116 @@ impl Log {
 
     /// Starts the appender: messages follow stream message `after`.
     pub fn appender(&self, epoch: u64, after: u64, acked_command: u64, wake: Arc<dyn Fn() + Send + Sync>) -> Appender {
-        let (queue, mut incoming) = tokio::sync::mpsc::channel::<batch::Encoder>(APPEND_QUEUE);
-        let shared = Arc::new(AppendState { acked: AtomicU64::new(acked_command), failed: std::sync::Mutex::new(None), stopped: AtomicBool::new(false) });
+        let (queue, mut incoming) = tokio::sync::mpsc::channel::<(batch::Encoder, Instant)>(APPEND_QUEUE);
+        let shared = Arc::new(AppendState {
+            acked: AtomicU64::new(acked_command),
+            failed: std::sync::Mutex::new(None),
+            stopped: AtomicBool::new(false),
+            waited: std::sync::Mutex::new(micros()),
+            round_trips: std::sync::Mutex::new(micros()),
+        });
         let state = shared.clone();
         let (js, subject, node) = (self.js.clone(), self.subject.clone(), self.config.node.clone());
         self.runtime.spawn(async move {
-            let mut last_stream = after;
-            while let Some(first) = incoming.recv().await {
-                // Everything queued behind it goes in the same message
-                // (group commit at the log's level).
-                let mut message = first;
-                while message.payload.len() < MAX_MESSAGE {
-                    match incoming.try_recv() {
-                        Ok(next) => message.extend(&next),
-                        Err(_) => break,
-                    }
+            let fail = |e: ReplicationError| {
+                *state.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                state.stopped.store(true, Ordering::Release);
+                wake();
+            };
+            // The last stream message known to be ours and in place, and the
+            // messages sent after it, acknowledgement awaited, oldest first.
+            let mut confirmed = after;
+            let mut in_flight: std::collections::VecDeque<(Span, String, Vec<u8>, AckFuture)> = std::collections::VecDeque::new();
+            // When each in-flight message's oldest batch was submitted, and
+            // when it was sent.
+            let mut times: std::collections::VecDeque<(Instant, Instant)> = std::collections::VecDeque::new();
+            let mut open = true;
+            loop {
+                if !open && in_flight.is_empty() {
+                    return;
                 }
-                let span = message.span();
-                let id = format!("{node}-{epoch}-{}", span.first);
-                match append(&js, &subject, &node, &id, last_stream, &span, message.payload, false).await {
-                    Ok(seq) => {
-                        last_stream = seq;
-                        state.acked.store(span.last, Ordering::Release);
-                        wake();
+                tokio::select! {
+                    biased;
+                    acked = async { in_flight.front_mut().expect("awaited only when some are in flight").3.as_mut().await }, if !in_flight.is_empty() => {
+                        match acked {
+                            Ok(ack) if ack.sequence == confirmed + 1 => {
+                                confirmed = ack.sequence;
+                                let (span, ..) = in_flight.pop_front().expect("the front");
+                                state.acked.store(span.last, Ordering::Release);
+                                wake();
+                                if let Some((submitted, sent)) = times.pop_front() {
+                                    state.record(submitted, sent);
+                                }
+                            }
+                            // Anything else (a lost acknowledgement, no
+                            // stream leader for a moment, no quorum, the
+                            // log moved on): wait for the rest, then send
+                            // them again one by one after the last message
+                            // confirmed, with their ids, so that none is
+                            // written twice and a writer that lost the lead
+                            // finds out.
+                            _ => {
+                                times.clear();
+                                let pending: Vec<(Span, String, Vec<u8>)> = in_flight.drain(..).map(|(span, id, payload, future)| {
+                                    drop(future);
+                                    (span, id, payload)
+                                }).collect();
+                                for (span, id, payload) in pending {
+                                    match append(&js, &subject, &node, &id, confirmed, &span, payload, false).await {
+                                        Ok(seq) => {
+                                            confirmed = seq;
+                                            state.acked.store(span.last, Ordering::Release);
+                                            wake();
+                                        }
+                                        Err(e) => return fail(e),
+                                    }
+                                }
+                            }
+                        }
                     }
-                    Err(e) => {
-                        *state.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                        state.stopped.store(true, Ordering::Release);
-                        wake();
-                        return;
+                    next = incoming.recv(), if open && in_flight.len() < MAX_IN_FLIGHT => {
+                        let Some((first, submitted)) = next else {
+                            open = false;
+                            continue;
+                        };
+                        // Everything queued behind it goes in the same
+                        // message (group commit at the log's level).
+                        let mut message = first;
+                        while message.payload.len() < MAX_MESSAGE {
+                            match incoming.try_recv() {
+                                Ok((next, _)) => message.extend(&next),
+                                Err(_) => break,
+                            }
+                        }
+                        let sent = Instant::now();
+                        let span = message.span();
+                        let id = format!("{node}-{epoch}-{}", span.first);
+                        // It follows the last one sent: pipelined, each
+                        // naming the stream position it must follow.
+                        let expected = confirmed + in_flight.len() as u64;
+                        match publish(&js, &subject, &node, &id, expected, &span, &message.payload, false).await {
+                            Ok(future) => {
+                                in_flight.push_back((span, id, message.payload, future));
+                                times.push_back((submitted, sent));
+                            }
+                            Err(_) => {
+                                // Not even sent: the same recovery as a
+                                // failed acknowledgement, this one last.
+                                times.clear();
+                                let mut pending: Vec<(Span, String, Vec<u8>)> = in_flight.drain(..).map(|(span, id, payload, _)| (span, id, payload)).collect();
+                                pending.push((span, id, message.payload));
+                                for (span, id, payload) in pending {
+                                    match append(&js, &subject, &node, &id, confirmed, &span, payload, false).await {
+                                        Ok(seq) => {
+                                            confirmed = seq;
+                                            state.acked.store(span.last, Ordering::Release);
+                                            wake();
+                                        }
+                                        Err(e) => return fail(e),
+                                    }
+                                }
+                            }
+                        }
                     }
                 }
             }
@@ -406,25 +489,34 @@ impl Log {
     }
 }
 
+type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<jetstream::publish::PublishAck, jetstream::context::PublishError>> + Send>>;
+
+/// Sends one message after stream message `after`, without waiting for
+/// its acknowledgement.
+#[allow(clippy::too_many_arguments)]
+async fn publish(js: &jetstream::Context, subject: &str, node: &str, id: &str, after: u64, span: &Span, payload: &[u8], marker: bool) -> Result<AckFuture, jetstream::context::PublishError> {
+    let mut message = jetstream::message::PublishMessage::build()
+        .payload(bytes::Bytes::copy_from_slice(payload))
+        .message_id(id)
+        .expected_last_sequence(after)
+        .header(HEADER_SEQ, span.seq_header().as_str())
+        .header(HEADER_PREVIOUS, span.previous.to_string().as_str())
+        .header(HEADER_CHAIN, span.chain.to_string().as_str());
+    if marker {
+        message = message.header(HEADER_LEADER, node);
+    }
+    let future = js.send_publish(subject.to_string(), message).await?;
+    Ok(std::future::IntoFuture::into_future(future))
+}
+
 /// Publishes one message after stream message `after`, retrying what may
 /// be retried (no stream leader for a moment, a lost acknowledgement, no
 /// quorum) with the same message id, so that it is written once; refused
 /// for good (`Deposed`) when the log has moved on past `after`.
 #[allow(clippy::too_many_arguments)]
 async fn append(js: &jetstream::Context, subject: &str, node: &str, id: &str, after: u64, span: &Span, payload: Vec<u8>, marker: bool) -> Result<u64, ReplicationError> {
-    let payload = bytes::Bytes::from(payload);
     loop {
-        let mut publish = jetstream::message::PublishMessage::build()
-            .payload(payload.clone())
-            .message_id(id)
-            .expected_last_sequence(after)
-            .header(HEADER_SEQ, span.seq_header().as_str())
-            .header(HEADER_PREVIOUS, span.previous.to_string().as_str())
-            .header(HEADER_CHAIN, span.chain.to_string().as_str());
-        if marker {
-            publish = publish.header(HEADER_LEADER, node);
-        }
-        let acked = match js.send_publish(subject.to_string(), publish).await {
+        let acked = match publish(js, subject, node, id, after, span, &payload, marker).await {
             Ok(future) => future.await,
             Err(e) => Err(e),
         };
@@ -443,12 +535,28 @@ struct AppendState {
     acked: AtomicU64,
     failed: std::sync::Mutex<Option<ReplicationError>>,
     stopped: AtomicBool,
+    /// Per message: from its oldest batch's submission to the quorum's
+    /// acknowledgement, and from its sending to it (microseconds).
+    waited: std::sync::Mutex<hdrhistogram::Histogram<u64>>,
+    round_trips: std::sync::Mutex<hdrhistogram::Histogram<u64>>,
+}
+
+fn micros() -> hdrhistogram::Histogram<u64> {
+    hdrhistogram::Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid histogram bounds")
+}
+
+impl AppendState {
+    fn record(&self, submitted: Instant, sent: Instant) {
+        let micros = |since: Instant| since.elapsed().as_micros() as u64;
+        self.waited.lock().unwrap_or_else(|p| p.into_inner()).saturating_record(micros(submitted).max(1));
+        self.round_trips.lock().unwrap_or_else(|p| p.into_inner()).saturating_record(micros(sent).max(1));
+    }
 }
 
 /// The leader's side of the log: batches in, the last command JetStream
 /// has acknowledged (a quorum holds it) out.
 pub struct Appender {
-    queue: tokio::sync::mpsc::Sender<batch::Encoder>,
+    queue: tokio::sync::mpsc::Sender<(batch::Encoder, Instant)>,
     state: Arc<AppendState>,
 }
 
@@ -458,12 +566,30 @@ impl Appender {
         if let Some(failure) = self.failure() {
             return Err(failure);
         }
-        self.queue.blocking_send(records).map_err(|_| self.failure().unwrap_or_else(|| ReplicationError::Nats("the appender stopped".into())))
+        self.queue.blocking_send((records, Instant::now())).map_err(|_| self.failure().unwrap_or_else(|| ReplicationError::Nats("the appender stopped".into())))
     }
 
     /// The last command a quorum holds.
     pub fn acked(&self) -> u64 {
         self.state.acked.load(Ordering::Acquire)
+    }
+
+    /// What the appender measured, one line: messages, batch submission to
+    /// quorum acknowledgement, and the round trip of a message alone.
+    pub fn figures(&self) -> String {
+        let waited = self.state.waited.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let trips = self.state.round_trips.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let q = |h: &hdrhistogram::Histogram<u64>, p: f64| if h.is_empty() { 0 } else { h.value_at_quantile(p) };
+        format!(
+            "{} messages; submitted to acknowledged by a quorum p50 {} p99 {} p99.9 {} max {} us; sent to acknowledged p50 {} p99 {} us",
+            waited.len(),
+            q(&waited, 0.5),
+            q(&waited, 0.99),
+            q(&waited, 0.999),
+            waited.max(),
+            q(&trips, 0.5),
+            q(&trips, 0.99)
+        )
     }
 
     pub fn failure(&self) -> Option<ReplicationError> {

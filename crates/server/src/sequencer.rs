@@ -573,6 +573,9 @@ impl<'a> Sequencer<'a> {
         // A replicated node applies nothing more at the end: what was never
         // appended to the log was never acknowledged.
         let mut leftover = if self.replication.is_some() { Vec::new() } else { leftover };
+        if let Some(Replication { role: Role::Leader(appender), .. }) = &self.replication {
+            log(&format!("replication: {}", appender.figures()));
+        }
         self.apply(&mut leftover)?;
         let watch = self.journal.watch();
         let stats = self.journal.close()?;
