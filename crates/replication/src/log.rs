@@ -325,19 +325,10 @@ impl Log {
                             // finds out.
                             _ => {
                                 times.clear();
-                                let pending: Vec<(Span, String, Vec<u8>)> = in_flight.drain(..).map(|(span, id, payload, future)| {
-                                    drop(future);
-                                    (span, id, payload)
-                                }).collect();
-                                for (span, id, payload) in pending {
-                                    match append(&js, &subject, &node, &id, confirmed, &span, payload, false).await {
-                                        Ok(seq) => {
-                                            confirmed = seq;
-                                            state.acked.store(span.last, Ordering::Release);
-                                            wake();
-                                        }
-                                        Err(e) => return fail(e),
-                                    }
+                                let pending: Vec<(Span, String, Vec<u8>)> = in_flight.drain(..).map(|(span, id, payload, _)| (span, id, payload)).collect();
+                                match resend(&js, &subject, &node, confirmed, pending, &state, &wake).await {
+                                    Ok(seq) => confirmed = seq,
+                                    Err(e) => return fail(e),
                                 }
                             }
                         }
@@ -373,15 +364,9 @@ impl Log {
                                 times.clear();
                                 let mut pending: Vec<(Span, String, Vec<u8>)> = in_flight.drain(..).map(|(span, id, payload, _)| (span, id, payload)).collect();
                                 pending.push((span, id, message.payload));
-                                for (span, id, payload) in pending {
-                                    match append(&js, &subject, &node, &id, confirmed, &span, payload, false).await {
-                                        Ok(seq) => {
-                                            confirmed = seq;
-                                            state.acked.store(span.last, Ordering::Release);
-                                            wake();
-                                        }
-                                        Err(e) => return fail(e),
-                                    }
+                                match resend(&js, &subject, &node, confirmed, pending, &state, &wake).await {
+                                    Ok(seq) => confirmed = seq,
+                                    Err(e) => return fail(e),
                                 }
                             }
                         }
@@ -487,6 +472,18 @@ impl Log {
             let _ = self.lease.delete_expect_revision(LEASE_KEY, Some(revision)).await;
         });
     }
+}
+
+/// Sends `pending` again one by one after stream message `confirmed`, with
+/// their ids (a message already stored is recognised, not stored twice);
+/// the last stream message confirmed.
+async fn resend(js: &jetstream::Context, subject: &str, node: &str, mut confirmed: u64, pending: Vec<(Span, String, Vec<u8>)>, state: &AppendState, wake: &Arc<dyn Fn() + Send + Sync>) -> Result<u64, ReplicationError> {
+    for (span, id, payload) in pending {
+        confirmed = append(js, subject, node, &id, confirmed, &span, payload, false).await?;
+        state.acked.store(span.last, Ordering::Release);
+        wake();
+    }
+    Ok(confirmed)
 }
 
 type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<jetstream::publish::PublishAck, jetstream::context::PublishError>> + Send>>;

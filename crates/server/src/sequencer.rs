@@ -180,6 +180,21 @@ struct Waiting {
     answered: Vec<Arc<InFlight>>,
 }
 
+impl Waiting {
+    fn new(commands: usize, answered: usize) -> Waiting {
+        Waiting {
+            last_seq: 0,
+            applied_at: Instant::now(),
+            commands: Vec::with_capacity(commands),
+            reports: Vec::new(),
+            events: Vec::new(),
+            refused: Vec::new(),
+            answers: Vec::new(),
+            answered: Vec::with_capacity(answered),
+        }
+    }
+}
+
 pub(crate) struct Sequencer<'a> {
     engine: Engine,
     journal: Journal,
@@ -264,16 +279,7 @@ impl<'a> Sequencer<'a> {
         // data's times are then a function of the journal. Never back.
         self.time_ms = self.time_ms.max(crate::now_ms());
         self.journal.stamp(self.time_ms);
-        let mut done = Waiting {
-            last_seq: 0,
-            applied_at: Instant::now(),
-            commands: Vec::with_capacity(batch.len()),
-            reports: Vec::new(),
-            events: Vec::new(),
-            refused: Vec::new(),
-            answers: Vec::new(),
-            answered: Vec::with_capacity(batch.len()),
-        };
+        let mut done = Waiting::new(batch.len(), batch.len());
         let leading = self.leading();
         let mut records = self.replication.as_ref().map(|r| Encoder::new(self.engine.seq() + 1, r.chain));
         for item in batch.drain(..) {
@@ -300,21 +306,7 @@ impl<'a> Sequencer<'a> {
             if let Some(records) = records.as_mut() {
                 records.push(seq, self.time_ms, &command, item.annex.as_deref());
             }
-            self.events.clear();
-            self.engine.apply(&command, &mut self.events);
-            let first = done.reports.len();
-            self.builder.reports(&command, &self.events, &mut done.reports);
-            let first_event = done.events.len();
-            done.events.extend_from_slice(&self.events);
-            done.commands.push(Applied {
-                seq,
-                time_ms: self.time_ms,
-                command,
-                annex: item.annex,
-                reports: first..done.reports.len(),
-                events: first_event..done.events.len(),
-            });
-            self.commands += 1;
+            self.run(seq, self.time_ms, command, item.annex, &mut done);
         }
         self.journal.publish()?;
         if let (Some(records), Some(replication)) = (records, self.replication.as_mut())
@@ -328,6 +320,19 @@ impl<'a> Sequencer<'a> {
         done.last_seq = self.engine.seq();
         self.waiting.push_back(done);
         Ok(())
+    }
+
+    /// Applies one journaled command to the engine and keeps what it caused
+    /// (its reports, its events) in the batch `done`.
+    fn run(&mut self, seq: u64, time_ms: u64, command: Command, annex: Option<Vec<u8>>, done: &mut Waiting) {
+        self.events.clear();
+        self.engine.apply(&command, &mut self.events);
+        let first = done.reports.len();
+        self.builder.reports(&command, &self.events, &mut done.reports);
+        let first_event = done.events.len();
+        done.events.extend_from_slice(&self.events);
+        done.commands.push(Applied { seq, time_ms, command, annex, reports: first..done.reports.len(), events: first_event..done.events.len() });
+        self.commands += 1;
     }
 
     /// A replicated node's turn each round: a follower applies the log's
@@ -371,35 +376,12 @@ impl<'a> Sequencer<'a> {
             return Ok(());
         }
         replication.chain = chain;
-        let mut done = Waiting {
-            last_seq: 0,
-            applied_at: Instant::now(),
-            commands: Vec::with_capacity(fresh.len()),
-            reports: Vec::new(),
-            events: Vec::new(),
-            refused: Vec::new(),
-            answers: Vec::new(),
-            answered: Vec::new(),
-        };
+        let mut done = Waiting::new(fresh.len(), 0);
         for record in fresh {
             self.time_ms = self.time_ms.max(record.time_ms);
             self.journal.stamp(record.time_ms);
             self.journal.append_with(record.seq, &record.command, record.annex.as_deref())?;
-            self.events.clear();
-            self.engine.apply(&record.command, &mut self.events);
-            let first = done.reports.len();
-            self.builder.reports(&record.command, &self.events, &mut done.reports);
-            let first_event = done.events.len();
-            done.events.extend_from_slice(&self.events);
-            done.commands.push(Applied {
-                seq: record.seq,
-                time_ms: record.time_ms,
-                command: record.command,
-                annex: record.annex,
-                reports: first..done.reports.len(),
-                events: first_event..done.events.len(),
-            });
-            self.commands += 1;
+            self.run(record.seq, record.time_ms, record.command, record.annex, &mut done);
         }
         self.journal.publish()?;
         self.settings.applied.store(self.engine.seq(), Ordering::Release);

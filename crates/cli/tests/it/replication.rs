@@ -22,10 +22,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
-}
-
 /// Whether the tests can run here.
 fn nats_available() -> bool {
     let found = Command::new("nats-server").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
@@ -47,13 +43,18 @@ struct Nats {
 
 impl Nats {
     fn start(dir: &Path) -> Nats {
+        // Nine distinct free ports: the listeners are held until all are
+        // chosen (a port given back could be handed out again at once).
+        let held: Vec<TcpListener> = (0..9).map(|_| TcpListener::bind("127.0.0.1:0").expect("a free port")).collect();
+        let port = |i: usize| held[i].local_addr().expect("an address").port();
         let mut nats = Nats {
             dir: dir.join("nats"),
-            client_ports: [free_port(), free_port(), free_port()],
-            cluster_ports: [free_port(), free_port(), free_port()],
-            monitor_ports: [free_port(), free_port(), free_port()],
+            client_ports: [port(0), port(1), port(2)],
+            cluster_ports: [port(3), port(4), port(5)],
+            monitor_ports: [port(6), port(7), port(8)],
             nodes: [None, None, None],
         };
+        drop(held);
         for node in 0..3 {
             nats.start_node(node);
         }
@@ -103,7 +104,10 @@ impl Nats {
             if ready {
                 return;
             }
-            assert!(Instant::now() < deadline, "the NATS cluster has no JetStream meta leader after 30 s");
+            if Instant::now() >= deadline {
+                let logs: Vec<String> = (0..3).map(|n| std::fs::read_to_string(self.dir.join(format!("n{n}.log"))).unwrap_or_default()).map(|l| l.lines().rev().take(8).collect::<Vec<_>>().join("\n")).collect();
+                panic!("the NATS cluster has no JetStream meta leader after 30 s; its logs end:\n{}", logs.join("\n---\n"));
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -152,7 +156,9 @@ fn node(dir: &Path, name: &str, nats: &Nats, stream: &str, follow: bool) -> Serv
     let (binary, market) = match std::fs::read_to_string(&ports).ok().and_then(|t| t.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string()))) {
         Some(known) => known,
         None => {
-            let chosen = (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
+            let (a, b) = (TcpListener::bind("127.0.0.1:0").expect("a free port"), TcpListener::bind("127.0.0.1:0").expect("a free port"));
+            let address = |l: &TcpListener| l.local_addr().expect("an address").to_string();
+            let chosen = (address(&a), address(&b));
             std::fs::write(&ports, format!("{} {}", chosen.0, chosen.1)).unwrap();
             chosen
         }
@@ -279,24 +285,10 @@ fn failover_trial(trial: u64) {
     client.send(&limit(1, Side::Buy, 1, 1, TimeInForce::Gtc));
     assert_eq!(client.report().kind, ReportKind::Accepted);
     eprintln!("trial {trial}: leader killed, the standby leads and acknowledges after {} ms", failover.as_millis());
-    let acked: Vec<(u64, u64)> = std::fs::read_to_string(&acked_file)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let (order, cid) = l.split_once(' ').unwrap();
-            (order.parse().unwrap(), cid.parse().unwrap())
-        })
-        .collect();
+    let acked = crate::support::number_pairs(&acked_file);
     assert!(acked.len() > 100, "trial {trial}: only {} orders acknowledged before the kill", acked.len());
     // Sessions come back to the new leader with the last report they saw.
-    let last_seen: Vec<(u64, u64)> = std::fs::read_to_string(&seen_file)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let (account, seq) = l.split_once(' ').unwrap();
-            (account.parse().unwrap(), seq.parse().unwrap())
-        })
-        .collect();
+    let last_seen = crate::support::number_pairs(&seen_file);
     for (account, seen) in last_seen {
         let key = format!("demo-key-{account}");
         let (mut session, reply) = crossbook_client::binary::Client::login(&standby.address, account, &key, seen).unwrap();

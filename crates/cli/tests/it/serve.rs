@@ -456,14 +456,7 @@ fn kill_9_under_load_loses_no_acknowledged_order() {
     let _ = server.child.wait();
     let output = load.wait_with_output().unwrap();
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("the load generator's JSON report");
-    let acked: Vec<(u64, u64)> = std::fs::read_to_string(&acked_file)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let (order, cid) = l.split_once(' ').unwrap();
-            (order.parse().unwrap(), cid.parse().unwrap())
-        })
-        .collect();
+    let acked = crate::support::number_pairs(&acked_file);
     assert!(acked.len() > 1_000, "only {} orders acknowledged before the kill: {report}", acked.len());
     assert_eq!(acked.len() as u64, report["acknowledged"].as_u64().unwrap());
     drop(server);
@@ -488,14 +481,7 @@ fn kill_9_under_load_loses_no_acknowledged_order() {
     // every order the journal holds that the load generator never heard
     // back about (sent just before the kill).
     let acked_cids: std::collections::HashSet<u64> = acked.iter().map(|(_, cid)| *cid).collect();
-    let last_seen: Vec<(u64, u64)> = std::fs::read_to_string(dir.join("last-seen.txt"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let (account, seq) = l.split_once(' ').unwrap();
-            (account.parse().unwrap(), seq.parse().unwrap())
-        })
-        .collect();
+    let last_seen = crate::support::number_pairs(&dir.join("last-seen.txt"));
     assert_eq!(last_seen.len(), 4);
     let mut unheard_total = 0;
     for (account, seen) in last_seen {

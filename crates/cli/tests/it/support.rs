@@ -1,7 +1,7 @@
 //! Shared helpers: running commands through the engine, locating the repo.
 
 use crossbook_engine::{Command, Engine, Event};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -84,4 +84,17 @@ impl Drop for TempDir {
         }
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// The `a b` number pairs of a file, one per line (what `crossbook load
+/// --acked-out` and `--last-seen-out` write).
+pub fn number_pairs(path: &Path) -> Vec<(u64, u64)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| {
+            let (a, b) = l.split_once(' ').unwrap_or_else(|| panic!("{}: {l:?}", path.display()));
+            (a.parse().unwrap(), b.parse().unwrap())
+        })
+        .collect()
 }

@@ -319,6 +319,23 @@ fn rest_orders_are_commands_like_any_other() {
     assert_eq!(balance("USD")["free"].as_str(), Some("1000600.00"));
     let (binary, _) = binary_balances(&mut session, 1);
     assert_eq!(binary[&1], (99_970, 18), "REST and the binary protocol see the same engine");
+    // Her FIX session hears of her REST orders too (named by their client
+    // id in decimal, as any other gateway's order).
+    let mut fix = crate::fix::FixClient::connect(&server.fix_address, "ALICEFIX");
+    fix.logon(1, "alice");
+    let from_rest = ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.002"), ("price", "90000")]));
+    let fix_report = fix.next();
+    let order_id = from_rest["orderId"].as_u64().unwrap().to_string();
+    crate::fix::expect(&fix_report, &[(35, "8"), (150, "0"), (37, order_id.as_str()), (38, "0.002"), (44, "90000")]);
+    let report = loop {
+        if let Some(ServerMessage::ExecutionReport(r)) = session.recv() {
+            break r;
+        }
+    };
+    assert_eq!((report.kind, report.order), (ReportKind::Accepted, from_rest["orderId"].as_u64().unwrap()));
+    ok(alice(&server, "DELETE", "/api/v3/order", &[("symbol", "BTCUSD"), ("orderId", order_id.as_str())]));
+    crate::fix::expect(&fix.next(), &[(35, "8"), (150, "4"), (37, order_id.as_str())]);
+    let _ = session.recv();
     // A binary order of hers is in the REST view, named by its number.
     session.send(&limit(77, Side::Buy, 400, 5, TimeInForce::Gtc));
     let open = loop {
@@ -338,7 +355,7 @@ fn rest_orders_are_commands_like_any_other() {
     assert_eq!(all.as_array().map(|a| a.iter().map(|o| o["clientOrderId"].as_str().unwrap_or("").to_string()).collect::<Vec<_>>()), Some(vec!["77".to_string()]));
     refused(alice(&server, "DELETE", "/api/v3/openOrders", &[("symbol", "BTCUSD")]), 400, -2011);
     let history = ok(alice(&server, "GET", "/api/v3/allOrders", &[("symbol", "BTCUSD")]));
-    assert_eq!(history.as_array().map(|h| h.iter().map(|o| o["status"].as_str().unwrap_or("").to_string()).collect::<Vec<_>>()), Some(vec!["CANCELED".to_string(), "CANCELED".to_string()]));
+    assert_eq!(history.as_array().map(|h| h.iter().map(|o| o["status"].as_str().unwrap_or("").to_string()).collect::<Vec<_>>()), Some(vec!["CANCELED".to_string(); 3]));
     // FOK that cannot fill: expired, not an error; post-only that would take: -2010.
     let fok = ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "FOK"), ("quantity", "1"), ("price", "60000")]));
     assert_eq!(fok["status"], "EXPIRED");
