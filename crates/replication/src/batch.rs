@@ -57,7 +57,7 @@ impl Span {
     pub fn parse(seq: &str, previous: &str, chain: &str) -> Option<Span> {
         let (first, last) = seq.split_once('-')?;
         let (first, last): (u64, u64) = (first.parse().ok()?, last.parse().ok()?);
-        if last + 1 < first {
+        if last.checked_add(1)? < first {
             return None;
         }
         Some(Span { first, last, previous: previous.parse().ok()?, chain: chain.parse().ok()? })
@@ -114,7 +114,9 @@ impl Encoder {
 /// Decodes a message's records, checking that they are `span`'s, in
 /// sequence, each with its chained checksum.
 pub fn decode(span: &Span, payload: &[u8]) -> Result<Vec<Record>, String> {
-    let mut records = Vec::with_capacity((span.last + 1 - span.first) as usize);
+    // Not trusting the headers' count for the allocation: a record takes 16
+    // bytes at least.
+    let mut records = Vec::with_capacity(((span.last + 1 - span.first) as usize).min(payload.len() / 16 + 1));
     let mut at = 0;
     let mut chain = span.previous;
     let mut expected = span.first;

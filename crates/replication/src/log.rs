@@ -113,6 +113,7 @@ pub struct Leader {
 
 pub struct Log {
     runtime: tokio::runtime::Runtime,
+    target: Target,
     js: jetstream::Context,
     stream_name: String,
     subject: String,
@@ -196,7 +197,8 @@ impl Log {
                 }
             }
         })?;
-        Ok(Log { runtime, js, stream_name, subject, lease, config })
+        let target = Target { js: js.clone(), stream: stream_name.clone(), subject: subject.clone(), node: config.node.clone() };
+        Ok(Log { runtime, target, js, stream_name, subject, lease, config })
     }
 
     pub fn config(&self) -> &Config {
@@ -263,12 +265,18 @@ impl Log {
     /// try again).
     pub fn mark_leader(&self, epoch: u64, after: u64, last_command: u64, chain: u32) -> Result<Option<u64>, ReplicationError> {
         let span = Span { first: last_command + 1, last: last_command, previous: chain, chain };
-        let id = format!("{}-{epoch}-lead", self.config.node);
+        // An id of its own per attempt: an earlier attempt's answer says
+        // nothing of this one.
+        let id = format!("{}-{epoch}-lead-{after}", self.config.node);
+        let patience = self.config.lease_ttl.max(Duration::from_secs(1));
         self.runtime.block_on(async {
-            match append(&self.js, &self.subject, &self.config.node, &id, after, &span, Vec::new(), true).await {
-                Ok(seq) => Ok(Some(seq)),
-                Err(ReplicationError::Deposed(_)) => Ok(None),
-                Err(e) => Err(e),
+            // Bounded: without a quorum the caller (the server's event loop)
+            // must not wait here; it tries again.
+            match tokio::time::timeout(patience, append(&self.target, &id, after, &span, Vec::new(), true)).await {
+                Ok(Ok(seq)) => Ok(Some(seq)),
+                Ok(Err(ReplicationError::Deposed(_))) => Ok(None),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(ReplicationError::Nats(format!("the marker was not acknowledged within {} ms", patience.as_millis()))),
             }
         })
     }
@@ -284,24 +292,76 @@ impl Log {
             round_trips: std::sync::Mutex::new(micros()),
         });
         let state = shared.clone();
-        let (js, subject, node) = (self.js.clone(), self.subject.clone(), self.config.node.clone());
+        let target = self.target.clone();
         self.runtime.spawn(async move {
             let fail = |e: ReplicationError| {
                 *state.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                 state.stopped.store(true, Ordering::Release);
                 wake();
             };
-            // The last stream message known to be ours and in place, and the
-            // messages sent after it, acknowledgement awaited, oldest first.
+            // The last stream message known to be ours and in place; the
+            // messages sent after it, acknowledgement awaited, oldest first,
+            // with when their oldest batch was submitted and when they were
+            // sent; a batch taken from the queue that did not fit the last
+            // message.
             let mut confirmed = after;
             let mut in_flight: std::collections::VecDeque<(Span, String, Vec<u8>, AckFuture)> = std::collections::VecDeque::new();
-            // When each in-flight message's oldest batch was submitted, and
-            // when it was sent.
             let mut times: std::collections::VecDeque<(Instant, Instant)> = std::collections::VecDeque::new();
+            let mut carry: Option<(batch::Encoder, Instant)> = None;
             let mut open = true;
             loop {
-                if !open && in_flight.is_empty() {
+                if !open && in_flight.is_empty() && carry.is_none() {
                     return;
+                }
+                // A message to send, if there is room in flight and a batch.
+                if in_flight.len() < MAX_IN_FLIGHT {
+                    let first = match carry.take() {
+                        Some(batch) => Some(batch),
+                        None => match incoming.try_recv() {
+                            Ok(batch) => Some(batch),
+                            Err(tokio::sync::mpsc::error::TryRecvError::Empty) => None,
+                            Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
+                                open = false;
+                                None
+                            }
+                        },
+                    };
+                    if let Some((mut message, submitted)) = first {
+                        // What is queued behind it goes in the same message
+                        // (group commit at the log's level), as long as it
+                        // fits.
+                        while let Ok((next, at)) = incoming.try_recv() {
+                            if message.payload.len() + next.payload.len() > MAX_MESSAGE {
+                                carry = Some((next, at));
+                                break;
+                            }
+                            message.extend(&next);
+                        }
+                        let sent = Instant::now();
+                        let span = message.span();
+                        let id = format!("{}-{epoch}-{}", target.node, span.first);
+                        // Pipelined: each names the stream position it
+                        // must follow.
+                        let expected = confirmed + in_flight.len() as u64;
+                        match publish(&target, &id, expected, &span, &message.payload, false).await {
+                            Ok(future) => {
+                                in_flight.push_back((span, id, message.payload, future));
+                                times.push_back((submitted, sent));
+                            }
+                            Err(_) => {
+                                // Not even sent: the same recovery as a
+                                // failed acknowledgement, this one last.
+                                times.clear();
+                                let mut pending: Vec<(Span, String, Vec<u8>)> = in_flight.drain(..).map(|(span, id, payload, _)| (span, id, payload)).collect();
+                                pending.push((span, id, message.payload));
+                                match resend(&target, confirmed, pending, &state, &wake).await {
+                                    Ok(seq) => confirmed = seq,
+                                    Err(e) => return fail(e),
+                                }
+                            }
+                        }
+                        continue;
+                    }
                 }
                 tokio::select! {
                     biased;
@@ -318,15 +378,15 @@ impl Log {
                             }
                             // Anything else (a lost acknowledgement, no
                             // stream leader for a moment, no quorum, the
-                            // log moved on): wait for the rest, then send
-                            // them again one by one after the last message
-                            // confirmed, with their ids, so that none is
-                            // written twice and a writer that lost the lead
-                            // finds out.
+                            // log moved on): the messages in flight are
+                            // sent again one by one after the last one
+                            // confirmed, with their ids (those the stream
+                            // already has are recognised, not stored twice),
+                            // and a writer that lost the lead finds out.
                             _ => {
                                 times.clear();
                                 let pending: Vec<(Span, String, Vec<u8>)> = in_flight.drain(..).map(|(span, id, payload, _)| (span, id, payload)).collect();
-                                match resend(&js, &subject, &node, confirmed, pending, &state, &wake).await {
+                                match resend(&target, confirmed, pending, &state, &wake).await {
                                     Ok(seq) => confirmed = seq,
                                     Err(e) => return fail(e),
                                 }
@@ -334,41 +394,9 @@ impl Log {
                         }
                     }
                     next = incoming.recv(), if open && in_flight.len() < MAX_IN_FLIGHT => {
-                        let Some((first, submitted)) = next else {
-                            open = false;
-                            continue;
-                        };
-                        // Everything queued behind it goes in the same
-                        // message (group commit at the log's level).
-                        let mut message = first;
-                        while message.payload.len() < MAX_MESSAGE {
-                            match incoming.try_recv() {
-                                Ok((next, _)) => message.extend(&next),
-                                Err(_) => break,
-                            }
-                        }
-                        let sent = Instant::now();
-                        let span = message.span();
-                        let id = format!("{node}-{epoch}-{}", span.first);
-                        // It follows the last one sent: pipelined, each
-                        // naming the stream position it must follow.
-                        let expected = confirmed + in_flight.len() as u64;
-                        match publish(&js, &subject, &node, &id, expected, &span, &message.payload, false).await {
-                            Ok(future) => {
-                                in_flight.push_back((span, id, message.payload, future));
-                                times.push_back((submitted, sent));
-                            }
-                            Err(_) => {
-                                // Not even sent: the same recovery as a
-                                // failed acknowledgement, this one last.
-                                times.clear();
-                                let mut pending: Vec<(Span, String, Vec<u8>)> = in_flight.drain(..).map(|(span, id, payload, _)| (span, id, payload)).collect();
-                                pending.push((span, id, message.payload));
-                                match resend(&js, &subject, &node, confirmed, pending, &state, &wake).await {
-                                    Ok(seq) => confirmed = seq,
-                                    Err(e) => return fail(e),
-                                }
-                            }
+                        match next {
+                            Some(batch) => carry = Some(batch),
+                            None => open = false,
                         }
                     }
                 }
@@ -474,16 +502,13 @@ impl Log {
     }
 }
 
-/// Sends `pending` again one by one after stream message `confirmed`, with
-/// their ids (a message already stored is recognised, not stored twice);
-/// the last stream message confirmed.
-async fn resend(js: &jetstream::Context, subject: &str, node: &str, mut confirmed: u64, pending: Vec<(Span, String, Vec<u8>)>, state: &AppendState, wake: &Arc<dyn Fn() + Send + Sync>) -> Result<u64, ReplicationError> {
-    for (span, id, payload) in pending {
-        confirmed = append(js, subject, node, &id, confirmed, &span, payload, false).await?;
-        state.acked.store(span.last, Ordering::Release);
-        wake();
-    }
-    Ok(confirmed)
+/// Where appends go.
+#[derive(Clone)]
+struct Target {
+    js: jetstream::Context,
+    stream: String,
+    subject: String,
+    node: String,
 }
 
 type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<jetstream::publish::PublishAck, jetstream::context::PublishError>> + Send>>;
@@ -491,7 +516,7 @@ type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<jetst
 /// Sends one message after stream message `after`, without waiting for
 /// its acknowledgement.
 #[allow(clippy::too_many_arguments)]
-async fn publish(js: &jetstream::Context, subject: &str, node: &str, id: &str, after: u64, span: &Span, payload: &[u8], marker: bool) -> Result<AckFuture, jetstream::context::PublishError> {
+async fn publish(target: &Target, id: &str, after: u64, span: &Span, payload: &[u8], marker: bool) -> Result<AckFuture, jetstream::context::PublishError> {
     let mut message = jetstream::message::PublishMessage::build()
         .payload(bytes::Bytes::copy_from_slice(payload))
         .message_id(id)
@@ -500,9 +525,9 @@ async fn publish(js: &jetstream::Context, subject: &str, node: &str, id: &str, a
         .header(HEADER_PREVIOUS, span.previous.to_string().as_str())
         .header(HEADER_CHAIN, span.chain.to_string().as_str());
     if marker {
-        message = message.header(HEADER_LEADER, node);
+        message = message.header(HEADER_LEADER, target.node.as_str());
     }
-    let future = js.send_publish(subject.to_string(), message).await?;
+    let future = target.js.send_publish(target.subject.clone(), message).await?;
     Ok(std::future::IntoFuture::into_future(future))
 }
 
@@ -511,21 +536,62 @@ async fn publish(js: &jetstream::Context, subject: &str, node: &str, id: &str, a
 /// quorum) with the same message id, so that it is written once; refused
 /// for good (`Deposed`) when the log has moved on past `after`.
 #[allow(clippy::too_many_arguments)]
-async fn append(js: &jetstream::Context, subject: &str, node: &str, id: &str, after: u64, span: &Span, payload: Vec<u8>, marker: bool) -> Result<u64, ReplicationError> {
+async fn append(target: &Target, id: &str, after: u64, span: &Span, payload: Vec<u8>, marker: bool) -> Result<u64, ReplicationError> {
     loop {
-        let acked = match publish(js, subject, node, id, after, span, &payload, marker).await {
+        let acked = match publish(target, id, after, span, &payload, marker).await {
             Ok(future) => future.await,
             Err(e) => Err(e),
         };
         match acked {
-            Ok(ack) => return Ok(ack.sequence),
-            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
-                return Err(ReplicationError::Deposed(format!("the log has moved on past stream message {after}: another node leads")));
-            }
+            Ok(ack) if ack.sequence == after + 1 => return Ok(ack.sequence),
             Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => return Err(ReplicationError::Nats(format!("a message of {} bytes: {e}", payload.len()))),
-            Err(_) => tokio::time::sleep(RETRY).await,
+            // Stored elsewhere than right after `after` (a duplicate
+            // answered with another position), or refused because the log
+            // moved on: whose message is right after `after` says which.
+            Ok(_) => {}
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {}
+            Err(_) => {
+                tokio::time::sleep(RETRY).await;
+                continue;
+            }
+        }
+        match settle(target, id, after).await {
+            Settled::Ours => return Ok(after + 1),
+            Settled::Theirs => return Err(ReplicationError::Deposed(format!("the log has moved on past stream message {after}: another node leads"))),
+            Settled::Unknown => tokio::time::sleep(RETRY).await,
         }
     }
+}
+
+enum Settled {
+    Ours,
+    Theirs,
+    Unknown,
+}
+
+/// Whose message follows stream message `after`: ours (its id is `id`),
+/// another writer's, or none yet (or NATS not answering).
+async fn settle(target: &Target, id: &str, after: u64) -> Settled {
+    let Ok(stream) = target.js.get_stream(&target.stream).await else { return Settled::Unknown };
+    match stream.get_raw_message(after + 1).await {
+        Ok(message) => match message.headers.get(async_nats::header::NATS_MESSAGE_ID) {
+            Some(theirs) if theirs.as_str() == id => Settled::Ours,
+            _ => Settled::Theirs,
+        },
+        Err(_) => Settled::Unknown,
+    }
+}
+
+/// Sends `pending` again one by one after stream message `confirmed`, with
+/// their ids (a message already stored is recognised, not stored twice);
+/// the last stream message confirmed.
+async fn resend(target: &Target, mut confirmed: u64, pending: Vec<(Span, String, Vec<u8>)>, state: &AppendState, wake: &Arc<dyn Fn() + Send + Sync>) -> Result<u64, ReplicationError> {
+    for (span, id, payload) in pending {
+        confirmed = append(target, &id, confirmed, &span, payload, false).await?;
+        state.acked.store(span.last, Ordering::Release);
+        wake();
+    }
+    Ok(confirmed)
 }
 
 struct AppendState {
@@ -606,7 +672,11 @@ pub struct Reader {
 impl Reader {
     /// The next message, if one is waiting.
     pub fn next(&mut self) -> Option<Result<Delivered, ReplicationError>> {
-        self.receiver.try_recv().ok()
+        match self.receiver.try_recv() {
+            Ok(message) => Some(message),
+            Err(tokio::sync::mpsc::error::TryRecvError::Empty) => None,
+            Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => Some(Err(ReplicationError::Nats("the log's reader stopped".into()))),
+        }
     }
 }
 

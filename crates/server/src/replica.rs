@@ -151,9 +151,31 @@ pub(crate) fn reconcile(dir: &Path, log: &Log, recovered: Recovered) -> Result<R
     if local == 0 {
         return Ok(recovered);
     }
+    if log.last()?.is_none_or(|last| last.span.last == 0) {
+        return Err(ServeError::Diverged(format!(
+            "the log (stream {}) holds no command, but the local journal holds {local}: a new or another stream, or a wiped NATS cluster? To follow this log, start from an empty data directory",
+            log.config().stream
+        )));
+    }
     let keep = agreed(dir, log, local, recovered.end.last_crc)?;
     if keep == local {
         return Ok(recovered);
+    }
+    if keep == 0 {
+        return Err(ServeError::Diverged(format!(
+            "the local journal and the log (stream {}) share no history: another venue's log? Nothing was cut; to follow this log, start from an empty data directory",
+            log.config().stream
+        )));
+    }
+    // What is cut is kept aside (never used again), for whoever wants to
+    // see what a deposed leader had journaled.
+    let aside = dir.join(format!("cut-after-{keep}"));
+    std::fs::create_dir_all(&aside).map_err(ServeError::io(format!("creating {}", aside.display())))?;
+    for entry in std::fs::read_dir(dir).map_err(ServeError::io(format!("listing {}", dir.display())))?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("segment-") {
+            std::fs::copy(entry.path(), aside.join(&name)).map_err(ServeError::io(format!("copying {name} aside")))?;
+        }
     }
     log_line(&format!(
         "replication: the local journal holds commands {}..={local} that the log does not (a deposed leader's last, never acknowledged): cutting it back to {keep} and following the log from there",
@@ -183,8 +205,8 @@ pub(crate) fn read_from(log: &Log, seq: u64) -> Result<u64, ServeError> {
 }
 
 /// The lease thread: a candidate takes the lease when nobody holds it and
-/// this node has applied the whole log; the holder renews it three times
-/// per time to live, and says when it is lost; every node keeps the
+/// this node has applied the whole log; the holder renews it every quarter
+/// of its time to live (every 250 ms at most), and says when it is lost; every node keeps the
 /// leader's addresses for redirects.
 pub(crate) fn lease_thread(log: Arc<Log>, state: Arc<NodeState>, me: Leader, candidate: bool, ttl: Duration, wake: Arc<dyn Fn() + Send + Sync>) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new().name("replication-lease".into()).spawn(move || {
@@ -215,17 +237,30 @@ pub(crate) fn lease_thread(log: Arc<Log>, state: Arc<NodeState>, me: Leader, can
                     // again if nobody holds it: this node is still the
                     // log's last writer (were it not, its next append would
                     // be refused, and it would step down then).
-                    Ok(None) => match log.take_lease(&me) {
-                        Ok(Some(next)) => {
-                            log_line(&format!("replication: the lease ran out after {} ms without a renewal; taken again (epoch {next})", renewed.elapsed().as_millis()));
-                            held = Some((next, Instant::now()));
-                        }
-                        _ => {
-                            log_line(&format!("replication: the lease was taken by another node (revision {revision} is not the last)"));
+                    Ok(None) => match log.leader() {
+                        // Ours still (a renewal that timed out here but
+                        // was stored): go on from its revision.
+                        Ok(Some((leader, next))) if leader.node == me.node => held = Some((next, Instant::now())),
+                        Ok(Some((leader, _))) => {
+                            log_line(&format!("replication: the lease was taken by node {} (revision {revision} is not the last)", leader.node));
                             state.lost.store(true, Ordering::Release);
                             wake();
                             return;
                         }
+                        Ok(None) => match log.take_lease(&me) {
+                            Ok(Some(next)) => {
+                                log_line(&format!("replication: the lease ran out after {} ms without a renewal; taken again (epoch {next})", renewed.elapsed().as_millis()));
+                                held = Some((next, Instant::now()));
+                            }
+                            Ok(None) => {
+                                log_line("replication: the lease ran out and another node took it");
+                                state.lost.store(true, Ordering::Release);
+                                wake();
+                                return;
+                            }
+                            Err(_) => {}
+                        },
+                        Err(_) => {}
                     },
                     // NATS unreachable (or electing): tried again. The log's
                     // fence, not the lease, keeps a second writer out.

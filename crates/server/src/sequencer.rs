@@ -147,6 +147,10 @@ pub(crate) enum Role {
 /// Messages of the log applied per round at most (the gateway's sockets
 /// get their turn between).
 const DELIVERED_PER_ROUND: usize = 64;
+/// A leader's batch goes to the log in messages of about this many bytes
+/// at most (nats-server takes 1 MiB by default; the appender joins small
+/// ones up to 768 KiB).
+const MESSAGE_BYTES: usize = 256 * 1024;
 
 /// What the sequencer runs with besides its queue.
 pub(crate) struct Settings<'a> {
@@ -178,6 +182,8 @@ struct Waiting {
     refused: Vec<Refusal>,
     answers: Vec<Answer>,
     answered: Vec<Arc<InFlight>>,
+    /// A follower's batch: commands of the log, not of this node's gateways.
+    from_log: bool,
 }
 
 impl Waiting {
@@ -191,6 +197,7 @@ impl Waiting {
             refused: Vec::new(),
             answers: Vec::new(),
             answered: Vec::with_capacity(answered),
+            from_log: false,
         }
     }
 }
@@ -282,6 +289,8 @@ impl<'a> Sequencer<'a> {
         let mut done = Waiting::new(batch.len(), batch.len());
         let leading = self.leading();
         let mut records = self.replication.as_ref().map(|r| Encoder::new(self.engine.seq() + 1, r.chain));
+        // A batch's records in messages of at most about MESSAGE_BYTES.
+        let mut full: Vec<Encoder> = Vec::new();
         for item in batch.drain(..) {
             done.answered.push(item.in_flight);
             let command = match item.request {
@@ -303,18 +312,24 @@ impl<'a> Sequencer<'a> {
             }
             let seq = self.engine.seq() + 1;
             self.journal.append_with(seq, &command, item.annex.as_deref())?;
-            if let Some(records) = records.as_mut() {
-                records.push(seq, self.time_ms, &command, item.annex.as_deref());
+            if let Some(current) = records.as_mut() {
+                current.push(seq, self.time_ms, &command, item.annex.as_deref());
+                if current.payload.len() >= MESSAGE_BYTES {
+                    let next = Encoder::new(seq + 1, current.span().chain);
+                    full.push(std::mem::replace(current, next));
+                }
             }
             self.run(seq, self.time_ms, command, item.annex, &mut done);
         }
         self.journal.publish()?;
         if let (Some(records), Some(replication)) = (records, self.replication.as_mut())
-            && !records.is_empty()
             && let Role::Leader(appender) = &replication.role
         {
-            replication.chain = records.span().chain;
-            appender.submit(records)?;
+            full.extend((!records.is_empty()).then_some(records));
+            for message in full {
+                replication.chain = message.span().chain;
+                appender.submit(message)?;
+            }
         }
         self.settings.applied.store(self.engine.seq(), Ordering::Release);
         done.last_seq = self.engine.seq();
@@ -377,6 +392,7 @@ impl<'a> Sequencer<'a> {
         }
         replication.chain = chain;
         let mut done = Waiting::new(fresh.len(), 0);
+        done.from_log = true;
         for record in fresh {
             self.time_ms = self.time_ms.max(record.time_ms);
             self.journal.stamp(record.time_ms);
@@ -484,7 +500,7 @@ impl<'a> Sequencer<'a> {
     fn release_through(&mut self, acked: u64, sinks: &mut [&mut dyn ReportSink]) {
         while self.waiting.front().is_some_and(|w| w.last_seq <= acked) {
             let Some(done) = self.waiting.pop_front() else { break };
-            let batch = Released { commands: &done.commands, reports: &done.reports, events: &done.events, refused: &done.refused, answers: &done.answers };
+            let batch = Released { commands: &done.commands, reports: &done.reports, events: &done.events, refused: &done.refused, answers: &done.answers, from_log: done.from_log };
             for sink in sinks.iter_mut() {
                 sink.released(&batch);
             }

@@ -129,6 +129,7 @@ pub struct Released<'a> {
     pub(crate) events: &'a [Event],
     pub(crate) refused: &'a [Refusal],
     pub(crate) answers: &'a [Answer],
+    pub(crate) from_log: bool,
 }
 
 impl<'a> Released<'a> {
@@ -143,6 +144,13 @@ impl<'a> Released<'a> {
             reports: &reports[c.reports.clone()],
             events: &events[c.events.clone()],
         })
+    }
+
+    /// Whether its commands came from the replicated log (a follower's
+    /// batch), not from this node's gateways: their annexes name requests
+    /// of another node.
+    pub fn from_log(&self) -> bool {
+        self.from_log
     }
 
     /// The queries answered with it, in the order they came.

@@ -21,13 +21,13 @@ use std::time::Duration;
 /// again later. A failed write (a full disk, say) removes its temporary
 /// file and is logged; the next one is tried when it is due.
 pub(crate) struct Snapshotter {
-    offers: SyncSender<Offer>,
+    offers: Option<SyncSender<Offer>>,
     /// 1 while a snapshot is being written.
     busy: Arc<AtomicU64>,
     /// Set when the server stops: a snapshot still waiting for the journal
     /// gives up (the final one is written after the journal closes).
     stopping: Arc<AtomicBool>,
-    handle: thread::JoinHandle<()>,
+    handle: Option<thread::JoinHandle<()>>,
 }
 
 /// Snapshots kept by `serve` besides those its report histories are
@@ -64,7 +64,7 @@ impl Snapshotter {
                 }
             })
             .map_err(ServeError::io("starting the snapshotter thread"))?;
-        Ok(Snapshotter { offers, busy, stopping, handle })
+        Ok(Snapshotter { offers: Some(offers), busy, stopping, handle: Some(handle) })
     }
 
     pub(crate) fn is_free(&self) -> bool {
@@ -74,17 +74,32 @@ impl Snapshotter {
     /// Hands a state over.
     pub(crate) fn offer(&self, offer: Offer) {
         self.busy.store(1, Ordering::Release);
-        if self.offers.try_send(offer).is_err() {
+        if self.offers.as_ref().is_none_or(|offers| offers.try_send(offer).is_err()) {
             self.busy.store(0, Ordering::Release);
         }
     }
 
     /// Lets the snapshot being written finish (one still waiting for the
     /// journal gives up) and stops the thread.
-    pub(crate) fn stop(self) {
+    pub(crate) fn stop(mut self) {
+        self.shut_down();
+    }
+
+    fn shut_down(&mut self) {
         self.stopping.store(true, Ordering::Release);
-        drop(self.offers);
-        let _ = self.handle.join();
+        self.offers.take();
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// A venue that stops on an error (a replicated node that lost the lead
+/// starts again in the same process) stops its snapshotter too: no
+/// snapshot of the old run is written during the next one's start.
+impl Drop for Snapshotter {
+    fn drop(&mut self) {
+        self.shut_down();
     }
 }
 

@@ -218,8 +218,20 @@ fn a_follower_applies_the_log_and_refuses_orders_with_a_redirect() {
     let output = load(&leader.address, &["--count", "20000"]);
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("load report");
     assert_eq!((report["errors"].as_u64(), report["unanswered"].as_u64()), (Some(0), Some(0)), "{report}");
+    // A burst in one write: one batch too big for one message of the log
+    // (it goes in several; the follower takes them all).
+    let (burst, _) = crossbook_client::binary::Client::login(&leader.address, 5, "demo-key-5", u64::MAX).unwrap();
+    let mut burst = Client(burst);
+    let mut frames = Vec::new();
+    for cid in 0..5_000u64 {
+        encode_client(&limit(cid, Side::Buy, 5_000 - (cid % 100) as i64, 1, TimeInForce::Gtc), &mut frames);
+    }
+    burst.send_bytes(&frames).unwrap();
+    for _ in 0..5_000 {
+        assert_eq!(burst.report().kind, ReportKind::Accepted);
+    }
     let seq = wait_same_seq(&leader, &follower);
-    assert!(seq > 20_000, "{seq}");
+    assert!(seq > 25_000, "{seq}");
     // The follower's market data is the leader's.
     let depth = |s: &Server| crate::marketdata::http_get(&s.market_address, "/api/v3/depth?symbol=BTCUSD&limit=50").1;
     assert_eq!(depth(&leader), depth(&follower));
@@ -249,6 +261,16 @@ fn a_follower_applies_the_log_and_refuses_orders_with_a_redirect() {
     assert!(follower.terminate().success());
     assert!(leader.terminate().success());
     assert_eq!(state_hash(&dir.0.join("a")), state_hash(&dir.0.join("b")));
+    // Pointed at another (empty) log, a node with history refuses to start
+    // rather than cut its journal to nothing.
+    let config = node_config(&dir.0, "a", &nats, "ANOTHER");
+    let output = Command::new(env!("CARGO_BIN_EXE_crossbook"))
+        .args(["serve", "--config", config.to_str().unwrap(), "--data", dir.0.join("a").to_str().unwrap(), "--listen", "127.0.0.1:0", "--market-listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && said.contains("holds no command"), "{said}");
+    assert_eq!(state_hash(&dir.0.join("a")), state_hash(&dir.0.join("b")), "nothing was cut");
 }
 
 /// One failover trial: the leader is killed (-9) under `crossbook load`;

@@ -492,7 +492,15 @@ impl ReportSink for MarketSink {
         for durable in batch.durable() {
             feed.last_seq = durable.seq;
             feed.time_ms = durable.time_ms;
-            feed.commands.extend(feed_command(&durable));
+            feed.commands.extend(feed_command(&durable).map(|mut command| {
+                // Another node's REST request: nobody waits for it here.
+                if batch.from_log()
+                    && let Some(annex) = command.rest.as_mut()
+                {
+                    annex.request = 0;
+                }
+                command
+            }));
         }
         for refusal in batch.refused().filter(|r| r.source == REST) {
             if let Some(annex) = refusal.annex.and_then(RestAnnex::decode) {

@@ -168,6 +168,7 @@ impl Trading {
             link: Mutex::new(None),
             in_flight: InFlight::polled(),
             waiting: Mutex::new(Waiting::default()),
+            // 0 names no request (another node's, applied from the log).
             next_request: AtomicU64::new(1),
             next_cid: AtomicU64::new(REST_CID_BASE + 1),
             usage: Mutex::new(HashMap::new()),
@@ -266,6 +267,10 @@ impl Trading {
     /// A REST command is durable and applied to `market`: its handler is
     /// answered with the order as it stands now.
     pub(crate) fn applied(&self, market: &MarketData, command: &FeedCommand, annex: &RestAnnex) {
+        // Request 0: another node's (a follower applying the log).
+        if annex.request == 0 {
+            return;
+        }
         let Some(cmd) = command.command.as_ref() else { return };
         let reject = command.events.iter().find_map(|e| match e.kind {
             EventKind::Rejected { reason } => Some(reason),
@@ -636,6 +641,9 @@ pub(crate) async fn new_order(State(hub): State<Arc<Hub>>, headers: HeaderMap, R
             Some(kind @ ("ACK" | "RESULT" | "FULL")) => kind,
             Some(_) => return Err(ApiError::illegal("newOrderRespType", "ACK, RESULT, FULL")),
         };
+        // After every REST order the log holds (a node that took the lead
+        // in this run numbers on after its predecessor's).
+        trading.next_cid.fetch_max(market.accounts.largest_gateway_cid + 1, Ordering::Relaxed);
         let cid = trading.next_cid.fetch_add(1, Ordering::Relaxed);
         // Without one, the order is named after its engine client id
         // (unique for ever: the numbering goes on after the journal's).
