@@ -113,21 +113,14 @@ impl ExecutionReport {
     /// The refusal of `place` by the open-order limit: not from the
     /// engine, not journaled, so outside the numbered stream (`seq` 0).
     pub fn open_order_refusal(place: &PlaceOrder) -> ExecutionReport {
-        ExecutionReport {
-            seq: 0,
-            kind: ReportKind::Rejected,
-            order: 0,
-            cid: place.cid,
-            instrument: place.instrument,
-            side: place.side,
-            price: place.price,
-            last_qty: 0,
-            last_price: 0,
-            cum_qty: 0,
-            leaves_qty: 0,
-            fee: 0,
-            reason: OPEN_ORDER_LIMIT,
-        }
+        ExecutionReport { cid: place.cid, instrument: place.instrument, side: place.side, price: place.price, ..ExecutionReport::unnumbered_refusal(OPEN_ORDER_LIMIT) }
+    }
+
+    /// A refusal the server makes itself (a `Refusal` that is not the
+    /// engine's): `rejected` with `reason`, `seq` 0, every other field 0
+    /// (the caller fills in what it names).
+    pub fn unnumbered_refusal(reason: u8) -> ExecutionReport {
+        ExecutionReport { reason, ..ReportBuilder::bare(ReportKind::Rejected, 0) }
     }
 }
 

@@ -613,22 +613,7 @@ fn decode_all(conn: &mut Conn, config: &Config, sessions: &mut Sessions, command
 /// A follower's answer to an order message: refused (`not_leader`, not
 /// numbered, never journaled), and where the leader is.
 fn not_leader(message: &ClientMessage, conn: &mut Conn, node: &NodeState) {
-    use crossbook_protocol::reports::NOT_LEADER;
-    let mut report = ExecutionReport {
-        seq: 0,
-        kind: ReportKind::Rejected,
-        order: 0,
-        cid: 0,
-        instrument: 0,
-        side: crossbook_engine::Side::Buy,
-        price: 0,
-        last_qty: 0,
-        last_price: 0,
-        cum_qty: 0,
-        leaves_qty: 0,
-        fee: 0,
-        reason: NOT_LEADER,
-    };
+    let mut report = ExecutionReport::unnumbered_refusal(crossbook_protocol::reports::NOT_LEADER);
     match *message {
         ClientMessage::NewOrder(o) => {
             (report.cid, report.instrument, report.side, report.price) = (o.cid, o.instrument, o.side, o.price);

@@ -762,6 +762,18 @@ fn rows(params: &Params) -> Result<usize, ApiError> {
     Ok(params.number("limit", 1..=MAX_ROWS)?.unwrap_or(DEFAULT_ROWS) as usize)
 }
 
+/// Binance's window over a list (oldest first): from a starting point
+/// given (`fromId`, `orderId`, `startTime`), the first `limit`; otherwise
+/// the most recent `limit`.
+fn window<T>(mut items: Vec<T>, from_start: bool, limit: usize) -> Vec<T> {
+    if from_start {
+        items.truncate(limit);
+        items
+    } else {
+        items.split_off(items.len().saturating_sub(limit))
+    }
+}
+
 /// `GET /api/v3/allOrders`: the account's orders of one symbol, open and
 /// ended (the ended ones as far back as they are kept), oldest first.
 pub(crate) async fn all_orders(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
@@ -782,8 +794,7 @@ pub(crate) async fn all_orders(State(hub): State<Arc<Hub>>, headers: HeaderMap, 
         .unwrap_or_default();
     orders.retain(|o| o.instrument as usize == index && from_id.is_none_or(|f| o.id >= f) && start.is_none_or(|s| o.time_ms >= s) && end.is_none_or(|e| o.time_ms <= e));
     orders.sort_unstable_by_key(|o| o.id);
-    // From `orderId` on: the first ones; otherwise the most recent.
-    let chosen: Vec<&OrderRecord> = if from_id.is_some() || start.is_some() { orders.into_iter().take(limit).collect() } else { orders.split_off(orders.len().saturating_sub(limit)) };
+    let chosen = window(orders, from_id.is_some() || start.is_some(), limit);
     Ok(answer(Value::Array(chosen.iter().map(|o| render::order(&market.instruments[index], o)).collect()), used))
 }
 
@@ -806,7 +817,7 @@ pub(crate) async fn my_trades(State(hub): State<Arc<Hub>>, headers: HeaderMap, R
         .map(|data| data.trades.iter().filter(|t| t.instrument as usize == index).collect())
         .unwrap_or_default();
     trades.retain(|t| order.is_none_or(|o| t.order == o) && from_id.is_none_or(|f| t.id >= f) && start.is_none_or(|s| t.time_ms >= s) && end.is_none_or(|e| t.time_ms <= e));
-    let chosen: Vec<&AccountTrade> = if from_id.is_some() || start.is_some() { trades.into_iter().take(limit).collect() } else { trades.split_off(trades.len().saturating_sub(limit)) };
+    let chosen = window(trades, from_id.is_some() || start.is_some(), limit);
     Ok(answer(Value::Array(chosen.iter().map(|t| render::my_trade(&market.instruments[index], t)).collect()), used))
 }
 
@@ -931,7 +942,7 @@ pub(crate) async fn agg_trades(State(hub): State<Arc<Hub>>, RawQuery(query): Raw
     let end = params.number("endTime", 0..=u64::MAX)?;
     let market = hub.read();
     let data = &market.instruments[params.instrument(&market)?];
-    let mut trades: Vec<&crossbook_marketdata::Trade> = data.trades.iter().filter(|t| from_id.is_none_or(|f| t.id >= f) && start.is_none_or(|s| t.time_ms >= s) && end.is_none_or(|e| t.time_ms <= e)).collect();
-    let chosen: Vec<&crossbook_marketdata::Trade> = if from_id.is_some() || start.is_some() { trades.into_iter().take(limit).collect() } else { trades.split_off(trades.len().saturating_sub(limit)) };
+    let trades: Vec<&crossbook_marketdata::Trade> = data.trades.iter().filter(|t| from_id.is_none_or(|f| t.id >= f) && start.is_none_or(|s| t.time_ms >= s) && end.is_none_or(|e| t.time_ms <= e)).collect();
+    let chosen = window(trades, from_id.is_some() || start.is_some(), limit);
     Ok(json_response(Value::Array(chosen.iter().map(|t| render::agg_trade(data, t)).collect())))
 }
