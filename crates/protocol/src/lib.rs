@@ -458,14 +458,14 @@ pub fn decode_server(buffer: &[u8], max_frame: usize) -> Result<Decoded<ServerMe
         return Ok(Decoded::NeedMore);
     };
     let mut r = Reader::new(body);
+    // Every server message starts with its sequence number (`frame` has
+    // refused unknown types and short bodies); most do not keep it.
+    let seq = r.u64()?;
     let message = match kind {
-        101 => ServerMessage::LoginAccepted { seq: r.u64()?, account: r.u64()?, next_seq: r.u64()? },
-        102 => {
-            let _seq = r.u64()?;
-            ServerMessage::LoginRejected { reason: protocol_reason(r.u8()?)? }
-        }
+        101 => ServerMessage::LoginAccepted { seq, account: r.u64()?, next_seq: r.u64()? },
+        102 => ServerMessage::LoginRejected { reason: protocol_reason(r.u8()?)? },
         103 => ServerMessage::ExecutionReport(ExecutionReport {
-            seq: r.u64()?,
+            seq,
             kind: report_kind(r.u8()?)?,
             order: r.u64()?,
             cid: r.u64()?,
@@ -479,42 +479,23 @@ pub fn decode_server(buffer: &[u8], max_frame: usize) -> Result<Decoded<ServerMe
             fee: r.i64()?,
             reason: r.u8()?,
         }),
-        104 => {
-            let _seq = r.u64()?;
-            ServerMessage::Heartbeat
-        }
-        105 => {
-            let _seq = r.u64()?;
-            ServerMessage::Logout { reason: r.u8()? }
-        }
-        106 => {
-            let _seq = r.u64()?;
-            ServerMessage::Error { reason: protocol_reason(r.u8()?)? }
-        }
-        107 => {
-            let _seq = r.u64()?;
-            ServerMessage::Balance { request: r.u64()?, asset: r.u32()?, available: r.u64()?, locked: r.u64()? }
-        }
-        108 => {
-            let _seq = r.u64()?;
-            ServerMessage::OpenOrder(OpenOrder {
-                request: r.u64()?,
-                order: r.u64()?,
-                cid: r.u64()?,
-                instrument: r.u32()?,
-                side: r.side()?,
-                price: r.i64()?,
-                qty: r.u64()?,
-                cum_qty: r.u64()?,
-                leaves_qty: r.u64()?,
-            })
-        }
-        109 => {
-            let _seq = r.u64()?;
-            ServerMessage::QueryDone { request: r.u64()?, count: r.u32()?, as_of: r.u64()? }
-        }
+        104 => ServerMessage::Heartbeat,
+        105 => ServerMessage::Logout { reason: r.u8()? },
+        106 => ServerMessage::Error { reason: protocol_reason(r.u8()?)? },
+        107 => ServerMessage::Balance { request: r.u64()?, asset: r.u32()?, available: r.u64()?, locked: r.u64()? },
+        108 => ServerMessage::OpenOrder(OpenOrder {
+            request: r.u64()?,
+            order: r.u64()?,
+            cid: r.u64()?,
+            instrument: r.u32()?,
+            side: r.side()?,
+            price: r.i64()?,
+            qty: r.u64()?,
+            cum_qty: r.u64()?,
+            leaves_qty: r.u64()?,
+        }),
+        109 => ServerMessage::QueryDone { request: r.u64()?, count: r.u32()?, as_of: r.u64()? },
         110 => {
-            let _seq = r.u64()?;
             let mut leader = [0u8; REDIRECT_BYTES];
             leader.copy_from_slice(r.take(REDIRECT_BYTES)?);
             ServerMessage::Redirect { leader }
