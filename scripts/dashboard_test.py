@@ -17,7 +17,6 @@ checks that the page says the connection is lost. Writes a screenshot
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -26,6 +25,8 @@ import time
 import urllib.request
 
 from playwright.sync_api import sync_playwright
+
+from servetest import Checks, start_server
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Chromium's own network traffic is refused on this machine: keep it quiet.
@@ -38,43 +39,6 @@ CHROMIUM_ARGS = [
 def get(address, path):
     with urllib.request.urlopen(f"http://{address}{path}", timeout=10) as response:
         return json.loads(response.read())
-
-
-def start_server(binary, data):
-    process = subprocess.Popen(
-        [binary, "serve", "--listen", "127.0.0.1:0", "--fix-listen", "", "--market-listen", "127.0.0.1:0", "--data", data],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    binary_address = market = None
-    deadline = time.time() + 30
-    for line in process.stderr:
-        match = re.match(r"market data on http://([^/]+)/", line)
-        if match:
-            market = match.group(1)
-        if line.startswith("listening on "):
-            binary_address = line.split()[2]
-            break
-        if time.time() > deadline:
-            break
-    if not (binary_address and market):
-        raise SystemExit("the server did not start")
-    # Keep reading its log so that it never blocks on a full pipe.
-    import threading
-    threading.Thread(target=lambda: [None for _ in process.stderr], daemon=True).start()
-    return process, binary_address, market
-
-
-class Checks:
-    def __init__(self):
-        self.passed = 0
-        self.failed = 0
-
-    def check(self, name, ok, detail=""):
-        if ok:
-            self.passed += 1
-            print(f"ok   {name}")
-        else:
-            self.failed += 1
-            print(f"FAIL {name}: {detail}")
 
 
 def wait_for(page, predicate_js, timeout_s=15):

@@ -22,18 +22,18 @@ the accounts must be the engine's. Ends with "N passed, M failed".
 
 import argparse
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 
 import ccxt
 from binance.client import Client
 from binance.exceptions import BinanceAPIException
+
+from servetest import Checks, OutOfTime, start_server
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYMBOL = "BTC/USD"          # ccxt's symbol of the default venue's BTC-USD
@@ -60,76 +60,6 @@ def fee(notional, bps):
 def unit_lock(price):
     """docs/engine.md "Locks": a limit buy locks qty * unit_lock(price) (tick 1)."""
     return price + fee(price, TAKER_BPS)
-
-
-class OutOfTime(BaseException):
-    """Raised by the alarm; not an Exception, so no check swallows it."""
-
-
-class Checks:
-    def __init__(self):
-        self.passed = 0
-        self.failed = 0
-
-    def check(self, name, ok, detail=""):
-        if ok:
-            self.passed += 1
-            print(f"ok   {name}", flush=True)
-        else:
-            self.failed += 1
-            print(f"FAIL {name}: {detail}", flush=True)
-        return ok
-
-    def equal(self, name, got, wanted):
-        return self.check(name, got == wanted, f"got {got!r}, wanted {wanted!r}")
-
-    def run(self, name, fn, *args):
-        """Runs a step; an exception fails it (named) and the run goes on."""
-        try:
-            return fn(*args)
-        except OutOfTime:
-            raise
-        except Exception as e:
-            self.check(name, False, f"raised {type(e).__name__}: {e}")
-            return None
-
-    def raises(self, name, expected, fn):
-        """The call must raise `expected` (a ccxt exception class)."""
-        try:
-            result = fn()
-        except OutOfTime:
-            raise
-        except expected:
-            return self.check(name, True)
-        except Exception as e:
-            return self.check(name, False, f"raised {type(e).__name__}: {e}, wanted {expected.__name__}")
-        return self.check(name, False, f"no error, wanted {expected.__name__}; returned {str(result)[:300]}")
-
-
-def start_server(binary, data):
-    process = subprocess.Popen(
-        [binary, "serve", "--listen", "127.0.0.1:0", "--fix-listen", "", "--market-listen", "127.0.0.1:0", "--data", data],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    found = {}
-
-    def read():
-        for line in process.stderr:
-            match = re.match(r"market data on http://([^/]+)/", line)
-            if match:
-                found["market"] = match.group(1)
-            if line.startswith("listening on "):
-                found["binary"] = line.split()[2]
-        found["eof"] = True
-
-    # Keep reading its log so that it never blocks on a full pipe.
-    threading.Thread(target=read, daemon=True).start()
-    deadline = time.time() + 30
-    while time.time() < deadline and not ("binary" in found and "market" in found) and "eof" not in found:
-        time.sleep(0.05)
-    if not ("binary" in found and "market" in found):
-        process.kill()
-        raise SystemExit("the server did not start")
-    return process, found["market"]
 
 
 def ccxt_client(market, account, key=None, secret=None):
@@ -606,7 +536,7 @@ def main():
     signal.alarm(TIME_LIMIT_S)
 
     data = tempfile.mkdtemp(prefix="crossbook-trading-")
-    server, market = start_server(args.binary, data)
+    server, _, market = start_server(args.binary, data)
     print(f"venue: http://{market}/ data {data}", flush=True)
     state = {"started_ms": time.time() * 1000, "ids": {}, "expected": [], "my_trades": {}, "final_balance": {}}
     try:
