@@ -35,30 +35,46 @@ impl<T: Copy + Default> Arena<T> {
 
     /// Stores `value` and returns its slot. Allocates only when every page
     /// is full (a new page) or the free stack must grow.
+    #[inline]
     pub fn insert(&mut self, value: T) -> u32 {
-        let slot = match self.free.pop() {
-            Some(slot) => slot,
-            None => {
-                let slot = self.used;
-                assert!(slot != NIL, "arena full: {} slots", slot);
-                if slot as usize == self.pages.len() * PAGE_SLOTS {
-                    let page: Box<[T]> = vec![T::default(); PAGE_SLOTS].into_boxed_slice();
-                    let page: Box<[T; PAGE_SLOTS]> = match page.try_into() {
-                        Ok(page) => page,
-                        Err(_) => unreachable!("a page has PAGE_SLOTS slots"),
-                    };
-                    self.pages.push(page);
-                }
-                self.used += 1;
-                slot
-            }
-        };
-        self.live += 1;
+        let slot = self.alloc();
         *self.get_mut(slot) = value;
         slot
     }
 
+    /// A slot to fill: its contents are whatever it held last. Writing the
+    /// value through [`Arena::get_mut`] builds it in place (`insert` of a
+    /// large value copies it from the stack).
+    #[inline]
+    pub fn alloc(&mut self) -> u32 {
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => self.fresh_slot(),
+        };
+        self.live += 1;
+        slot
+    }
+
+    /// A slot never handed out before, with a new page when the last is
+    /// full.
+    #[cold]
+    fn fresh_slot(&mut self) -> u32 {
+        let slot = self.used;
+        assert!(slot != NIL, "arena full: {} slots", slot);
+        if slot as usize == self.pages.len() * PAGE_SLOTS {
+            let page: Box<[T]> = vec![T::default(); PAGE_SLOTS].into_boxed_slice();
+            let page: Box<[T; PAGE_SLOTS]> = match page.try_into() {
+                Ok(page) => page,
+                Err(_) => unreachable!("a page has PAGE_SLOTS slots"),
+            };
+            self.pages.push(page);
+        }
+        self.used += 1;
+        slot
+    }
+
     /// Frees `slot`. The caller guarantees it is live.
+    #[inline]
     pub fn remove(&mut self, slot: u32) {
         debug_assert!(slot < self.used);
         self.live -= 1;

@@ -139,24 +139,38 @@ const SUMMARY_WORDS: usize = WORDS / 64;
 const FAR_LEVELS_MIN: usize = 32;
 
 /// A run of `WINDOW` consecutive prices from `base`, each with the slot of
-/// its level or `NIL`, and a two-level bitmap of the occupied ones: a
-/// level is found, added or removed by indexing, and the best is a few
-/// leading- or trailing-zero counts away.
+/// the level kept for it or `NIL`, and two bitmaps: the prices whose level
+/// has orders (`words`, with a summary word of its non-zero words) and the
+/// prices that hold a level slot at all (`kept`). A level whose last order
+/// leaves keeps its slot (an empty level is already in its initial state),
+/// so a price that empties and fills again, which is most of what a busy
+/// touch does, costs neither an arena allocation nor a free: it is a bit
+/// cleared and set again. Kept slots are freed when the window moves.
 struct Window {
     base: i64,
     levels: Box<[u32]>,
     words: Box<[u64]>,
     /// Bit `w` set when `words[w]` is not zero.
     summary: [u64; SUMMARY_WORDS],
+    /// Bit `i` set when `levels[i]` holds a slot.
+    kept: Box<[u64]>,
     count: usize,
     /// The best occupied slot for the side (highest for bids, lowest for
-    /// asks), kept as levels come and go so that `best` is a load.
+    /// asks), kept as levels come and go.
     best: Option<usize>,
 }
 
 impl Window {
     fn new(base: i64) -> Box<Window> {
-        Box::new(Window { base, levels: vec![NIL; WINDOW].into_boxed_slice(), words: vec![0u64; WORDS].into_boxed_slice(), summary: [0; SUMMARY_WORDS], count: 0, best: None })
+        Box::new(Window {
+            base,
+            levels: vec![NIL; WINDOW].into_boxed_slice(),
+            words: vec![0u64; WORDS].into_boxed_slice(),
+            summary: [0; SUMMARY_WORDS],
+            kept: vec![0u64; WORDS].into_boxed_slice(),
+            count: 0,
+            best: None,
+        })
     }
 
     /// The slot of `price`, if the window covers it.
@@ -166,10 +180,18 @@ impl Window {
         (0..WINDOW as i64).contains(&offset).then_some(offset as usize)
     }
 
+    #[inline]
+    fn occupied(&self, index: usize) -> bool {
+        self.words[index >> 6] >> (index & 63) & 1 == 1
+    }
+
     /// Marks `index` occupied and keeps `best` for `side`.
     #[inline]
-    fn add(&mut self, side: Side, index: usize, level: u32) {
-        self.set(index, level);
+    fn add(&mut self, side: Side, index: usize) {
+        let word = index >> 6;
+        self.words[word] |= 1 << (index & 63);
+        self.summary[word >> 6] |= 1 << (word & 63);
+        self.count += 1;
         let better = match (side, self.best) {
             (_, None) => true,
             (Side::Buy, Some(best)) => index > best,
@@ -180,10 +202,16 @@ impl Window {
         }
     }
 
-    /// Marks `index` empty and keeps `best` for `side`.
+    /// Marks `index` empty (its level slot stays kept) and keeps `best`
+    /// for `side`.
     #[inline]
     fn take(&mut self, side: Side, index: usize) {
-        self.clear(index);
+        let word = index >> 6;
+        self.words[word] &= !(1 << (index & 63));
+        if self.words[word] == 0 {
+            self.summary[word >> 6] &= !(1 << (word & 63));
+        }
+        self.count -= 1;
         if self.best == Some(index) {
             self.best = match side {
                 Side::Buy => self.highest(),
@@ -192,24 +220,11 @@ impl Window {
         }
     }
 
+    /// Records `level` as the slot kept for `index`.
     #[inline]
-    fn set(&mut self, index: usize, level: u32) {
+    fn keep(&mut self, index: usize, level: u32) {
         self.levels[index] = level;
-        let word = index >> 6;
-        self.words[word] |= 1 << (index & 63);
-        self.summary[word >> 6] |= 1 << (word & 63);
-        self.count += 1;
-    }
-
-    #[inline]
-    fn clear(&mut self, index: usize) {
-        self.levels[index] = NIL;
-        let word = index >> 6;
-        self.words[word] &= !(1 << (index & 63));
-        if self.words[word] == 0 {
-            self.summary[word >> 6] &= !(1 << (word & 63));
-        }
-        self.count -= 1;
+        self.kept[index >> 6] |= 1 << (index & 63);
     }
 
     #[inline]
@@ -270,6 +285,28 @@ impl Window {
             }
         }
     }
+
+    /// Empties the window: frees every kept level slot (the occupied ones
+    /// are the caller's to re-file, and are not freed) and clears both
+    /// bitmaps.
+    fn clear_all(&mut self, levels: &mut Arena<Level>) {
+        for word in 0..WORDS {
+            let mut bits = self.kept[word];
+            while bits != 0 {
+                let index = word * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if !self.occupied(index) {
+                    levels.remove(self.levels[index]);
+                }
+                self.levels[index] = NIL;
+            }
+            self.kept[word] = 0;
+            self.words[word] = 0;
+        }
+        self.summary = [0; SUMMARY_WORDS];
+        self.count = 0;
+        self.best = None;
+    }
 }
 
 /// The levels of one side.
@@ -281,7 +318,9 @@ impl Window {
 /// levels outside it (the far tails, or a book wider than the window) are
 /// kept in `far`, sorted so that the best is last. When `far` outgrows
 /// its limit, the window is moved so that the best price sits near its
-/// better edge and every level is filed again.
+/// better edge and every level is filed again. The best level is cached
+/// (`best_price`, `best_level`): the match loop asks for it on every
+/// step.
 pub struct BookSide {
     side: Side,
     window: Option<Box<Window>>,
@@ -289,11 +328,14 @@ pub struct BookSide {
     far_limit: usize,
     /// Reused when the window moves (no allocation once grown).
     scratch: Vec<LevelRef>,
+    best_price: i64,
+    /// `NIL` when the side is empty.
+    best_level: u32,
 }
 
 impl BookSide {
     pub fn new(side: Side) -> BookSide {
-        BookSide { side, window: None, far: Vec::new(), far_limit: FAR_LEVELS_MIN, scratch: Vec::new() }
+        BookSide { side, window: None, far: Vec::new(), far_limit: FAR_LEVELS_MIN, scratch: Vec::new(), best_price: 0, best_level: NIL }
     }
 
     /// Levels on this side.
@@ -314,14 +356,40 @@ impl BookSide {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn best(&self) -> Option<LevelRef> {
+        (self.best_level != NIL).then_some(LevelRef { price: self.best_price, level: self.best_level })
+    }
+
+    /// The best level worked out from the window and `far` (what `best`
+    /// caches).
+    fn compute_best(&self) -> Option<LevelRef> {
         let far = self.far.last().copied();
         let Some(w) = self.window.as_deref() else { return far };
         let in_window = w.best.map(|index| LevelRef { price: w.base + index as i64, level: w.levels[index] });
         match (in_window, far) {
             (Some(a), Some(b)) => Some(if self.better(a.price, b.price) { a } else { b }),
             (a, b) => a.or(b),
+        }
+    }
+
+    #[inline]
+    fn set_best(&mut self, best: Option<LevelRef>) {
+        match best {
+            Some(best) => {
+                self.best_price = best.price;
+                self.best_level = best.level;
+            }
+            None => self.best_level = NIL,
+        }
+    }
+
+    /// A new level at `price` may be the best.
+    #[inline]
+    fn offer_best(&mut self, price: i64, level: u32) {
+        if self.best_level == NIL || self.better(price, self.best_price) {
+            self.best_price = price;
+            self.best_level = level;
         }
     }
 
@@ -335,57 +403,72 @@ impl BookSide {
         }
     }
 
-    /// The level slot at `price`, if there is one.
-    #[inline(always)]
+    /// The level slot at `price`, if a level there has orders.
+    #[inline]
     pub fn find(&self, price: i64) -> Option<u32> {
         if let Some(window) = &self.window
             && let Some(index) = window.index(price)
         {
-            let level = window.levels[index];
-            return (level != NIL).then_some(level);
+            return window.occupied(index).then(|| window.levels[index]);
         }
         self.search_far(price).ok().map(|position| self.far[position].level)
     }
 
-    /// Files a new level (none may be at `price`).
+    /// The slot of the level at `price`, filing a new one (from `levels`)
+    /// if none has orders there; the caller puts an order in it.
     #[inline]
-    pub fn insert(&mut self, price: i64, level: u32) {
-        if let Some(window) = self.window.as_mut()
+    pub fn open(&mut self, price: i64, levels: &mut Arena<Level>) -> u32 {
+        let side = self.side;
+        if let Some(window) = self.window.as_deref_mut()
             && let Some(index) = window.index(price)
         {
-            debug_assert_eq!(window.levels[index], NIL);
-            window.add(self.side, index, level);
-            return;
+            let mut level = window.levels[index];
+            if window.occupied(index) {
+                return level;
+            }
+            if level == NIL {
+                level = levels.insert(Level { price, ..Level::default() });
+                window.keep(index, level);
+            }
+            window.add(side, index);
+            self.offer_best(price, level);
+            return level;
         }
-        match self.search_far(price) {
-            Ok(_) => unreachable!("a second level at {price}"),
-            Err(position) => self.far.insert(position, LevelRef { price, level }),
-        }
+        let position = match self.search_far(price) {
+            Ok(position) => return self.far[position].level,
+            Err(position) => position,
+        };
+        let level = levels.insert(Level { price, ..Level::default() });
+        self.far.insert(position, LevelRef { price, level });
+        self.offer_best(price, level);
         if self.far.len() > self.far_limit {
-            self.move_window();
+            self.move_window(levels);
         }
+        level
     }
 
-    /// Removes the level at `price`.
+    /// Takes the level at `price` off the side: its last order has left.
+    /// A window level keeps its slot; a far one is freed.
     #[inline]
-    pub fn remove(&mut self, price: i64) {
-        if let Some(window) = self.window.as_mut()
+    pub fn close(&mut self, price: i64, levels: &mut Arena<Level>) {
+        let side = self.side;
+        if let Some(window) = self.window.as_deref_mut()
             && let Some(index) = window.index(price)
         {
-            debug_assert_ne!(window.levels[index], NIL, "level {price} missing from its side");
-            window.take(self.side, index);
-            return;
+            debug_assert!(window.occupied(index), "level {price} missing from its side");
+            window.take(side, index);
+        } else {
+            let at = match self.far.last() {
+                Some(last) if last.price == price => self.far.len() - 1,
+                _ => match self.search_far(price) {
+                    Ok(position) => position,
+                    Err(_) => unreachable!("level {price} missing from its side"),
+                },
+            };
+            levels.remove(self.far.remove(at).level);
         }
-        match self.far.last() {
-            Some(last) if last.price == price => {
-                self.far.pop();
-            }
-            _ => match self.search_far(price) {
-                Ok(position) => {
-                    self.far.remove(position);
-                }
-                Err(_) => unreachable!("level {price} missing from its side"),
-            },
+        if self.best_level != NIL && self.best_price == price {
+            self.set_best(self.compute_best());
         }
     }
 
@@ -402,7 +485,7 @@ impl BookSide {
 
     /// Moves the window to the best price and files every level again.
     #[cold]
-    fn move_window(&mut self) {
+    fn move_window(&mut self, levels: &mut Arena<Level>) {
         let Some(best) = self.best() else { return };
         let mut all = std::mem::take(&mut self.scratch);
         all.clear();
@@ -410,15 +493,8 @@ impl BookSide {
         let base = self.base_around(best.price);
         match self.window.as_mut() {
             Some(window) => {
-                // Empty the window at its old place (far levels are all
-                // outside it), then move it.
-                for level in &all {
-                    if let Some(index) = window.index(level.price) {
-                        window.clear(index);
-                    }
-                }
+                window.clear_all(levels);
                 window.base = base;
-                window.best = None;
             }
             // A side with few levels lives in `far` alone (no memory for a
             // window: a venue with many thin books); the window comes with
@@ -429,7 +505,10 @@ impl BookSide {
         for level in &all {
             let window = self.window.as_mut().map(|w| (w.index(level.price), w));
             match window {
-                Some((Some(index), window)) => window.add(self.side, index, level.level),
+                Some((Some(index), window)) => {
+                    window.keep(index, level.level);
+                    window.add(self.side, index);
+                }
                 _ => self.far.push(*level),
             }
         }
@@ -437,6 +516,7 @@ impl BookSide {
         self.far.reverse();
         self.far_limit = FAR_LEVELS_MIN.max(2 * self.far.len());
         self.scratch = all;
+        self.set_best(self.compute_best());
     }
 
     /// The levels from the best to the worst.
@@ -447,12 +527,16 @@ impl BookSide {
 
     /// Checks the structure (`check_invariants`, after every command in
     /// tests, so it looks at the occupied slots only; `check_all_slots`
-    /// looks at every one): bits and slots agree, the summary, the far
-    /// list's order, and that no far level is one the window covers.
+    /// looks at every one): occupied slots are kept, the summary, the far
+    /// list's order, that no far level is one the window covers, and the
+    /// cached best.
     pub fn check(&self) -> Result<(), String> {
         if let Some(w) = &self.window {
             let mut count = 0;
             for (word_index, &word) in w.words.iter().enumerate() {
+                if word & !w.kept[word_index] != 0 {
+                    return Err(format!("window word {word_index} marks a price with no level kept"));
+                }
                 let mut bits = word;
                 while bits != 0 {
                     let index = word_index * 64 + bits.trailing_zeros() as usize;
@@ -487,17 +571,31 @@ impl BookSide {
                 return Err(format!("{:?} far levels out of order at {} / {}", self.side, pair[0].price, pair[1].price));
             }
         }
+        if self.best() != self.compute_best() {
+            return Err(format!("{:?} best cached as {:?}, is {:?}", self.side, self.best(), self.compute_best()));
+        }
         Ok(())
     }
 
-    /// [`BookSide::check`], and that every slot not marked is empty.
-    pub fn check_all_slots(&self) -> Result<(), String> {
+    /// [`BookSide::check`], and that every slot is kept exactly when it
+    /// holds a level, and every kept level that has no orders is empty and
+    /// at its price.
+    pub fn check_all_slots(&self, levels: &Arena<Level>) -> Result<(), String> {
         self.check()?;
         if let Some(w) = &self.window {
             for index in 0..WINDOW {
-                let bit = w.words[index >> 6] >> (index & 63) & 1 == 1;
-                if !bit && w.levels[index] != NIL {
-                    return Err(format!("window slot {index} (price {}) holds a level but is not marked", w.base + index as i64));
+                let kept = w.kept[index >> 6] >> (index & 63) & 1 == 1;
+                if kept != (w.levels[index] != NIL) {
+                    return Err(format!("window slot {index} (price {}): kept bit and slot disagree", w.base + index as i64));
+                }
+                if kept {
+                    let level = levels.get(w.levels[index]);
+                    if level.price != w.base + index as i64 {
+                        return Err(format!("window slot {index} keeps the level of price {}", level.price));
+                    }
+                    if !w.occupied(index) && (level.count != 0 || level.head != NIL || level.tail != NIL || level.total_qty != 0) {
+                        return Err(format!("window slot {index} (price {}) keeps a level that is not empty", level.price));
+                    }
                 }
             }
         }
@@ -566,16 +664,8 @@ impl Book {
         }
     }
 
-    #[inline]
-    fn side_mut(&mut self, side: Side) -> &mut BookSide {
-        match side {
-            Side::Buy => &mut self.bids,
-            Side::Sell => &mut self.asks,
-        }
-    }
-
     /// Best level of the side opposite to a taker on `taker_side`.
-    #[inline]
+    #[inline(always)]
     pub fn best_opposite(&self, taker_side: Side) -> Option<LevelRef> {
         match taker_side {
             Side::Buy => self.asks.best(),
@@ -590,14 +680,11 @@ impl Book {
             let order = orders.get(slot);
             (order.price, order.side, order.remaining())
         };
-        let level_slot = match self.side(side).find(price) {
-            Some(level_slot) => level_slot,
-            None => {
-                let level_slot = self.levels.insert(Level { price, ..Level::default() });
-                self.side_mut(side).insert(price, level_slot);
-                level_slot
-            }
+        let book_side = match side {
+            Side::Buy => &mut self.bids,
+            Side::Sell => &mut self.asks,
         };
+        let level_slot = book_side.open(price, &mut self.levels);
         let level = self.levels.get_mut(level_slot);
         let old_tail = level.tail;
         level.tail = slot;
@@ -619,35 +706,38 @@ impl Book {
     /// becomes empty. The order's `remaining()` must be what the level
     /// counted for it.
     pub fn unlink(&mut self, orders: &mut Arena<Order>, slot: u32) {
-        let order = *orders.get(slot);
-        debug_assert!(order.level != NIL);
-        if order.prev != NIL {
-            orders.get_mut(order.prev).next = order.next;
-        }
-        if order.next != NIL {
-            orders.get_mut(order.next).prev = order.prev;
-        }
-        let level = self.levels.get_mut(order.level);
-        if order.prev == NIL {
-            level.head = order.next;
-        }
-        if order.next == NIL {
-            level.tail = order.prev;
-        }
-        level.total_qty -= order.remaining();
-        level.count -= 1;
-        if level.count == 0 {
-            self.remove_level(order.side, order.price, order.level);
-        }
+        // Only the fields unlinking needs: copying the whole record showed
+        // in the instruction counts.
         let order = orders.get_mut(slot);
+        let (prev, next, level_slot) = (order.prev, order.next, order.level);
+        let (remaining, side) = (order.remaining(), order.side);
+        debug_assert!(level_slot != NIL);
         order.level = NIL;
         order.prev = NIL;
         order.next = NIL;
-    }
-
-    fn remove_level(&mut self, side: Side, price: i64, level_slot: u32) {
-        self.side_mut(side).remove(price);
-        self.levels.remove(level_slot);
+        if prev != NIL {
+            orders.get_mut(prev).next = next;
+        }
+        if next != NIL {
+            orders.get_mut(next).prev = prev;
+        }
+        let level = self.levels.get_mut(level_slot);
+        if prev == NIL {
+            level.head = next;
+        }
+        if next == NIL {
+            level.tail = prev;
+        }
+        level.total_qty -= remaining;
+        level.count -= 1;
+        if level.count == 0 {
+            let price = level.price;
+            let book_side = match side {
+                Side::Buy => &mut self.bids,
+                Side::Sell => &mut self.asks,
+            };
+            book_side.close(price, &mut self.levels);
+        }
     }
 
     /// Takes `qty` off a level's total after a partial fill or an in-place
@@ -660,6 +750,12 @@ impl Book {
     #[inline]
     pub fn level(&self, level_slot: u32) -> &Level {
         self.levels.get(level_slot)
+    }
+
+    /// [`BookSide::check_all_slots`] for both sides.
+    pub fn check_all_slots(&self) -> Result<(), String> {
+        self.bids.check_all_slots(&self.levels)?;
+        self.asks.check_all_slots(&self.levels)
     }
 }
 
@@ -695,9 +791,9 @@ mod tests {
         for (side, seed) in [(Side::Buy, 1u64), (Side::Sell, 2), (Side::Buy, 3), (Side::Sell, 4)] {
             let mut rng = Lcg(seed);
             let mut ours = BookSide::new(side);
+            let mut levels: Arena<Level> = Arena::new();
             let mut model: BTreeMap<i64, u32> = BTreeMap::new();
             let mut centre: i64 = 1_000_000;
-            let mut next_level = 0u32;
             for step in 0..20_000 {
                 // The touch drifts, sometimes far (past the window).
                 if rng.below(500) == 0 {
@@ -706,17 +802,19 @@ mod tests {
                 let price = if rng.below(20) == 0 { centre + rng.below(200_000) as i64 - 100_000 } else { centre + rng.below(2_000) as i64 - 1_000 };
                 if let Some(&level) = model.get(&price) {
                     assert_eq!(ours.find(price), Some(level), "step {step}");
+                    assert_eq!(ours.open(price, &mut levels), level, "step {step}: an open level is reused");
                     if rng.below(2) == 0 {
-                        ours.remove(price);
+                        ours.close(price, &mut levels);
                         model.remove(&price);
                     }
                 } else if model.len() < 3_000 {
                     assert_eq!(ours.find(price), None, "step {step}");
-                    ours.insert(price, next_level);
-                    model.insert(price, next_level);
-                    next_level += 1;
+                    let level = ours.open(price, &mut levels);
+                    assert_eq!(levels.get(level).price, price, "step {step}");
+                    assert!(!model.values().any(|&l| l == level), "step {step}: slot {level} handed out twice");
+                    model.insert(price, level);
                 } else if let Some((&any, _)) = model.iter().nth(rng.below(model.len() as u64) as usize) {
-                    ours.remove(any);
+                    ours.close(any, &mut levels);
                     model.remove(&any);
                 }
                 let best_model = match side {
@@ -727,7 +825,7 @@ mod tests {
                 assert_eq!(ours.best(), best_model, "{side:?} step {step}");
                 assert_eq!(ours.len(), model.len());
                 if step % 997 == 0 {
-                    ours.check_all_slots().unwrap_or_else(|e| panic!("{side:?} step {step}: {e}"));
+                    ours.check_all_slots(&levels).unwrap_or_else(|e| panic!("{side:?} step {step}: {e}"));
                     let listed: Vec<LevelRef> = ours.iter_best_first().collect();
                     let expected: Vec<LevelRef> = match side {
                         Side::Buy => model.iter().rev().map(|(&price, &level)| LevelRef { price, level }).collect(),
@@ -744,10 +842,11 @@ mod tests {
     fn extreme_prices_are_filed_without_overflow() {
         for side in [Side::Buy, Side::Sell] {
             let mut ours = BookSide::new(side);
-            for (level, price) in [i64::MAX, i64::MIN, 0, i64::MAX - 1, i64::MIN + 1].into_iter().enumerate() {
-                ours.insert(price, level as u32);
+            let mut levels: Arena<Level> = Arena::new();
+            for price in [i64::MAX, i64::MIN, 0, i64::MAX - 1, i64::MIN + 1] {
+                ours.open(price, &mut levels);
             }
-            ours.check_all_slots().unwrap();
+            ours.check_all_slots(&levels).unwrap();
             assert_eq!(ours.len(), 5);
             let prices: Vec<i64> = ours.iter_best_first().map(|l| l.price).collect();
             let mut sorted = prices.clone();
@@ -757,9 +856,10 @@ mod tests {
             }
             assert_eq!(prices, sorted);
             for price in [i64::MAX, i64::MIN, 0, i64::MAX - 1, i64::MIN + 1] {
-                ours.remove(price);
+                ours.close(price, &mut levels);
             }
             assert!(ours.is_empty());
+            assert!(levels.is_empty(), "far levels are freed");
         }
     }
 }

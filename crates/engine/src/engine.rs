@@ -82,17 +82,25 @@ struct Taker {
     id: OrderId,
     account: u32,
     side: Side,
-    /// `None` for a market order.
-    limit: Option<i64>,
+    /// The worst price it may trade at; for a market order the end of the
+    /// scale (`i64::MAX` to buy, `i64::MIN` to sell), which every price
+    /// crosses. Plain integers here and below: `Option`s made the taker
+    /// larger and every check a branch more.
+    limit: i64,
     qty: u64,
     filled: u64,
     /// What each remaining lot keeps locked (0 for a market buy, whose lock
     /// is `budget_left`).
     unit_lock: u64,
     stp: SelfTradePrevention,
-    /// Market buys: what is left of the locked budget.
-    budget_left: Option<u64>,
+    /// Market buys: what is left of the locked budget; [`NO_BUDGET`]
+    /// otherwise.
+    budget_left: u64,
 }
+
+/// [`Taker::budget_left`] of a taker without a budget (budgets are at most
+/// [`MAX_SUPPLY`]).
+const NO_BUDGET: u64 = u64::MAX;
 
 impl Taker {
     fn remaining(&self) -> u64 {
@@ -509,18 +517,24 @@ impl Engine {
             id,
             account,
             side: order.side,
-            limit: if is_limit { Some(order.price) } else { None },
+            limit: match (is_limit, order.side) {
+                (true, _) => order.price,
+                (false, Side::Buy) => i64::MAX,
+                (false, Side::Sell) => i64::MIN,
+            },
             qty: order.qty,
             filled: 0,
             unit_lock: unit,
             stp: order.stp,
-            budget_left: if market_buy { Some(lock_amount) } else { None },
+            budget_left: if market_buy { lock_amount } else { NO_BUDGET },
         };
         let stopped = self.match_taker(instrument, &mut taker, out);
         let remaining = taker.remaining();
         if remaining > 0 {
             if !stopped && is_limit && order.tif == TimeInForce::Gtc {
-                let slot = self.orders.insert(Order {
+                // Built in its slot (`insert` would copy it from the stack).
+                let slot = self.orders.alloc();
+                *self.orders.get_mut(slot) = Order {
                     id,
                     cid: order.cid,
                     price: order.price,
@@ -533,16 +547,16 @@ impl Engine {
                     stp: order.stp,
                     post_only: order.post_only,
                     ..Order::default()
-                });
-                self.rest_new(slot);
+                };
+                self.rest_new(slot, instrument, id, account, order.cid);
             } else {
                 let reason = if stopped { CancelReason::Stp } else { CancelReason::Ioc };
                 self.emit(out, EventKind::Cancelled { order: id, account: order.account, remaining, reason });
                 self.unlock(account, lock_asset, times(remaining, unit));
             }
         }
-        if let Some(left) = taker.budget_left {
-            self.unlock(account, lock_asset, left);
+        if taker.budget_left != NO_BUDGET {
+            self.unlock(account, lock_asset, taker.budget_left);
         }
         Ok(())
     }
@@ -617,10 +631,9 @@ impl Engine {
             let Some(best) = book.best_opposite(taker.side) else {
                 return false;
             };
-            if let Some(limit) = taker.limit
-                && !crosses(taker.side, limit, best.price) {
-                    return false;
-                }
+            if !crosses(taker.side, taker.limit, best.price) {
+                return false;
+            }
             let slot = book.level(best.level).head;
             let resting = self.orders.get(slot);
             let maker = Maker {
@@ -660,8 +673,8 @@ impl Engine {
                 }
             };
             let mut qty = maker.remaining.min(taker.remaining());
-            if let Some(budget) = taker.budget_left {
-                qty = qty.min(affordable(terms.tick_size, terms.taker_bps, best.price, budget));
+            if taker.budget_left != NO_BUDGET {
+                qty = qty.min(affordable(terms.tick_size, terms.taker_bps, best.price, taker.budget_left));
                 if qty == 0 {
                     return false;
                 }
@@ -683,7 +696,7 @@ impl Engine {
         let maker_fee = fee(notional, terms.maker_bps);
         let taker_fee = fee(notional, terms.taker_bps);
         let (buyer, buyer_fee, buyer_unit, seller, seller_fee) = match taker.side {
-            Side::Buy => (taker.account, taker_fee, taker.budget_left.map_or(Some(taker.unit_lock), |_| None), maker.account, maker_fee),
+            Side::Buy => (taker.account, taker_fee, (taker.budget_left == NO_BUDGET).then_some(taker.unit_lock), maker.account, maker_fee),
             Side::Sell => (maker.account, maker_fee, Some(maker.unit_lock), taker.account, taker_fee),
         };
         // Seller: base leaves the lock, quote (less the fee) arrives.
@@ -705,8 +718,8 @@ impl Engine {
             }
             None => {
                 self.touch(buyer, quote).locked -= paid;
-                if let Some(left) = taker.budget_left.as_mut() {
-                    *left -= paid;
+                if taker.budget_left != NO_BUDGET {
+                    taker.budget_left -= paid;
                 }
             }
         }
@@ -751,11 +764,10 @@ impl Engine {
 
     /// Registers a new resting order (already in the arena) everywhere: its
     /// level, the id and client-id indexes, the account's order list.
-    fn rest_new(&mut self, slot: u32) {
-        let order = *self.orders.get(slot);
-        self.instruments[order.instrument as usize].book.push_back(&mut self.orders, slot);
-        self.order_index.insert(order.id, slot, self.seq);
-        self.list_order(slot, order.account, order.cid);
+    fn rest_new(&mut self, slot: u32, instrument: u32, id: OrderId, account: u32, cid: ClientOrderId) {
+        self.instruments[instrument as usize].book.push_back(&mut self.orders, slot);
+        self.order_index.insert(id, slot, self.seq);
+        self.list_order(slot, account, cid);
     }
 
     /// Adds the order in `slot` to the client-id index and at the end of
@@ -803,18 +815,19 @@ impl Engine {
 
     /// Cancels a resting order: out of the book, lock released, event.
     fn cancel_resting(&mut self, slot: u32, reason: CancelReason, out: &mut Vec<Event>) {
-        let order = *self.orders.get(slot);
-        let inst = &mut self.instruments[order.instrument as usize];
-        let asset = match order.side {
+        let order = self.orders.get(slot);
+        let (id, owner, instrument, side) = (order.id, order.account, order.instrument, order.side);
+        let (remaining, unit_lock) = (order.remaining(), order.unit_lock);
+        let inst = &mut self.instruments[instrument as usize];
+        let asset = match side {
             Side::Buy => inst.quote,
             Side::Sell => inst.base,
         };
         inst.book.unlink(&mut self.orders, slot);
         self.forget(slot);
-        let remaining = order.remaining();
-        self.unlock(order.account, asset, times(remaining, order.unit_lock));
-        let account = self.accounts[order.account as usize].id;
-        self.emit(out, EventKind::Cancelled { order: order.id, account, remaining, reason });
+        self.unlock(owner, asset, times(remaining, unit_lock));
+        let account = self.accounts[owner as usize].id;
+        self.emit(out, EventKind::Cancelled { order: id, account, remaining, reason });
     }
 
     /// The slot of open order `order_id` if `account_id` may act on it.
@@ -891,12 +904,12 @@ impl Engine {
             id: order.id,
             account,
             side: order.side,
-            limit: Some(price),
+            limit: price,
             qty,
             filled: order.filled,
             unit_lock: new_unit,
             stp: order.stp,
-            budget_left: None,
+            budget_left: NO_BUDGET,
         };
         let stopped = self.match_taker(order.instrument, &mut taker, out);
         let remaining = taker.remaining();
