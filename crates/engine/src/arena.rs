@@ -1,28 +1,35 @@
-//! A paged slab: stable `u32` slot indices, a free list, and growth by whole
-//! pages so that nothing already stored ever moves.
+//! A slab: stable `u32` slot indices into one `Vec`, and a free list.
 //!
-//! Why pages rather than one `Vec`: a `Vec` that outgrows its capacity copies
-//! every element (a latency spike proportional to the book's size, right in
-//! the middle of a burst). Pages of `PAGE_SLOTS` (a power of two) are added
-//! one at a time and never reallocated, and a slot index splits into page
-//! and offset with a shift and a mask. Once the arena has grown to the
-//! working set, inserting and removing allocate nothing: freed slots go on a
-//! free stack and are reused first.
+//! Once the arena has grown to the working set, inserting and removing
+//! allocate nothing: freed slots go on a free stack and are reused first.
+//!
+//! # One `Vec`, not pages
+//!
+//! This arena was paged until 2026-11-25 (pages of 4,096 slots added one at
+//! a time, never moved), so that outgrowing the capacity never copied the
+//! book. Every access then went through the page table: a shift, a bounds
+//! check on the page vector, a load of the page pointer and a mask, on
+//! every order and level touched. One `Vec` is a bounds check and an
+//! index: `steady-deep` 727 -> 699 and `exchange-core-single` 520 -> 490
+//! instructions per command (`scripts/instructions W 200000 400000`).
+//!
+//! What the pages bought is small on Linux: a `Vec` of orders that doubles
+//! past a few megabytes is a block glibc `realloc`s with `mremap`, which
+//! moves page-table entries, not the bytes. Growing 1,048,576 -> 2,097,152
+//! orders (80 -> 160 MiB) took 0.5 ms and 4,194,304 -> 8,388,608 1.2 ms on
+//! this machine, in line with the page faults of first touching fresh
+//! memory that either design pays (0.1-0.4 ms here and there), and it
+//! happens only when the number of resting orders reaches a new
+//! power-of-two high.
 
-/// log2 of the slots per page.
-const PAGE_SHIFT: u32 = 12;
-pub const PAGE_SLOTS: usize = 1 << PAGE_SHIFT;
-const PAGE_MASK: u32 = (PAGE_SLOTS as u32) - 1;
+/// The least a growing arena adds (slots).
+const MIN_GROWTH: usize = 4096;
 
 /// The "no slot" value, used as the null link in intrusive lists.
 pub const NIL: u32 = u32::MAX;
 
 pub struct Arena<T> {
-    /// Fixed-size pages: the offset within a page is masked to
-    /// `PAGE_SLOTS`, so only the page index needs a bounds check.
-    pages: Vec<Box<[T; PAGE_SLOTS]>>,
-    /// Slots handed out at least once (the high-water mark).
-    used: u32,
+    slots: Vec<T>,
     /// Freed slots, reused last-in first-out (the warmest in cache).
     free: Vec<u32>,
     live: u32,
@@ -30,11 +37,10 @@ pub struct Arena<T> {
 
 impl<T: Copy + Default> Arena<T> {
     pub fn new() -> Self {
-        Arena { pages: Vec::new(), used: 0, free: Vec::new(), live: 0 }
+        Arena { slots: Vec::new(), free: Vec::new(), live: 0 }
     }
 
-    /// Stores `value` and returns its slot. Allocates only when every page
-    /// is full (a new page) or the free stack must grow.
+    /// Stores `value` and returns its slot.
     #[inline]
     pub fn insert(&mut self, value: T) -> u32 {
         let slot = self.alloc();
@@ -55,45 +61,38 @@ impl<T: Copy + Default> Arena<T> {
         slot
     }
 
-    /// A slot never handed out before, with a new page when the last is
-    /// full.
     #[cold]
     fn fresh_slot(&mut self) -> u32 {
-        let slot = self.used;
+        let slot = self.slots.len() as u32;
         assert!(slot != NIL, "arena full: {} slots", slot);
-        if slot as usize == self.pages.len() * PAGE_SLOTS {
-            let page: Box<[T]> = vec![T::default(); PAGE_SLOTS].into_boxed_slice();
-            let page: Box<[T; PAGE_SLOTS]> = match page.try_into() {
-                Ok(page) => page,
-                Err(_) => unreachable!("a page has PAGE_SLOTS slots"),
-            };
-            self.pages.push(page);
+        if self.slots.len() == self.slots.capacity() {
+            self.slots.reserve(self.slots.len().max(MIN_GROWTH));
         }
-        self.used += 1;
+        self.slots.push(T::default());
         slot
     }
 
     /// Frees `slot`. The caller guarantees it is live.
     #[inline]
     pub fn remove(&mut self, slot: u32) {
-        debug_assert!(slot < self.used);
+        debug_assert!((slot as usize) < self.slots.len());
         self.live -= 1;
         if self.free.len() == self.free.capacity() {
             // Grow the free stack ahead so that it can hold every slot ever
             // handed out: pushing onto it then never allocates.
-            self.free.reserve(self.used as usize - self.free.len());
+            self.free.reserve(self.slots.len() - self.free.len());
         }
         self.free.push(slot);
     }
 
     #[inline]
     pub fn get(&self, slot: u32) -> &T {
-        &self.pages[(slot >> PAGE_SHIFT) as usize][(slot & PAGE_MASK) as usize]
+        &self.slots[slot as usize]
     }
 
     #[inline]
     pub fn get_mut(&mut self, slot: u32) -> &mut T {
-        &mut self.pages[(slot >> PAGE_SHIFT) as usize][(slot & PAGE_MASK) as usize]
+        &mut self.slots[slot as usize]
     }
 
     /// Number of live slots.
@@ -119,7 +118,7 @@ mod tests {
     #[test]
     fn slots_are_stable_and_reused() {
         let mut arena: Arena<u64> = Arena::new();
-        let slots: Vec<u32> = (0..(PAGE_SLOTS as u64 * 2 + 5)).map(|v| arena.insert(v)).collect();
+        let slots: Vec<u32> = (0..(MIN_GROWTH as u64 * 2 + 5)).map(|v| arena.insert(v)).collect();
         for (value, &slot) in slots.iter().enumerate() {
             assert_eq!(*arena.get(slot), value as u64);
         }

@@ -146,14 +146,19 @@ const FAR_LEVELS_MIN: usize = 32;
 /// so a price that empties and fills again, which is most of what a busy
 /// touch does, costs neither an arena allocation nor a free: it is a bit
 /// cleared and set again. Kept slots are freed when the window moves.
+///
+/// The arrays have fixed sizes so that an index known to be in the window
+/// needs no bounds check.
 struct Window {
+    /// At most `i64::MAX - WINDOW`, so that `index` can subtract without
+    /// overflow checks (prices lie in `1..2^62` anyway).
     base: i64,
-    levels: Box<[u32]>,
-    words: Box<[u64]>,
+    levels: Box<[u32; WINDOW]>,
+    words: Box<[u64; WORDS]>,
     /// Bit `w` set when `words[w]` is not zero.
     summary: [u64; SUMMARY_WORDS],
     /// Bit `i` set when `levels[i]` holds a slot.
-    kept: Box<[u64]>,
+    kept: Box<[u64; WORDS]>,
     count: usize,
     /// The best occupied slot for the side (highest for bids, lowest for
     /// asks), kept as levels come and go.
@@ -164,20 +169,22 @@ impl Window {
     fn new(base: i64) -> Box<Window> {
         Box::new(Window {
             base,
-            levels: vec![NIL; WINDOW].into_boxed_slice(),
-            words: vec![0u64; WORDS].into_boxed_slice(),
+            levels: boxed_array(NIL),
+            words: boxed_array(0),
             summary: [0; SUMMARY_WORDS],
-            kept: vec![0u64; WORDS].into_boxed_slice(),
+            kept: boxed_array(0),
             count: 0,
             best: None,
         })
     }
 
-    /// The slot of `price`, if the window covers it.
+    /// The slot of `price`, if the window covers it. With `base <=
+    /// i64::MAX - WINDOW`, `price - base` taken modulo 2^64 is below
+    /// `WINDOW` exactly when the window covers `price`.
     #[inline]
     fn index(&self, price: i64) -> Option<usize> {
-        let offset = price.checked_sub(self.base)?;
-        (0..WINDOW as i64).contains(&offset).then_some(offset as usize)
+        let offset = price.wrapping_sub(self.base) as u64;
+        (offset < WINDOW as u64).then_some(offset as usize)
     }
 
     #[inline]
@@ -306,6 +313,15 @@ impl Window {
         self.summary = [0; SUMMARY_WORDS];
         self.count = 0;
         self.best = None;
+    }
+}
+
+/// A boxed array of `N` copies of `value`, built on the heap (`Box::new` of
+/// a large array may build it on the stack first).
+fn boxed_array<T: Copy, const N: usize>(value: T) -> Box<[T; N]> {
+    match vec![value; N].into_boxed_slice().try_into() {
+        Ok(array) => array,
+        Err(_) => unreachable!("a vector of N elements"),
     }
 }
 
@@ -477,10 +493,11 @@ impl BookSide {
     /// a side's levels lie at or behind its best.
     fn base_around(&self, best: i64) -> i64 {
         let eighth = (WINDOW / 8) as i64;
-        match self.side {
+        let base = match self.side {
             Side::Buy => best.saturating_sub(WINDOW as i64 - eighth),
             Side::Sell => best.saturating_sub(eighth),
-        }
+        };
+        base.min(i64::MAX - WINDOW as i64)
     }
 
     /// Moves the window to the best price and files every level again.

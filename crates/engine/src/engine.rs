@@ -136,7 +136,7 @@ pub struct Engine {
     pub(crate) orders: Arena<Order>,
     order_index: OrderIndex,
     /// (account index, client order id) of every open order.
-    cid_index: Table<(u32, ClientOrderId), u32>,
+    cid_index: Table<(u32, ClientOrderId)>,
     /// Trades so far (a statistic; not part of the state's meaning).
     trades: u64,
 }
@@ -687,7 +687,7 @@ impl Engine {
     /// Settles one trade of `qty` lots at `price` between a resting order
     /// and the taker, and emits it.
     #[allow(clippy::too_many_arguments)]
-    #[inline]
+    #[inline(always)]
     fn trade(&mut self, instrument: u32, terms: &Terms, maker: &Maker, taker: &mut Taker, price: i64, qty: u64, out: &mut Vec<Event>) {
         stages::enter(Stage::Settlement);
         let (base, quote) = (terms.base, terms.quote);

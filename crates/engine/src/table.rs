@@ -12,46 +12,69 @@
 //! The table doubles when it is a quarter full (short probe runs); in steady state it never
 //! allocates. It is never iterated, so its layout cannot leak into output.
 
-/// A key that hashes to a well-mixed 64-bit value.
-pub trait Key: Copy + Eq + Default {
-    fn hash(&self) -> u64;
+/// A key of at most 96 bits, stored in an entry as a `u64` and a `u32`,
+/// that hashes to a well-mixed 64-bit value.
+pub trait Key: Copy + Eq {
+    /// The key as an entry stores it.
+    fn split(&self) -> (u64, u32);
+    /// The hash of a key from its stored parts.
+    fn hash_parts(high: u64, low: u32) -> u64;
 }
 
 impl Key for u64 {
     #[inline]
-    fn hash(&self) -> u64 {
+    fn split(&self) -> (u64, u32) {
+        (*self, 0)
+    }
+
+    #[inline]
+    fn hash_parts(high: u64, _: u32) -> u64 {
         // Fibonacci hashing: the high bits of the product are well mixed
         // even for sequential ids.
-        self.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        high.wrapping_mul(0x9e37_79b9_7f4a_7c15)
     }
 }
 
+/// (account index, client order id).
 impl Key for (u32, u64) {
     #[inline]
-    fn hash(&self) -> u64 {
-        (self.1 ^ u64::from(self.0).rotate_left(40)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    fn split(&self) -> (u64, u32) {
+        (self.1, self.0)
+    }
+
+    #[inline]
+    fn hash_parts(high: u64, low: u32) -> u64 {
+        (high ^ u64::from(low).rotate_left(40)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
     }
 }
 
-#[derive(Clone, Copy, Default)]
-struct Entry<K, V> {
-    key: K,
-    value: V,
-    used: bool,
+/// 16 bytes whatever the key: the key's two parts and the value, with
+/// [`EMPTY`] as the value of a free entry (values are arena slots, never
+/// `u32::MAX`). A flag of its own made an entry 24 bytes and every move in
+/// a deletion a copy field by field.
+#[derive(Clone, Copy)]
+struct Entry {
+    high: u64,
+    low: u32,
+    value: u32,
 }
 
-pub struct Table<K, V> {
-    entries: Vec<Entry<K, V>>,
+const FREE: Entry = Entry { high: 0, low: 0, value: EMPTY };
+
+/// Keys to arena slots (`u32`, never `u32::MAX`).
+pub struct Table<K> {
+    entries: Vec<Entry>,
     /// `64 - log2(capacity)`: the shift that takes a hash to a home slot.
     shift: u32,
     len: usize,
+    key: std::marker::PhantomData<K>,
 }
 
 const MIN_BITS: u32 = 6;
 
-impl<K: Key, V: Copy + Default> Table<K, V> {
+impl<K: Key> Table<K> {
     pub fn new() -> Self {
-        Table { entries: vec![Entry::default(); 1 << MIN_BITS], shift: 64 - MIN_BITS, len: 0 }
+        Table { entries: vec![FREE; 1 << MIN_BITS], shift: 64 - MIN_BITS, len: 0, key: std::marker::PhantomData }
     }
 
     pub fn len(&self) -> usize {
@@ -68,21 +91,22 @@ impl<K: Key, V: Copy + Default> Table<K, V> {
     }
 
     #[inline]
-    fn home(&self, key: &K) -> usize {
-        (key.hash() >> self.shift) as usize
+    fn home_of_hash(&self, hash: u64) -> usize {
+        (hash >> self.shift) as usize
     }
 
-    /// The slot holding `key`, or the empty slot where it would go.
+    /// The entry holding `key`, or the free entry where it would go.
     #[inline]
     fn find(&self, key: &K) -> (usize, bool) {
         let mask = self.mask();
-        let mut at = self.home(key);
+        let (high, low) = key.split();
+        let mut at = self.home_of_hash(K::hash_parts(high, low));
         loop {
             let entry = &self.entries[at];
-            if !entry.used {
+            if entry.value == EMPTY {
                 return (at, false);
             }
-            if entry.key == *key {
+            if entry.high == high && entry.low == low {
                 return (at, true);
             }
             at = (at + 1) & mask;
@@ -90,7 +114,7 @@ impl<K: Key, V: Copy + Default> Table<K, V> {
     }
 
     #[inline]
-    pub fn get(&self, key: &K) -> Option<V> {
+    pub fn get(&self, key: &K) -> Option<u32> {
         match self.find(key) {
             (at, true) => Some(self.entries[at].value),
             _ => None,
@@ -102,9 +126,10 @@ impl<K: Key, V: Copy + Default> Table<K, V> {
         self.find(key).1
     }
 
-    /// Inserts or overwrites.
+    /// Inserts or overwrites; `value` is not `u32::MAX`.
     #[inline]
-    pub fn insert(&mut self, key: K, value: V) {
+    pub fn insert(&mut self, key: K, value: u32) {
+        debug_assert!(value != EMPTY);
         if (self.len + 1) * 4 > self.entries.len() {
             self.grow();
         }
@@ -112,12 +137,13 @@ impl<K: Key, V: Copy + Default> Table<K, V> {
         if !found {
             self.len += 1;
         }
-        self.entries[at] = Entry { key, value, used: true };
+        let (high, low) = key.split();
+        self.entries[at] = Entry { high, low, value };
     }
 
     /// Removes `key`; returns its value if it was there.
     #[inline]
-    pub fn remove(&mut self, key: &K) -> Option<V> {
+    pub fn remove(&mut self, key: &K) -> Option<u32> {
         let (mut hole, found) = self.find(key);
         if !found {
             return None;
@@ -131,10 +157,10 @@ impl<K: Key, V: Copy + Default> Table<K, V> {
         loop {
             at = (at + 1) & mask;
             let entry = self.entries[at];
-            if !entry.used {
+            if entry.value == EMPTY {
                 break;
             }
-            let home = self.home(&entry.key);
+            let home = self.home_of_hash(K::hash_parts(entry.high, entry.low));
             // Distance from home to `at` versus from home to the hole,
             // both measured forward around the ring.
             if (at.wrapping_sub(home) & mask) >= (at.wrapping_sub(hole) & mask) {
@@ -142,24 +168,27 @@ impl<K: Key, V: Copy + Default> Table<K, V> {
                 hole = at;
             }
         }
-        self.entries[hole].used = false;
+        self.entries[hole] = FREE;
         Some(value)
     }
 
+    #[cold]
     fn grow(&mut self) {
         let bits = 64 - self.shift + 1;
-        let old = std::mem::replace(&mut self.entries, vec![Entry::default(); 1 << bits]);
+        let old = std::mem::replace(&mut self.entries, vec![FREE; 1 << bits]);
         self.shift = 64 - bits;
-        self.len = 0;
-        for entry in old.into_iter().filter(|e| e.used) {
-            let (at, _) = self.find(&entry.key);
+        let mask = self.mask();
+        for entry in old.into_iter().filter(|e| e.value != EMPTY) {
+            let mut at = self.home_of_hash(K::hash_parts(entry.high, entry.low));
+            while self.entries[at].value != EMPTY {
+                at = (at + 1) & mask;
+            }
             self.entries[at] = entry;
-            self.len += 1;
         }
     }
 }
 
-impl<K: Key, V: Copy + Default> Default for Table<K, V> {
+impl<K: Key> Default for Table<K> {
     fn default() -> Self {
         Self::new()
     }
@@ -174,7 +203,7 @@ mod tests {
     /// a small range so that probe runs collide and wrap.
     #[test]
     fn agrees_with_a_btreemap_under_churn() {
-        let mut table: Table<u64, u32> = Table::new();
+        let mut table: Table<u64> = Table::new();
         let mut model = BTreeMap::new();
         let mut state = 7u64;
         for step in 0..200_000u32 {
@@ -198,7 +227,7 @@ mod tests {
 
     #[test]
     fn pair_keys_do_not_confuse_their_halves() {
-        let mut table: Table<(u32, u64), u32> = Table::new();
+        let mut table: Table<(u32, u64)> = Table::new();
         table.insert((1, 2), 10);
         table.insert((2, 1), 20);
         assert_eq!(table.get(&(1, 2)), Some(10));
@@ -218,8 +247,9 @@ mod tests {
 /// comes to reuse the entry and the order is still open, it moves to an
 /// overflow [`Table`]. Nothing is ever scanned.
 pub struct OrderIndex {
-    ring: Vec<u32>,
-    overflow: Table<u64, u32>,
+    /// A fixed size, so that `id % RING` needs no bounds check.
+    ring: Box<[u32; RING as usize]>,
+    overflow: Table<u64>,
     len: usize,
 }
 
@@ -229,7 +259,11 @@ const EMPTY: u32 = u32::MAX;
 
 impl Default for OrderIndex {
     fn default() -> Self {
-        OrderIndex { ring: vec![EMPTY; RING as usize], overflow: Table::new(), len: 0 }
+        let ring = match vec![EMPTY; RING as usize].into_boxed_slice().try_into() {
+            Ok(ring) => ring,
+            Err(_) => unreachable!("RING entries"),
+        };
+        OrderIndex { ring, overflow: Table::new(), len: 0 }
     }
 }
 
@@ -308,11 +342,10 @@ mod order_index_tests {
     #[test]
     fn memory_per_resting_order_is_as_documented() {
         assert_eq!(std::mem::size_of::<crate::book::Order>(), 80, "an order in the arena");
-        assert_eq!(std::mem::size_of::<Entry<(u32, u64), u32>>(), 24, "a client-id index entry");
-        assert_eq!(std::mem::size_of::<Entry<u64, u32>>(), 16, "an order-index overflow entry");
+        assert_eq!(std::mem::size_of::<Entry>(), 16, "a client-id index entry, and an order-index overflow entry");
         assert_eq!(std::mem::size_of::<crate::engine::Balance>(), 16, "a balance");
         // At most a quarter of a table's entries are used.
-        let mut table: Table<u64, u32> = Table::new();
+        let mut table: Table<u64> = Table::new();
         for key in 0..10_000u64 {
             table.insert(key, 0);
             assert!(table.len() * 4 <= table.entries.len());
