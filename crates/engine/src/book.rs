@@ -465,7 +465,7 @@ impl BookSide {
 
     /// Takes the level at `price` off the side: its last order has left.
     /// A window level keeps its slot; a far one is freed.
-    #[inline]
+    #[inline(always)]
     pub fn close(&mut self, price: i64, levels: &mut Arena<Level>) {
         let side = self.side;
         if let Some(window) = self.window.as_deref_mut()
@@ -692,6 +692,7 @@ impl Book {
 
     /// Links the order in `slot` at the back of the level of its price,
     /// creating the level if needed.
+    #[inline(always)]
     pub fn push_back(&mut self, orders: &mut Arena<Order>, slot: u32) {
         let (price, side, remaining) = {
             let order = orders.get(slot);
@@ -722,6 +723,7 @@ impl Book {
     /// Unlinks the order in `slot` from its level, removing the level if it
     /// becomes empty. The order's `remaining()` must be what the level
     /// counted for it.
+    #[inline(always)]
     pub fn unlink(&mut self, orders: &mut Arena<Order>, slot: u32) {
         // Only the fields unlinking needs: copying the whole record showed
         // in the instruction counts.

@@ -764,6 +764,7 @@ impl Engine {
 
     /// Registers a new resting order (already in the arena) everywhere: its
     /// level, the id and client-id indexes, the account's order list.
+    #[inline(always)]
     fn rest_new(&mut self, slot: u32, instrument: u32, id: OrderId, account: u32, cid: ClientOrderId) {
         self.instruments[instrument as usize].book.push_back(&mut self.orders, slot);
         self.order_index.insert(id, slot, self.seq);
@@ -831,6 +832,7 @@ impl Engine {
     }
 
     /// The slot of open order `order_id` if `account_id` may act on it.
+    #[inline(always)]
     fn owned_order(&self, account_id: AccountId, order_id: OrderId) -> Result<(u32, u32), RejectReason> {
         let account = self.account_index.get(account_id).ok_or(RejectReason::UnknownAccount)?;
         let slot = self.order_index.get(order_id, self.seq).ok_or(RejectReason::UnknownOrder)?;

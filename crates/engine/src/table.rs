@@ -96,7 +96,7 @@ impl<K: Key> Table<K> {
     }
 
     /// The entry holding `key`, or the free entry where it would go.
-    #[inline]
+    #[inline(always)]
     fn find(&self, key: &K) -> (usize, bool) {
         let mask = self.mask();
         let (high, low) = key.split();
@@ -287,7 +287,7 @@ impl OrderIndex {
     }
 
     /// Adds order `id`; `seq` is the command being applied (`id <= seq`).
-    #[inline]
+    #[inline(always)]
     pub fn insert(&mut self, id: u64, slot: u32, seq: u64) {
         self.len += 1;
         if Self::in_window(id, seq) {
