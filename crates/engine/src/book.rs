@@ -13,7 +13,8 @@
 //! a short shift, and a thin book costs no memory beyond its levels (a
 //! venue with a thousand instruments, most of them quiet). Past 32 levels
 //! the side gets a **price-indexed window** of 16,384 consecutive prices
-//! (a `u32` level slot each and a two-level bitmap: 66 KiB a side), placed
+//! (a `u32` level slot each, a two-level bitmap of the prices with orders
+//! and a bitmap of the prices holding a level: 68 KiB a side), placed
 //! so that the best price sits an eighth of the way in from its better
 //! edge: finding, adding and removing a level is indexing plus a bit, and
 //! the best is kept as levels come and go (when the best level empties,
@@ -23,7 +24,19 @@
 //! after the last move) the window is moved to the touch and every level
 //! filed again, so a drifting market costs an occasional O(levels) move.
 //!
-//! Measured (`scripts/instructions W 200000 1000000`, instructions per
+//! A window price keeps its level's slot when the level empties (an empty
+//! level is already in its initial state), so a price that empties and
+//! fills again costs two bits, not an allocation and a free in the level
+//! arena: at `exchange-core-single`'s touch two moves in three open a level
+//! and two in three close one, at `steady-deep`'s one rest in two. The kept
+//! slots are freed when the window moves (a side keeps at most 16,384,
+//! 512 KiB). And each side caches its best level, which the match loop asks
+//! for on every step. Together, 2026-11-25 (`scripts/instructions W 200000
+//! 400000`): `exchange-core-single` 574 -> 523, `steady-deep` 752 -> 724
+//! (with the copies of whole orders removed from `unlink` and the engine's
+//! cancel and rest paths).
+//!
+//! Measured when the window came (`scripts/instructions W 200000 1000000`, instructions per
 //! command, the whole engine; the sorted vector alone before, this after):
 //! `exchange-core-single` 1,203 -> 690 (its moves land on ~400 levels a
 //! side spread over 4,000 ticks: inserting and removing a level in the

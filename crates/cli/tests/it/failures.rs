@@ -277,7 +277,14 @@ fn a_full_disk_stops_the_venue_with_a_reason_and_it_restarts_once_space_is_back(
     let mut received = Seen::new();
     let mut failure = None;
     for cid in 1..=5_000u64 {
-        alice.send(&limit(cid, if cid % 2 == 0 { Side::Buy } else { Side::Sell }, 100, 1, TimeInForce::Gtc));
+        // This loop reads one message per order sent, so the fill reports
+        // pile up behind; once the journal fails the server sends its
+        // error and exits, and a send can then be refused while all of that
+        // is still to be read (it happened under a loaded test run).
+        if alice.0.send(&limit(cid, if cid % 2 == 0 { Side::Buy } else { Side::Sell }, 100, 1, TimeInForce::Gtc)).is_err() {
+            failure = Some(alice.recv_or_none());
+            break;
+        }
         match alice.recv_or_none() {
             Some(ServerMessage::ExecutionReport(report)) => {
                 received.insert(report.seq, frame_of(report));

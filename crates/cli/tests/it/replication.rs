@@ -232,8 +232,14 @@ fn a_follower_applies_the_log_and_refuses_orders_with_a_redirect() {
     }
     let seq = wait_same_seq(&leader, &follower);
     assert!(seq > 25_000, "{seq}");
-    // The follower's market data is the leader's.
+    // The follower's market data is the leader's (its market-data thread
+    // publishes a moment after the engine has applied a batch: a loaded
+    // test run once read it in between).
     let depth = |s: &Server| crate::marketdata::http_get(&s.market_address, "/api/v3/depth?symbol=BTCUSD&limit=50").1;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while depth(&leader) != depth(&follower) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(depth(&leader), depth(&follower));
     // It refuses orders, saying where the leader is.
     let redirect = |message: Option<ServerMessage>| match message {
