@@ -25,6 +25,16 @@
 /// The least a growing arena adds (slots).
 const MIN_GROWTH: usize = 4096;
 
+/// A boxed array of `N` copies of `value`, built on the heap (`Box::new` of
+/// a large array may build it on the stack first). Fixed-size arrays let an
+/// index known to be in range go without a bounds check.
+pub(crate) fn boxed_array<T: Copy, const N: usize>(value: T) -> Box<[T; N]> {
+    match vec![value; N].into_boxed_slice().try_into() {
+        Ok(array) => array,
+        Err(_) => unreachable!("a vector of N elements"),
+    }
+}
+
 /// The "no slot" value, used as the null link in intrusive lists.
 pub const NIL: u32 = u32::MAX;
 

@@ -53,7 +53,7 @@
 //! for every side from its first level (tried first) cost `multi-symbol`
 //! 22% more instructions, all of it in zeroing 2,000 windows, and 130 MB.
 
-use crate::arena::{Arena, NIL};
+use crate::arena::{Arena, NIL, boxed_array};
 use crate::types::{SelfTradePrevention, Side};
 
 /// A resting order. Lives in the engine's order arena.
@@ -326,15 +326,6 @@ impl Window {
         self.summary = [0; SUMMARY_WORDS];
         self.count = 0;
         self.best = None;
-    }
-}
-
-/// A boxed array of `N` copies of `value`, built on the heap (`Box::new` of
-/// a large array may build it on the stack first).
-fn boxed_array<T: Copy, const N: usize>(value: T) -> Box<[T; N]> {
-    match vec![value; N].into_boxed_slice().try_into() {
-        Ok(array) => array,
-        Err(_) => unreachable!("a vector of N elements"),
     }
 }
 

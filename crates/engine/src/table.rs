@@ -259,11 +259,7 @@ const EMPTY: u32 = u32::MAX;
 
 impl Default for OrderIndex {
     fn default() -> Self {
-        let ring = match vec![EMPTY; RING as usize].into_boxed_slice().try_into() {
-            Ok(ring) => ring,
-            Err(_) => unreachable!("RING entries"),
-        };
-        OrderIndex { ring, overflow: Table::new(), len: 0 }
+        OrderIndex { ring: crate::arena::boxed_array(EMPTY), overflow: Table::new(), len: 0 }
     }
 }
 
