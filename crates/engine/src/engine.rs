@@ -152,12 +152,27 @@ const BPS: i128 = 10_000;
 /// `ceil(notional * bps / 10000)`: rounds toward +infinity, so a fee is
 /// rounded up and a rebate toward zero. Both always favour the venue.
 ///
-/// Computed without 128-bit division: with `notional = q * 10000 + r`,
-/// `ceil(notional * bps / 10000) = q * bps + ceil(r * bps / 10000)`, and
-/// both products fit in an `i64` (`notional <= 2^62`, `|bps| <= 10000`).
-#[inline]
+/// Every trade computes two of these. When `notional < 2^49` (a notional of
+/// 5.6 * 10^14 units: every trade of the shipped instruments) the product
+/// `notional * bps` fits in an `i64` (`|bps| <= 10000 < 2^14`), and the fee
+/// is that product divided once by a constant. Above it, the notional is
+/// split as `q * 10000 + r` so that `ceil(notional * bps / 10000) =
+/// q * bps + ceil(r * bps / 10000)` and both products fit (`notional <=
+/// 2^62`), still without 128-bit division. Measured on `steady-deep`
+/// (`scripts/instructions`): the split alone cost 19 instructions a trade
+/// more than the fast path.
+#[inline(always)]
 pub fn fee(notional: u64, bps: i64) -> i64 {
     debug_assert!(notional <= MAX_SUPPLY && bps.abs() <= 10_000);
+    if notional < 1 << 49 {
+        let product = notional as i64 * bps;
+        return if product >= 0 {
+            ((product as u64 + 9_999) / 10_000) as i64
+        } else {
+            // Truncation of the magnitude is `ceil` for a negative value.
+            -((product.unsigned_abs() / 10_000) as i64)
+        };
+    }
     let whole = (notional / 10_000) as i64 * bps;
     let part = (notional % 10_000) as i64 * bps;
     // Rust's `/` truncates toward zero, which is `ceil` for a negative part.
@@ -622,16 +637,42 @@ impl Engine {
 
     /// The matching loop of `docs/engine.md`. Returns whether the taker was
     /// stopped by self-trade prevention.
+    ///
+    /// One loop in the source, four in the binary: specialised on the
+    /// taker's side and on whether it is plain (no self-trade prevention,
+    /// no budget), the commonest case, whose copy has neither check in it
+    /// and so fewer values to keep live.
     #[inline(always)]
     fn match_taker(&mut self, instrument: u32, taker: &mut Taker, out: &mut Vec<Event>) -> bool {
+        let plain = taker.stp == SelfTradePrevention::None && taker.budget_left == NO_BUDGET;
+        match (taker.side, plain) {
+            (Side::Buy, true) => self.match_side::<true, true>(instrument, taker, out),
+            (Side::Sell, true) => self.match_side::<false, true>(instrument, taker, out),
+            (Side::Buy, false) => self.match_side::<true, false>(instrument, taker, out),
+            (Side::Sell, false) => self.match_side::<false, false>(instrument, taker, out),
+        }
+    }
+
+    /// [`Engine::match_taker`] for a taker on the buy side if `BUY`, and
+    /// without self-trade prevention or budget if `PLAIN`.
+    #[inline(always)]
+    fn match_side<const BUY: bool, const PLAIN: bool>(
+        &mut self,
+        instrument: u32,
+        taker: &mut Taker,
+        out: &mut Vec<Event>,
+    ) -> bool {
         let inst_index = instrument as usize;
+        let side = if BUY { Side::Buy } else { Side::Sell };
+        debug_assert!(taker.side == side);
+        debug_assert!(!PLAIN || (taker.stp == SelfTradePrevention::None && taker.budget_left == NO_BUDGET));
         while taker.remaining() > 0 {
             let inst = &self.instruments[inst_index];
             let book = &inst.book;
-            let Some(best) = book.best_opposite(taker.side) else {
+            let Some(best) = book.best_opposite(side) else {
                 return false;
             };
-            if !crosses(taker.side, taker.limit, best.price) {
+            if !crosses(side, taker.limit, best.price) {
                 return false;
             }
             let slot = book.level(best.level).head;
@@ -644,7 +685,7 @@ impl Engine {
                 unit_lock: resting.unit_lock,
                 level: resting.level,
             };
-            if maker.account == taker.account && taker.stp != SelfTradePrevention::None {
+            if !PLAIN && maker.account == taker.account && taker.stp != SelfTradePrevention::None {
                 match taker.stp {
                     SelfTradePrevention::CancelNewest => return true,
                     SelfTradePrevention::CancelOldest => {
@@ -673,13 +714,13 @@ impl Engine {
                 }
             };
             let mut qty = maker.remaining.min(taker.remaining());
-            if taker.budget_left != NO_BUDGET {
+            if !PLAIN && taker.budget_left != NO_BUDGET {
                 qty = qty.min(affordable(terms.tick_size, terms.taker_bps, best.price, taker.budget_left));
                 if qty == 0 {
                     return false;
                 }
             }
-            self.trade(instrument, &terms, &maker, taker, best.price, qty, out);
+            self.trade::<BUY, PLAIN>(instrument, &terms, &maker, taker, best.price, qty, out);
         }
         false
     }
@@ -688,16 +729,26 @@ impl Engine {
     /// and the taker, and emits it.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn trade(&mut self, instrument: u32, terms: &Terms, maker: &Maker, taker: &mut Taker, price: i64, qty: u64, out: &mut Vec<Event>) {
+    fn trade<const BUY: bool, const PLAIN: bool>(
+        &mut self,
+        instrument: u32,
+        terms: &Terms,
+        maker: &Maker,
+        taker: &mut Taker,
+        price: i64,
+        qty: u64,
+        out: &mut Vec<Event>,
+    ) {
         stages::enter(Stage::Settlement);
         let (base, quote) = (terms.base, terms.quote);
         let notional = price as u64 * qty * terms.tick_size;
         let base_qty = qty * terms.lot_size;
         let maker_fee = fee(notional, terms.maker_bps);
         let taker_fee = fee(notional, terms.taker_bps);
-        let (buyer, buyer_fee, buyer_unit, seller, seller_fee) = match taker.side {
-            Side::Buy => (taker.account, taker_fee, (taker.budget_left == NO_BUDGET).then_some(taker.unit_lock), maker.account, maker_fee),
-            Side::Sell => (maker.account, maker_fee, Some(maker.unit_lock), taker.account, taker_fee),
+        let (buyer, buyer_fee, buyer_unit, seller, seller_fee) = if BUY {
+            (taker.account, taker_fee, (PLAIN || taker.budget_left == NO_BUDGET).then_some(taker.unit_lock), maker.account, maker_fee)
+        } else {
+            (maker.account, maker_fee, Some(maker.unit_lock), taker.account, taker_fee)
         };
         // Seller: base leaves the lock, quote (less the fee) arrives.
         self.touch(seller, base).locked -= base_qty;
@@ -718,7 +769,7 @@ impl Engine {
             }
             None => {
                 self.touch(buyer, quote).locked -= paid;
-                if taker.budget_left != NO_BUDGET {
+                if !PLAIN && taker.budget_left != NO_BUDGET {
                     taker.budget_left -= paid;
                 }
             }
@@ -752,7 +803,7 @@ impl Engine {
                 maker_account,
                 taker: taker.id,
                 taker_account,
-                taker_side: taker.side,
+                taker_side: if BUY { Side::Buy } else { Side::Sell },
                 maker_fee,
                 taker_fee,
                 maker_remaining,
@@ -1141,5 +1192,37 @@ impl Engine {
 
     pub(crate) fn account_first_order(&self, account: u32) -> u32 {
         self.accounts[account as usize].first_order
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_SUPPLY, fee};
+
+    /// `ceil(notional * bps / 10000)` in 128-bit arithmetic.
+    fn exact(notional: u64, bps: i64) -> i64 {
+        let product = i128::from(notional) * i128::from(bps);
+        let quotient = product.div_euclid(10_000);
+        let ceil = if product.rem_euclid(10_000) == 0 { quotient } else { quotient + 1 };
+        i64::try_from(ceil).expect("a fee fits in an i64")
+    }
+
+    /// Both paths (below and above 2^49) against the exact value, at the
+    /// edges of the fast path and of the rates, and at random.
+    #[test]
+    fn fee_is_the_exact_ceiling() {
+        let mut notionals = vec![0, 1, 9_999, 10_000, 10_001, (1 << 49) - 1, 1 << 49, (1 << 49) + 1, MAX_SUPPLY];
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..20_000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            notionals.push(state % (MAX_SUPPLY + 1) >> (state % 40));
+        }
+        for &notional in &notionals {
+            for bps in [-10_000, -9_999, -37, -1, 0, 1, 2, 25, 9_999, 10_000] {
+                assert_eq!(fee(notional, bps), exact(notional, bps), "fee({notional}, {bps})");
+            }
+        }
     }
 }
