@@ -61,9 +61,20 @@ struct Entry {
 
 const FREE: Entry = Entry { high: 0, low: 0, value: EMPTY };
 
+/// Where [`Table::probe`] looked for a key it did not find: the free entry
+/// the key would take, valid while the table is unchanged.
+#[derive(Clone, Copy, Debug)]
+pub struct Probe {
+    at: usize,
+    changes: u64,
+}
+
 /// Keys to arena slots (`u32`, never `u32::MAX`).
 pub struct Table<K> {
     entries: Vec<Entry>,
+    /// Inserts and removes so far: a [`Probe`] taken at another count is
+    /// stale (a removal shifts entries back, an insert may take its entry).
+    changes: u64,
     /// `64 - log2(capacity)`: the shift that takes a hash to a home slot.
     shift: u32,
     len: usize,
@@ -74,7 +85,7 @@ const MIN_BITS: u32 = 6;
 
 impl<K: Key> Table<K> {
     pub fn new() -> Self {
-        Table { entries: vec![FREE; 1 << MIN_BITS], shift: 64 - MIN_BITS, len: 0, key: std::marker::PhantomData }
+        Table { entries: vec![FREE; 1 << MIN_BITS], changes: 0, shift: 64 - MIN_BITS, len: 0, key: std::marker::PhantomData }
     }
 
     pub fn len(&self) -> usize {
@@ -126,6 +137,30 @@ impl<K: Key> Table<K> {
         self.find(key).1
     }
 
+    /// Whether `key` is there, and where it would go if not: an insert of
+    /// the same key with that [`Probe`] while nothing else changed the
+    /// table (the commonest case: a new order checked for a duplicate
+    /// client id, then rested) skips the second search.
+    #[inline]
+    pub fn probe(&self, key: &K) -> (bool, Probe) {
+        let (at, found) = self.find(key);
+        (found, Probe { at, changes: self.changes })
+    }
+
+    /// Inserts a `key` that [`Table::probe`] did not find.
+    #[inline]
+    pub fn insert_probed(&mut self, probe: Probe, key: K, value: u32) {
+        debug_assert!(value != EMPTY);
+        if probe.changes != self.changes || (self.len + 1) * 4 > self.entries.len() {
+            return self.insert(key, value);
+        }
+        debug_assert!(self.entries[probe.at].value == EMPTY && !self.find(&key).1);
+        self.changes += 1;
+        self.len += 1;
+        let (high, low) = key.split();
+        self.entries[probe.at] = Entry { high, low, value };
+    }
+
     /// Inserts or overwrites; `value` is not `u32::MAX`.
     #[inline]
     pub fn insert(&mut self, key: K, value: u32) {
@@ -137,6 +172,7 @@ impl<K: Key> Table<K> {
         if !found {
             self.len += 1;
         }
+        self.changes += 1;
         let (high, low) = key.split();
         self.entries[at] = Entry { high, low, value };
     }
@@ -150,6 +186,7 @@ impl<K: Key> Table<K> {
         }
         let value = self.entries[hole].value;
         self.len -= 1;
+        self.changes += 1;
         // Backward-shift deletion: pull later members of the probe run back
         // into the hole when that does not move them before their home.
         let mask = self.mask();
@@ -223,6 +260,76 @@ mod tests {
             }
             assert_eq!(table.len(), model.len());
         }
+    }
+
+    /// A probe is used only while nothing changed the table: an insert
+    /// after a removal in between (which may shift the probed entry's run
+    /// back) or after another insert (which may take it) searches again.
+    #[test]
+    fn stale_probes_are_not_used() {
+        let mut table: Table<u64> = Table::new();
+        let mut model = BTreeMap::new();
+        let mut state = 11u64;
+        for step in 0..100_000u32 {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let key = (state >> 33) % 2_000;
+            let (found, probe) = table.probe(&key);
+            assert_eq!(found, model.contains_key(&key), "probe {key}");
+            if found {
+                assert_eq!(table.remove(&key), model.remove(&key));
+                continue;
+            }
+            // Sometimes change the table between the probe and the insert.
+            let other = (state >> 13) % 2_000;
+            match (state >> 7) % 4 {
+                0 => assert_eq!(table.remove(&other), model.remove(&other)),
+                1 if other != key => {
+                    table.insert(other, step);
+                    model.insert(other, step);
+                }
+                _ => {}
+            }
+            if table.contains(&key) {
+                continue;
+            }
+            table.insert_probed(probe, key, step);
+            model.insert(key, step);
+            assert_eq!(table.len(), model.len());
+            if step % 1000 == 0 {
+                for probe in 0..2_000 {
+                    assert_eq!(table.get(&probe), model.get(&probe).copied(), "get {probe}");
+                }
+            }
+        }
+    }
+
+    /// The case a stale probe would get wrong: three keys with one home;
+    /// the third probed behind the first two, the first removed (the second
+    /// shifts back into its place), then the third inserted. At the probed
+    /// entry it would sit behind a free one, where no search finds it.
+    #[test]
+    fn a_removal_between_probe_and_insert_is_seen() {
+        let mut table: Table<u64> = Table::new();
+        let home = |key: u64| table.home_of_hash(<u64 as Key>::hash_parts(key, 0));
+        let mut same: Vec<u64> = Vec::new();
+        for key in 1.. {
+            if home(key) == home(1) {
+                same.push(key);
+                if same.len() == 3 {
+                    break;
+                }
+            }
+        }
+        let (first, second, third) = (same[0], same[1], same[2]);
+        table.insert(first, 1);
+        table.insert(second, 2);
+        let (found, probe) = table.probe(&third);
+        assert!(!found);
+        assert_eq!(table.remove(&first), Some(1));
+        table.insert_probed(probe, third, 3);
+        assert_eq!(table.get(&second), Some(2));
+        assert_eq!(table.get(&third), Some(3));
+        assert_eq!(table.len(), 2);
     }
 
     #[test]
