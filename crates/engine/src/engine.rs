@@ -167,7 +167,11 @@ pub fn fee(notional: u64, bps: i64) -> i64 {
     if notional < 1 << 49 {
         let product = notional as i64 * bps;
         return if product >= 0 {
-            ((product as u64 + 9_999) / 10_000) as i64
+            // Not `div_ceil`: that takes the remainder too (+9 instructions
+            // a command on `steady-deep`, +4 on `exchange-core-single`).
+            #[allow(clippy::manual_div_ceil)]
+            let ceil = (product as u64 + 9_999) / 10_000;
+            ceil as i64
         } else {
             // Truncation of the magnitude is `ceil` for a negative value.
             -((product.unsigned_abs() / 10_000) as i64)
@@ -450,7 +454,11 @@ impl Engine {
         }
         let instrument = self.instrument_index.get(order.instrument.into()).ok_or(RejectReason::UnknownInstrument)?;
         let is_limit = order.order_type == OrderType::Limit;
-        if (!is_limit && order.tif == TimeInForce::Gtc) || (order.post_only && !(is_limit && order.tif == TimeInForce::Gtc)) {
+        let gtc = order.tif == TimeInForce::Gtc;
+        // A market order cannot rest; a post-only order must be one that can.
+        let market_gtc = !is_limit && gtc;
+        let post_only_cannot_rest = order.post_only && !(is_limit && gtc);
+        if market_gtc || post_only_cannot_rest {
             return Err(RejectReason::InvalidTimeInForce);
         }
         if let Some(budget) = order.budget
@@ -1184,7 +1192,7 @@ mod tests {
             state ^= state << 13;
             state ^= state >> 7;
             state ^= state << 17;
-            notionals.push(state % (MAX_SUPPLY + 1) >> (state % 40));
+            notionals.push((state % (MAX_SUPPLY + 1)) >> (state % 40));
         }
         for &notional in &notionals {
             for bps in [-10_000, -9_999, -37, -1, 0, 1, 2, 25, 9_999, 10_000] {

@@ -94,6 +94,12 @@ pub struct Book {
     pub asks: Levels,
 }
 
+/// One price level: (price in ticks, lots).
+pub type Level = (i64, u64);
+
+/// The best bid and the best ask, if any.
+pub type Top = (Option<Level>, Option<Level>);
+
 impl Book {
     fn side_mut(&mut self, side: Side) -> &mut Levels {
         match side {
@@ -119,12 +125,12 @@ impl Book {
     }
 
     /// Best bid and best ask, each (price, lots).
-    pub fn top(&self) -> (Option<(i64, u64)>, Option<(i64, u64)>) {
+    pub fn top(&self) -> Top {
         (self.bids.iter().next_back().map(|(p, q)| (*p, *q)), self.asks.iter().next().map(|(p, q)| (*p, *q)))
     }
 
     /// The best `limit` bids (best first) and asks (best first).
-    pub fn depth(&self, limit: usize) -> (Vec<(i64, u64)>, Vec<(i64, u64)>) {
+    pub fn depth(&self, limit: usize) -> (Vec<Level>, Vec<Level>) {
         (self.bids.iter().rev().take(limit).map(|(p, q)| (*p, *q)).collect(), self.asks.iter().take(limit).map(|(p, q)| (*p, *q)).collect())
     }
 }
@@ -159,7 +165,7 @@ pub struct InstrumentData {
     changed_bids: BTreeSet<i64>,
     changed_asks: BTreeSet<i64>,
     new_trades: usize,
-    top_before: Option<(Option<(i64, u64)>, Option<(i64, u64)>)>,
+    top_before: Option<Top>,
 }
 
 impl InstrumentData {

@@ -97,11 +97,11 @@ fn a_checkpoint_restores_the_same_market_data() {
             }
             restored = Some(copy);
         }
-        if let Some(copy) = restored.as_mut() {
-            if index > 6_000 {
-                copy.apply(engine.seq(), time, &events);
-                let _ = copy.take_updates();
-            }
+        if let Some(copy) = restored.as_mut()
+            && index > 6_000
+        {
+            copy.apply(engine.seq(), time, &events);
+            let _ = copy.take_updates();
         }
     }
     let copy = restored.expect("restored midway");

@@ -294,9 +294,12 @@ const fn server_body(kind: u8) -> Option<usize> {
     })
 }
 
-/// Splits off one frame: `(type, body, total bytes)`, after checking the
-/// length against `max_frame` and the body length against the type.
-fn frame(buffer: &[u8], max_frame: usize, body_len: fn(u8) -> Option<usize>) -> Result<Option<(u8, &[u8], usize)>, ProtocolError> {
+/// One frame split off a buffer: `(type, body, total bytes)`.
+type Frame<'a> = (u8, &'a [u8], usize);
+
+/// Splits off one frame, after checking the length against `max_frame` and
+/// the body length against the type.
+fn frame(buffer: &[u8], max_frame: usize, body_len: fn(u8) -> Option<usize>) -> Result<Option<Frame<'_>>, ProtocolError> {
     if buffer.len() < 4 {
         return Ok(None);
     }

@@ -671,7 +671,7 @@ pub struct Reader {
 
 impl Reader {
     /// The next message, if one is waiting.
-    pub fn next(&mut self) -> Option<Result<Delivered, ReplicationError>> {
+    pub fn try_next(&mut self) -> Option<Result<Delivered, ReplicationError>> {
         match self.receiver.try_recv() {
             Ok(message) => Some(message),
             Err(tokio::sync::mpsc::error::TryRecvError::Empty) => None,

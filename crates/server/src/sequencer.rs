@@ -358,7 +358,7 @@ impl<'a> Sequencer<'a> {
         let mut delivered = Vec::new();
         if let Role::Follower(reader) = &mut replication.role {
             while delivered.len() < DELIVERED_PER_ROUND {
-                match reader.next() {
+                match reader.try_next() {
                     Some(Ok(message)) => delivered.push(message),
                     Some(Err(e)) => return Err(e.into()),
                     None => break,

@@ -112,7 +112,15 @@ pub(crate) fn spawn_process(first: &[&str], args: &[&str], envs: &[(&str, PathBu
     let mut market_address = String::new();
     let mut startup = Vec::new();
     loop {
-        let line = log.recv_timeout(deadline.saturating_duration_since(Instant::now())).unwrap_or_else(|e| panic!("server never said where it listens ({e}); it said {startup:#?}"));
+        let line = match log.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => line,
+            Err(e) => {
+                // Not left running behind a failed test.
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("server never said where it listens ({e}); it said {startup:#?}");
+            }
+        };
         if let Some(rest) = line.strip_prefix("FIX 4.4 acceptor on ") {
             fix_address = rest.split_whitespace().next().unwrap_or_default().to_string();
         }
@@ -432,7 +440,7 @@ fn garbage_costs_only_its_own_connection() {
     assert!(log.iter().any(|l| l.contains("frame_too_long")), "{log:?}");
     let left_out: u64 = log.iter().filter_map(|l| l.strip_prefix("... and ")?.split_whitespace().next()?.parse::<u64>().ok()).sum();
     let logged = log.iter().filter(|l| l.starts_with("disconnect connection=") && l.contains("127.0.0.1")).count() as u64;
-    assert!(logged + left_out >= rounds as u64 - 1, "{logged} logged + {left_out} counted for {rounds} connections");
+    assert!(logged + left_out >= rounds - 1, "{logged} logged + {left_out} counted for {rounds} connections");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -861,7 +861,7 @@ mod tests {
         Symbol::new(text).expect("a valid symbol")
     }
 
-    fn text<'a>(message: &'a Outgoing, tag: u32) -> Option<&'a str> {
+    fn text(message: &Outgoing, tag: u32) -> Option<&str> {
         message.body.iter().find(|(t, _)| *t == tag).and_then(|(_, v)| std::str::from_utf8(v).ok())
     }
 

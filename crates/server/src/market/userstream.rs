@@ -75,11 +75,11 @@ impl Streams {
     /// The account's key (a new one, or the live one with a new hour).
     pub(crate) fn open(&self, account: AccountId) -> std::io::Result<String> {
         let mut state = self.state();
-        if let Some(key) = state.by_account.get(&account).cloned() {
-            if let Some(live) = state.by_key.get_mut(&key) {
-                live.expires = Instant::now() + KEY_LIFETIME;
-                return Ok(key);
-            }
+        if let Some(key) = state.by_account.get(&account).cloned()
+            && let Some(live) = state.by_key.get_mut(&key)
+        {
+            live.expires = Instant::now() + KEY_LIFETIME;
+            return Ok(key);
         }
         let key = random_key()?;
         state.by_key.insert(key.clone(), Key { account, expires: Instant::now() + KEY_LIFETIME });
