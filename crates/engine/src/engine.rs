@@ -81,6 +81,8 @@ struct Maker {
 struct Taker {
     id: OrderId,
     account: u32,
+    /// The account's own id, for the `trade` events.
+    account_id: AccountId,
     side: Side,
     /// The worst price it may trade at; for a market order the end of the
     /// scale (`i64::MAX` to buy, `i64::MIN` to sell), which every price
@@ -540,6 +542,7 @@ impl Engine {
         let mut taker = Taker {
             id,
             account,
+            account_id: order.account,
             side: order.side,
             limit: match (is_limit, order.side) {
                 (true, _) => order.price,
@@ -765,7 +768,6 @@ impl Engine {
             self.forget(maker.slot);
         }
         let maker_account = self.accounts[maker.account as usize].id;
-        let taker_account = self.accounts[taker.account as usize].id;
         self.emit(
             out,
             EventKind::Trade {
@@ -775,7 +777,7 @@ impl Engine {
                 maker: maker.id,
                 maker_account,
                 taker: taker.id,
-                taker_account,
+                taker_account: taker.account_id,
                 taker_side: taker.side,
                 maker_fee,
                 taker_fee,
@@ -930,6 +932,7 @@ impl Engine {
         let mut taker = Taker {
             id: order.id,
             account,
+            account_id,
             side: order.side,
             limit: price,
             qty,
