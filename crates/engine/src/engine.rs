@@ -675,11 +675,11 @@ impl Engine {
                 match taker.stp {
                     SelfTradePrevention::CancelNewest => return true,
                     SelfTradePrevention::CancelOldest => {
-                        self.cancel_resting(slot, CancelReason::Stp, out);
+                        self.cancel_resting(slot, taker.account_id, CancelReason::Stp, out);
                         continue;
                     }
                     SelfTradePrevention::CancelBoth => {
-                        self.cancel_resting(slot, CancelReason::Stp, out);
+                        self.cancel_resting(slot, taker.account_id, CancelReason::Stp, out);
                         return true;
                     }
                     SelfTradePrevention::None => unreachable!(),
@@ -758,14 +758,17 @@ impl Engine {
         self.trades += 1;
         taker.filled += qty;
         let maker_remaining = maker.remaining - qty;
-        self.orders.get_mut(maker.slot).filled += qty;
         let book = &mut self.instruments[instrument as usize].book;
-        book.reduce_level(maker.level, qty);
         if maker_remaining == 0 {
             // The maker is the head of the best level: unlinking it is O(1),
             // and an emptied level is the side's last entry (a pop).
+            // Unlinking takes its remaining, this fill, off the level, and
+            // its record is freed: neither needs the fill written first.
             book.unlink(&mut self.orders, maker.slot);
             self.forget(maker.slot);
+        } else {
+            self.orders.get_mut(maker.slot).filled += qty;
+            book.reduce_level(maker.level, qty);
         }
         let maker_account = self.accounts[maker.account as usize].id;
         self.emit(
@@ -841,8 +844,9 @@ impl Engine {
         self.orders.remove(slot);
     }
 
-    /// Cancels a resting order: out of the book, lock released, event.
-    fn cancel_resting(&mut self, slot: u32, reason: CancelReason, out: &mut Vec<Event>) {
+    /// Cancels a resting order of `account_id`: out of the book, lock
+    /// released, event.
+    fn cancel_resting(&mut self, slot: u32, account_id: AccountId, reason: CancelReason, out: &mut Vec<Event>) {
         let order = self.orders.get(slot);
         let (id, owner, instrument, side) = (order.id, order.account, order.instrument, order.side);
         let (remaining, unit_lock) = (order.remaining(), order.unit_lock);
@@ -854,8 +858,8 @@ impl Engine {
         inst.book.unlink(&mut self.orders, slot);
         self.forget(slot);
         self.unlock(owner, asset, times(remaining, unit_lock));
-        let account = self.accounts[owner as usize].id;
-        self.emit(out, EventKind::Cancelled { order: id, account, remaining, reason });
+        debug_assert_eq!(self.accounts[owner as usize].id, account_id);
+        self.emit(out, EventKind::Cancelled { order: id, account: account_id, remaining, reason });
     }
 
     /// The slot of open order `order_id` if `account_id` may act on it.
@@ -872,7 +876,7 @@ impl Engine {
     fn cancel(&mut self, account_id: AccountId, order_id: OrderId, out: &mut Vec<Event>) -> Result<(), RejectReason> {
         let (_, slot) = self.owned_order(account_id, order_id)?;
         stages::enter(Stage::Matching);
-        self.cancel_resting(slot, CancelReason::User, out);
+        self.cancel_resting(slot, account_id, CancelReason::User, out);
         Ok(())
     }
 
@@ -880,7 +884,7 @@ impl Engine {
         let (account, slot) = self.owned_order(account_id, order_id)?;
         let order = *self.orders.get(slot);
         if qty <= order.filled {
-            self.cancel_resting(slot, CancelReason::Replace, out);
+            self.cancel_resting(slot, account_id, CancelReason::Replace, out);
             return Ok(());
         }
         let inst = &self.instruments[order.instrument as usize];
@@ -975,7 +979,7 @@ impl Engine {
             let order = *self.orders.get(slot);
             let next = order.account_next;
             if only.is_none_or(|i| i == order.instrument) {
-                self.cancel_resting(slot, CancelReason::CancelAll, out);
+                self.cancel_resting(slot, account_id, CancelReason::CancelAll, out);
                 count += 1;
             }
             slot = next;
