@@ -81,6 +81,8 @@ pub struct Order {
     /// Account's open-order list links (kept in increasing order id).
     pub account_prev: u32,
     pub account_next: u32,
+    /// The next order in its client-id index chain ([`crate::cid`]).
+    pub cid_next: u32,
     pub side: Side,
     pub stp: SelfTradePrevention,
     pub post_only: bool,
@@ -109,6 +111,7 @@ impl Default for Order {
             level: NIL,
             account_prev: NIL,
             account_next: NIL,
+            cid_next: NIL,
             side: Side::Buy,
             stp: SelfTradePrevention::None,
             post_only: false,

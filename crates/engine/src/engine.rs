@@ -8,7 +8,8 @@
 use crate::arena::{Arena, NIL};
 use crate::book::{Book, Order, crosses};
 use crate::hash::DenseIndex;
-use crate::table::{OrderIndex, Probe, Table};
+use crate::cid::CidIndex;
+use crate::table::OrderIndex;
 use crate::stages::{self, Stage};
 use crate::types::*;
 
@@ -49,7 +50,6 @@ pub(crate) struct Account {
 /// What dropping an order from the indexes needs of it.
 struct Unlisted {
     id: OrderId,
-    cid: ClientOrderId,
     account: u32,
     account_prev: u32,
     account_next: u32,
@@ -138,7 +138,7 @@ pub struct Engine {
     pub(crate) orders: Arena<Order>,
     order_index: OrderIndex,
     /// (account index, client order id) of every open order.
-    cid_index: Table<(u32, ClientOrderId)>,
+    cid_index: CidIndex,
     /// Trades so far (a statistic; not part of the state's meaning).
     trades: u64,
 }
@@ -258,7 +258,7 @@ impl Engine {
             asset_stride: 4,
             orders: Arena::new(),
             order_index: OrderIndex::default(),
-            cid_index: Table::new(),
+            cid_index: CidIndex::default(),
             trades: 0,
         };
         engine.create_account(FEE_ACCOUNT);
@@ -480,7 +480,7 @@ impl Engine {
                 return Err(RejectReason::PriceOutOfBand);
             }
         }
-        let (duplicate, cid_probe) = self.cid_index.probe(&(account, order.cid));
+        let (duplicate, cid_bucket) = self.cid_index.find(&self.orders, account, order.cid);
         if duplicate {
             return Err(RejectReason::DuplicateClientOrderId);
         }
@@ -575,7 +575,7 @@ impl Engine {
                     post_only: order.post_only,
                     ..Order::default()
                 };
-                self.rest_new(slot, instrument, id, account, order.cid, cid_probe);
+                self.rest_new(slot, instrument, id, account, cid_bucket);
             } else {
                 let reason = if stopped { CancelReason::Stp } else { CancelReason::Ioc };
                 self.emit(out, EventKind::Cancelled { order: id, account: order.account, remaining, reason });
@@ -794,17 +794,17 @@ impl Engine {
     /// Registers a new resting order (already in the arena) everywhere: its
     /// level, the id and client-id indexes, the account's order list.
     #[inline(always)]
-    fn rest_new(&mut self, slot: u32, instrument: u32, id: OrderId, account: u32, cid: ClientOrderId, cid_probe: Probe) {
+    fn rest_new(&mut self, slot: u32, instrument: u32, id: OrderId, account: u32, cid_bucket: usize) {
         self.instruments[instrument as usize].book.push_back(&mut self.orders, slot);
         self.order_index.insert(id, slot, self.seq);
-        self.list_order(slot, account, cid, cid_probe);
+        self.list_order(slot, account, cid_bucket);
     }
 
-    /// Adds the order in `slot` to the client-id index (where `cid_probe`,
-    /// the duplicate check's search, found room for it) and at the end of
-    /// its account's list.
-    fn list_order(&mut self, slot: u32, account: u32, cid: ClientOrderId, cid_probe: Probe) {
-        self.cid_index.insert_probed(cid_probe, (account, cid), slot);
+    /// Adds the order in `slot` to the client-id index (in `cid_bucket`,
+    /// where the duplicate check looked for it) and at the end of its
+    /// account's list.
+    fn list_order(&mut self, slot: u32, account: u32, cid_bucket: usize) {
+        self.cid_index.insert(&mut self.orders, cid_bucket, slot);
         let owner = &mut self.accounts[account as usize];
         let last = owner.last_order;
         owner.last_order = slot;
@@ -824,13 +824,12 @@ impl Engine {
         let order = self.orders.get(slot);
         let order = Unlisted {
             id: order.id,
-            cid: order.cid,
             account: order.account,
             account_prev: order.account_prev,
             account_next: order.account_next,
         };
         self.order_index.remove(order.id, self.seq);
-        self.cid_index.remove(&(order.account, order.cid));
+        self.cid_index.remove(&mut self.orders, slot);
         if order.account_prev != NIL {
             self.orders.get_mut(order.account_prev).account_next = order.account_next;
         } else {
@@ -1146,13 +1145,13 @@ impl Engine {
     /// Indexes a restored order and appends it to its account's list.
     pub(crate) fn list_restored_order(&mut self, slot: u32) -> Result<(), String> {
         let order = *self.orders.get(slot);
-        let (duplicate, cid_probe) = self.cid_index.probe(&(order.account, order.cid));
+        let (duplicate, cid_bucket) = self.cid_index.find(&self.orders, order.account, order.cid);
         if duplicate {
             return Err(format!("order {}: client order id {} used twice", order.id, order.cid));
         }
         // Restored orders go by their own ids; `seq` is still the rebuild's.
         self.order_index.insert(order.id, slot, 0);
-        self.list_order(slot, order.account, order.cid, cid_probe);
+        self.list_order(slot, order.account, cid_bucket);
         Ok(())
     }
 
@@ -1166,6 +1165,15 @@ impl Engine {
 
     pub(crate) fn order_index_len(&self) -> usize {
         self.order_index.len()
+    }
+
+    pub(crate) fn cid_index_len(&self) -> usize {
+        self.cid_index.len()
+    }
+
+    /// Whether the client-id index holds (`account` index, `cid`).
+    pub(crate) fn cid_taken(&self, account: u32, cid: ClientOrderId) -> bool {
+        self.cid_index.find(&self.orders, account, cid).0
     }
 
     pub(crate) fn order_slot(&self, order: OrderId) -> Option<u32> {

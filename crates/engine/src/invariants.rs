@@ -84,13 +84,16 @@ impl Engine {
                 if order.account as usize != account_index || order.id <= last_id {
                     return Err(format!("account {}: order list out of order at {}", account.id, order.id));
                 }
+                if !self.cid_taken(order.account, order.cid) {
+                    return Err(format!("order {}: client order id {} missing from the client-id index", order.id, order.cid));
+                }
                 last_id = order.id;
                 listed += 1;
                 slot = order.account_next;
             }
         }
-        if listed != resting {
-            return Err(format!("{listed} orders in account lists, {resting} in books"));
+        if listed != resting || self.cid_index_len() != resting {
+            return Err(format!("{listed} orders in account lists, {} in the client-id index, {resting} in books", self.cid_index_len()));
         }
         let mut supply = vec![0u128; assets];
         for (account_index, account) in self.accounts.iter().enumerate() {

@@ -17,6 +17,7 @@ pub mod arena;
 mod balance_lines;
 pub mod codec;
 pub mod book;
+pub(crate) mod cid;
 mod engine;
 pub mod hash;
 mod invariants;

@@ -1,13 +1,13 @@
-//! An open-addressing hash table for the engine's two order indexes (order
-//! id -> slot, (account, client order id) -> slot).
+//! The order-id index ([`OrderIndex`]): a ring for recent order ids and an
+//! open-addressing hash table ([`Table`]) for the orders that outlive it.
 //!
-//! Why not `std`'s `HashMap`: these two indexes are touched on every order
-//! placed, rested, filled and cancelled, and `hashbrown`'s general-purpose
-//! machinery cost about 130 instructions a command on `steady-deep` for the
-//! client-id index alone. Keys here are integers and the table never needs
+//! Why not `std`'s `HashMap`: `hashbrown`'s general-purpose machinery cost
+//! about 130 instructions a command on `steady-deep` when the client-id
+//! index used it. Keys here are integers and the table never needs
 //! iterating, so a flat array with linear probing, Fibonacci hashing and
 //! backward-shift deletion (no tombstones, so probe lengths never degrade)
-//! does the same job in a fraction of that.
+//! does the same job in a fraction of that. The client-id index has since
+//! become chains through the orders (`cid.rs` says why).
 //!
 //! The table doubles when it is a quarter full (short probe runs); in steady state it never
 //! allocates. It is never iterated, so its layout cannot leak into output.
@@ -35,19 +35,6 @@ impl Key for u64 {
     }
 }
 
-/// (account index, client order id).
-impl Key for (u32, u64) {
-    #[inline]
-    fn split(&self) -> (u64, u32) {
-        (self.1, self.0)
-    }
-
-    #[inline]
-    fn hash_parts(high: u64, low: u32) -> u64 {
-        (high ^ u64::from(low).rotate_left(40)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-    }
-}
-
 /// 16 bytes whatever the key: the key's two parts and the value, with
 /// [`EMPTY`] as the value of a free entry (values are arena slots, never
 /// `u32::MAX`). A flag of its own made an entry 24 bytes and every move in
@@ -61,20 +48,9 @@ struct Entry {
 
 const FREE: Entry = Entry { high: 0, low: 0, value: EMPTY };
 
-/// Where [`Table::probe`] looked for a key it did not find: the free entry
-/// the key would take, valid while the table is unchanged.
-#[derive(Clone, Copy, Debug)]
-pub struct Probe {
-    at: usize,
-    changes: u64,
-}
-
 /// Keys to arena slots (`u32`, never `u32::MAX`).
 pub struct Table<K> {
     entries: Vec<Entry>,
-    /// Inserts and removes so far: a [`Probe`] taken at another count is
-    /// stale (a removal shifts entries back, an insert may take its entry).
-    changes: u64,
     /// `64 - log2(capacity)`: the shift that takes a hash to a home slot.
     shift: u32,
     len: usize,
@@ -85,7 +61,7 @@ const MIN_BITS: u32 = 6;
 
 impl<K: Key> Table<K> {
     pub fn new() -> Self {
-        Table { entries: vec![FREE; 1 << MIN_BITS], changes: 0, shift: 64 - MIN_BITS, len: 0, key: std::marker::PhantomData }
+        Table { entries: vec![FREE; 1 << MIN_BITS], shift: 64 - MIN_BITS, len: 0, key: std::marker::PhantomData }
     }
 
     pub fn len(&self) -> usize {
@@ -137,30 +113,6 @@ impl<K: Key> Table<K> {
         self.find(key).1
     }
 
-    /// Whether `key` is there, and where it would go if not: an insert of
-    /// the same key with that [`Probe`] while nothing else changed the
-    /// table (the commonest case: a new order checked for a duplicate
-    /// client id, then rested) skips the second search.
-    #[inline]
-    pub fn probe(&self, key: &K) -> (bool, Probe) {
-        let (at, found) = self.find(key);
-        (found, Probe { at, changes: self.changes })
-    }
-
-    /// Inserts a `key` that [`Table::probe`] did not find.
-    #[inline]
-    pub fn insert_probed(&mut self, probe: Probe, key: K, value: u32) {
-        debug_assert!(value != EMPTY);
-        if probe.changes != self.changes || (self.len + 1) * 4 > self.entries.len() {
-            return self.insert(key, value);
-        }
-        debug_assert!(self.entries[probe.at].value == EMPTY && !self.find(&key).1);
-        self.changes += 1;
-        self.len += 1;
-        let (high, low) = key.split();
-        self.entries[probe.at] = Entry { high, low, value };
-    }
-
     /// Inserts or overwrites; `value` is not `u32::MAX`.
     #[inline]
     pub fn insert(&mut self, key: K, value: u32) {
@@ -172,7 +124,6 @@ impl<K: Key> Table<K> {
         if !found {
             self.len += 1;
         }
-        self.changes += 1;
         let (high, low) = key.split();
         self.entries[at] = Entry { high, low, value };
     }
@@ -186,7 +137,6 @@ impl<K: Key> Table<K> {
         }
         let value = self.entries[hole].value;
         self.len -= 1;
-        self.changes += 1;
         // Backward-shift deletion: pull later members of the probe run back
         // into the hole when that does not move them before their home.
         let mask = self.mask();
@@ -262,84 +212,6 @@ mod tests {
         }
     }
 
-    /// A probe is used only while nothing changed the table: an insert
-    /// after a removal in between (which may shift the probed entry's run
-    /// back) or after another insert (which may take it) searches again.
-    #[test]
-    fn stale_probes_are_not_used() {
-        let mut table: Table<u64> = Table::new();
-        let mut model = BTreeMap::new();
-        let mut state = 11u64;
-        for step in 0..100_000u32 {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let key = (state >> 33) % 2_000;
-            let (found, probe) = table.probe(&key);
-            assert_eq!(found, model.contains_key(&key), "probe {key}");
-            if found {
-                assert_eq!(table.remove(&key), model.remove(&key));
-                continue;
-            }
-            // Sometimes change the table between the probe and the insert.
-            let other = (state >> 13) % 2_000;
-            match (state >> 7) % 4 {
-                0 => assert_eq!(table.remove(&other), model.remove(&other)),
-                1 if other != key => {
-                    table.insert(other, step);
-                    model.insert(other, step);
-                }
-                _ => {}
-            }
-            table.insert_probed(probe, key, step);
-            model.insert(key, step);
-            assert_eq!(table.len(), model.len());
-            if step % 1000 == 0 {
-                for probe in 0..2_000 {
-                    assert_eq!(table.get(&probe), model.get(&probe).copied(), "get {probe}");
-                }
-            }
-        }
-    }
-
-    /// The case a stale probe would get wrong: three keys with one home;
-    /// the third probed behind the first two, the first removed (the second
-    /// shifts back into its place), then the third inserted. At the probed
-    /// entry it would sit behind a free one, where no search finds it.
-    #[test]
-    fn a_removal_between_probe_and_insert_is_seen() {
-        let mut table: Table<u64> = Table::new();
-        let home = |key: u64| table.home_of_hash(<u64 as Key>::hash_parts(key, 0));
-        let mut same: Vec<u64> = Vec::new();
-        for key in 1.. {
-            if home(key) == home(1) {
-                same.push(key);
-                if same.len() == 3 {
-                    break;
-                }
-            }
-        }
-        let (first, second, third) = (same[0], same[1], same[2]);
-        table.insert(first, 1);
-        table.insert(second, 2);
-        let (found, probe) = table.probe(&third);
-        assert!(!found);
-        assert_eq!(table.remove(&first), Some(1));
-        table.insert_probed(probe, third, 3);
-        assert_eq!(table.get(&second), Some(2));
-        assert_eq!(table.get(&third), Some(3));
-        assert_eq!(table.len(), 2);
-    }
-
-    #[test]
-    fn pair_keys_do_not_confuse_their_halves() {
-        let mut table: Table<(u32, u64)> = Table::new();
-        table.insert((1, 2), 10);
-        table.insert((2, 1), 20);
-        assert_eq!(table.get(&(1, 2)), Some(10));
-        assert_eq!(table.get(&(2, 1)), Some(20));
-        assert_eq!(table.get(&(1, 1)), None);
-        assert_eq!(table.remove(&(1, 2)), Some(10));
-        assert_eq!(table.get(&(2, 1)), Some(20));
-    }
 }
 
 /// Order id -> slot, exploiting that order ids are sequence numbers.
@@ -441,8 +313,18 @@ mod order_index_tests {
     /// order ("Memory per resting order"): change them together.
     #[test]
     fn memory_per_resting_order_is_as_documented() {
-        assert_eq!(std::mem::size_of::<crate::book::Order>(), 80, "an order in the arena");
-        assert_eq!(std::mem::size_of::<Entry>(), 16, "a client-id index entry, and an order-index overflow entry");
+        assert_eq!(std::mem::size_of::<crate::book::Order>(), 88, "an order in the arena");
+        assert_eq!(std::mem::size_of::<Entry>(), 16, "an order-index overflow entry");
+        // The client-id index: 4-byte chain heads, 2 to 4 per order.
+        let mut orders: crate::arena::Arena<crate::book::Order> = crate::arena::Arena::new();
+        let mut cids = crate::cid::CidIndex::default();
+        for cid in 0..10_000u64 {
+            let (_, bucket) = cids.find(&orders, 0, cid);
+            let slot = orders.insert(crate::book::Order { account: 0, cid, ..Default::default() });
+            cids.insert(&mut orders, bucket, slot);
+            assert!(cids.buckets() >= 2 * cids.len());
+            assert!(cids.buckets() <= 4 * cids.len().max(1 << 4));
+        }
         assert_eq!(std::mem::size_of::<crate::engine::Balance>(), 16, "a balance");
         // At most a quarter of a table's entries are used.
         let mut table: Table<u64> = Table::new();
