@@ -71,25 +71,33 @@ impl CidIndex {
 
     /// Adds the order in `slot`, whose `account` and `cid` are written and
     /// not taken, to `bucket`: what [`CidIndex::find`] returned for them.
-    /// Removals since the search leave the bucket right; an insert in
-    /// between would not (it may grow the heads).
     #[inline(always)]
     pub fn insert(&mut self, orders: &mut Arena<Order>, bucket: usize, slot: u32) {
+        let (account, cid) = {
+            let order = orders.get(slot);
+            (order.account, order.cid)
+        };
+        let next = self.link(orders, bucket, account, cid, slot);
+        orders.get_mut(slot).cid_next = next;
+    }
+
+    /// Makes `slot` the head of `bucket`'s chain for the pair (`account`,
+    /// `cid`), not taken, and returns what the order's `cid_next` must be:
+    /// the caller writes it (a new order is written whole, once). `bucket`
+    /// is what [`CidIndex::find`] returned for the pair; removals since
+    /// leave it right, an insert in between would not (it may grow the
+    /// heads). The order in `slot` is not in any chain yet.
+    #[inline(always)]
+    pub fn link(&mut self, orders: &mut Arena<Order>, bucket: usize, account: u32, cid: u64, slot: u32) -> u32 {
         self.len += 1;
         let bucket = if self.len * 2 > self.heads.len() {
             self.grow(orders);
-            let order = orders.get(slot);
-            self.bucket(order.account, order.cid)
+            self.bucket(account, cid)
         } else {
             bucket
         };
-        debug_assert!({
-            let order = orders.get(slot);
-            bucket == self.bucket(order.account, order.cid)
-        });
-        let head = &mut self.heads[bucket];
-        orders.get_mut(slot).cid_next = *head;
-        *head = slot;
+        debug_assert_eq!(bucket, self.bucket(account, cid));
+        std::mem::replace(&mut self.heads[bucket], slot)
     }
 
     /// Removes the order in `slot`, which is in the index.

@@ -559,8 +559,20 @@ impl Engine {
         let remaining = taker.remaining();
         if remaining > 0 {
             if !stopped && is_limit && order.tif == TimeInForce::Gtc {
-                // Built in its slot (`insert` would copy it from the stack).
+                // Linked everywhere first, then written whole, once, in its
+                // slot (`insert` would copy it from the stack; writing the
+                // links after the record stored most of them twice).
                 let slot = self.orders.alloc();
+                let (level, prev) = self.instruments[instrument as usize].book.append(&mut self.orders, order.side, order.price, remaining, slot);
+                let owner = &mut self.accounts[account as usize];
+                let account_prev = std::mem::replace(&mut owner.last_order, slot);
+                if account_prev == NIL {
+                    owner.first_order = slot;
+                } else {
+                    self.orders.get_mut(account_prev).account_next = slot;
+                }
+                let cid_next = self.cid_index.link(&mut self.orders, cid_bucket, account, order.cid, slot);
+                self.order_index.insert(id, slot, self.seq);
                 *self.orders.get_mut(slot) = Order {
                     id,
                     cid: order.cid,
@@ -570,12 +582,16 @@ impl Engine {
                     unit_lock: unit,
                     account,
                     instrument,
+                    prev,
+                    next: NIL,
+                    level,
+                    account_prev,
+                    account_next: NIL,
+                    cid_next,
                     side: order.side,
                     stp: order.stp,
                     post_only: order.post_only,
-                    ..Order::default()
                 };
-                self.rest_new(slot, instrument, id, account, cid_bucket);
             } else {
                 let reason = if stopped { CancelReason::Stp } else { CancelReason::Ioc };
                 self.emit(out, EventKind::Cancelled { order: id, account: order.account, remaining, reason });
@@ -791,18 +807,10 @@ impl Engine {
         stages::enter(Stage::Matching);
     }
 
-    /// Registers a new resting order (already in the arena) everywhere: its
-    /// level, the id and client-id indexes, the account's order list.
-    #[inline(always)]
-    fn rest_new(&mut self, slot: u32, instrument: u32, id: OrderId, account: u32, cid_bucket: usize) {
-        self.instruments[instrument as usize].book.push_back(&mut self.orders, slot);
-        self.order_index.insert(id, slot, self.seq);
-        self.list_order(slot, account, cid_bucket);
-    }
-
     /// Adds the order in `slot` to the client-id index (in `cid_bucket`,
     /// where the duplicate check looked for it) and at the end of its
     /// account's list.
+    #[inline(always)]
     fn list_order(&mut self, slot: u32, account: u32, cid_bucket: usize) {
         self.cid_index.insert(&mut self.orders, cid_bucket, slot);
         let owner = &mut self.accounts[account as usize];
