@@ -333,6 +333,15 @@ impl Window {
     }
 }
 
+/// Whether price `a` is better than `b` on `side`.
+#[inline(always)]
+fn better(side: Side, a: i64, b: i64) -> bool {
+    match side {
+        Side::Buy => a > b,
+        Side::Sell => a < b,
+    }
+}
+
 /// The levels of one side.
 ///
 /// A side with up to `FAR_LEVELS_MIN` levels keeps them in `far`, a sorted
@@ -374,10 +383,7 @@ impl BookSide {
     /// Whether price `a` is better than `b` on this side.
     #[inline]
     fn better(&self, a: i64, b: i64) -> bool {
-        match self.side {
-            Side::Buy => a > b,
-            Side::Sell => a < b,
-        }
+        better(self.side, a, b)
     }
 
     #[inline(always)]
@@ -496,16 +502,26 @@ impl BookSide {
         {
             debug_assert!(window.occupied(index), "level {price} missing from its side");
             window.take(side, index);
-        } else {
-            let at = match self.far.last() {
-                Some(last) if last.price == price => self.far.len() - 1,
-                _ => match self.search_far(price) {
-                    Ok(position) => position,
-                    Err(_) => unreachable!("level {price} missing from its side"),
-                },
-            };
-            levels.remove(self.far.remove(at).level);
+            if self.best_level != NIL && self.best_price == price {
+                // What `compute_best` does, with the window's new best at
+                // hand (a trade that empties a level empties the best).
+                let in_window = window.best.map(|index| LevelRef { price: window.base + index as i64, level: window.levels[index] });
+                let best = match (in_window, self.far.last()) {
+                    (Some(a), Some(&b)) => Some(if better(side, a.price, b.price) { a } else { b }),
+                    (a, b) => a.or(b.copied()),
+                };
+                self.set_best(best);
+            }
+            return;
         }
+        let at = match self.far.last() {
+            Some(last) if last.price == price => self.far.len() - 1,
+            _ => match self.search_far(price) {
+                Ok(position) => position,
+                Err(_) => unreachable!("level {price} missing from its side"),
+            },
+        };
+        levels.remove(self.far.remove(at).level);
         if self.best_level != NIL && self.best_price == price {
             self.set_best(self.compute_best());
         }
