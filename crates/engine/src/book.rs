@@ -84,6 +84,9 @@ pub struct Order {
     pub account_next: u32,
     /// The next order in its client-id index chain ([`crate::cid`]).
     pub cid_next: u32,
+    /// The chain's bucket, so that leaving the index needs no hash (it
+    /// fits in what was padding).
+    pub cid_bucket: u32,
     pub side: Side,
     pub stp: SelfTradePrevention,
     pub post_only: bool,
@@ -113,6 +116,7 @@ impl Default for Order {
             account_prev: NIL,
             account_next: NIL,
             cid_next: NIL,
+            cid_bucket: 0,
             side: Side::Buy,
             stp: SelfTradePrevention::None,
             post_only: false,

@@ -77,18 +77,20 @@ impl CidIndex {
             let order = orders.get(slot);
             (order.account, order.cid)
         };
-        let next = self.link(orders, bucket, account, cid, slot);
-        orders.get_mut(slot).cid_next = next;
+        let (next, bucket) = self.link(orders, bucket, account, cid, slot);
+        let order = orders.get_mut(slot);
+        order.cid_next = next;
+        order.cid_bucket = bucket;
     }
 
     /// Makes `slot` the head of `bucket`'s chain for the pair (`account`,
-    /// `cid`), not taken, and returns what the order's `cid_next` must be:
-    /// the caller writes it (a new order is written whole, once). `bucket`
-    /// is what [`CidIndex::find`] returned for the pair; removals since
-    /// leave it right, an insert in between would not (it may grow the
-    /// heads). The order in `slot` is not in any chain yet.
+    /// `cid`), not taken, and returns what the order's `cid_next` and
+    /// `cid_bucket` must be: the caller writes them (a new order is written
+    /// whole, once). `bucket` is what [`CidIndex::find`] returned for the
+    /// pair; removals since leave it right, an insert in between would not
+    /// (it may grow the heads). The order in `slot` is not in any chain yet.
     #[inline(always)]
-    pub fn link(&mut self, orders: &mut Arena<Order>, bucket: usize, account: u32, cid: u64, slot: u32) -> u32 {
+    pub fn link(&mut self, orders: &mut Arena<Order>, bucket: usize, account: u32, cid: u64, slot: u32) -> (u32, u32) {
         self.len += 1;
         let bucket = if self.len * 2 > self.heads.len() {
             self.grow(orders);
@@ -97,14 +99,15 @@ impl CidIndex {
             bucket
         };
         debug_assert_eq!(bucket, self.bucket(account, cid));
-        std::mem::replace(&mut self.heads[bucket], slot)
+        (std::mem::replace(&mut self.heads[bucket], slot), bucket as u32)
     }
 
     /// Removes the order in `slot`, which is in the index.
     #[inline(always)]
     pub fn remove(&mut self, orders: &mut Arena<Order>, slot: u32) {
         let order = orders.get(slot);
-        let (next, bucket) = (order.cid_next, self.bucket(order.account, order.cid));
+        let (next, bucket) = (order.cid_next, order.cid_bucket as usize);
+        debug_assert_eq!(bucket, self.bucket(order.account, order.cid));
         self.len -= 1;
         let mut at = self.heads[bucket];
         if at == slot {
@@ -133,7 +136,9 @@ impl CidIndex {
                 let order = orders.get(slot);
                 let next = order.cid_next;
                 let bucket = self.bucket(order.account, order.cid);
-                orders.get_mut(slot).cid_next = self.heads[bucket];
+                let order = orders.get_mut(slot);
+                order.cid_next = self.heads[bucket];
+                order.cid_bucket = bucket as u32;
                 self.heads[bucket] = slot;
                 slot = next;
             }

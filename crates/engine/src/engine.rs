@@ -571,7 +571,7 @@ impl Engine {
                 } else {
                     self.orders.get_mut(account_prev).account_next = slot;
                 }
-                let cid_next = self.cid_index.link(&mut self.orders, cid_bucket, account, order.cid, slot);
+                let (cid_next, cid_bucket) = self.cid_index.link(&mut self.orders, cid_bucket, account, order.cid, slot);
                 self.order_index.insert(id, slot, self.seq);
                 *self.orders.get_mut(slot) = Order {
                     id,
@@ -588,6 +588,7 @@ impl Engine {
                     account_prev,
                     account_next: NIL,
                     cid_next,
+                    cid_bucket,
                     side: order.side,
                     stp: order.stp,
                     post_only: order.post_only,
