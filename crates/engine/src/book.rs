@@ -346,6 +346,17 @@ fn better(side: Side, a: i64, b: i64) -> bool {
     }
 }
 
+/// The better of the window's best level and `far`'s (its last).
+#[inline(always)]
+fn best_of(side: Side, window: Option<&Window>, far: Option<LevelRef>) -> Option<LevelRef> {
+    let Some(w) = window else { return far };
+    let in_window = w.best.map(|index| LevelRef { price: w.base + index as i64, level: w.levels[index] });
+    match (in_window, far) {
+        (Some(a), Some(b)) => Some(if better(side, a.price, b.price) { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
 /// The levels of one side.
 ///
 /// A side with up to `FAR_LEVELS_MIN` levels keeps them in `far`, a sorted
@@ -398,13 +409,7 @@ impl BookSide {
     /// The best level worked out from the window and `far` (what `best`
     /// caches).
     fn compute_best(&self) -> Option<LevelRef> {
-        let far = self.far.last().copied();
-        let Some(w) = self.window.as_deref() else { return far };
-        let in_window = w.best.map(|index| LevelRef { price: w.base + index as i64, level: w.levels[index] });
-        match (in_window, far) {
-            (Some(a), Some(b)) => Some(if self.better(a.price, b.price) { a } else { b }),
-            (a, b) => a.or(b),
-        }
+        best_of(self.side, self.window.as_deref(), self.far.last().copied())
     }
 
     #[inline]
@@ -507,13 +512,9 @@ impl BookSide {
             debug_assert!(window.occupied(index), "level {price} missing from its side");
             window.take(side, index);
             if self.best_level != NIL && self.best_price == price {
-                // What `compute_best` does, with the window's new best at
-                // hand (a trade that empties a level empties the best).
-                let in_window = window.best.map(|index| LevelRef { price: window.base + index as i64, level: window.levels[index] });
-                let best = match (in_window, self.far.last()) {
-                    (Some(a), Some(&b)) => Some(if better(side, a.price, b.price) { a } else { b }),
-                    (a, b) => a.or(b.copied()),
-                };
+                // `compute_best`, with the window at hand (a trade that
+                // empties a level empties the best).
+                let best = best_of(side, Some(window), self.far.last().copied());
                 self.set_best(best);
             }
             return;

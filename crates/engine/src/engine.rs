@@ -564,13 +564,7 @@ impl Engine {
                 // links after the record stored most of them twice).
                 let slot = self.orders.alloc();
                 let (level, prev) = self.instruments[instrument as usize].book.append(&mut self.orders, order.side, order.price, remaining, slot);
-                let owner = &mut self.accounts[account as usize];
-                let account_prev = std::mem::replace(&mut owner.last_order, slot);
-                if account_prev == NIL {
-                    owner.first_order = slot;
-                } else {
-                    self.orders.get_mut(account_prev).account_next = slot;
-                }
+                let account_prev = self.append_to_account(account, slot);
                 let (cid_next, cid_bucket) = self.cid_index.link(&mut self.orders, cid_bucket, account, order.cid, slot);
                 self.order_index.insert(id, slot, self.seq);
                 *self.orders.get_mut(slot) = Order {
@@ -814,17 +808,26 @@ impl Engine {
     #[inline(always)]
     fn list_order(&mut self, slot: u32, account: u32, cid_bucket: usize) {
         self.cid_index.insert(&mut self.orders, cid_bucket, slot);
+        let account_prev = self.append_to_account(account, slot);
+        let order = self.orders.get_mut(slot);
+        order.account_prev = account_prev;
+        order.account_next = NIL;
+    }
+
+    /// Puts `slot` at the end of `account`'s order list and links the old
+    /// last order to it. Returns that old last order: the new one's
+    /// `account_prev`, which the caller writes (its `account_next` is
+    /// `NIL`).
+    #[inline(always)]
+    fn append_to_account(&mut self, account: u32, slot: u32) -> u32 {
         let owner = &mut self.accounts[account as usize];
-        let last = owner.last_order;
-        owner.last_order = slot;
+        let last = std::mem::replace(&mut owner.last_order, slot);
         if last == NIL {
             owner.first_order = slot;
         } else {
             self.orders.get_mut(last).account_next = slot;
         }
-        let order = self.orders.get_mut(slot);
-        order.account_prev = last;
-        order.account_next = NIL;
+        last
     }
 
     /// Drops an order that is no longer in any level from the indexes and
