@@ -280,7 +280,6 @@ impl Engine {
         self.seq += 1;
         let seq = self.seq;
         stages::begin(seq);
-        self.order_index.advance(seq);
         let result = match command {
             Command::AddAsset { id, name } => self.add_asset(*id, *name, out),
             Command::AddInstrument(spec) => self.add_instrument(spec, out),
@@ -566,7 +565,7 @@ impl Engine {
                 let (level, prev) = self.instruments[instrument as usize].book.append(&mut self.orders, order.side, order.price, remaining, slot);
                 let account_prev = self.append_to_account(account, slot);
                 let (cid_next, cid_bucket) = self.cid_index.link(&mut self.orders, cid_bucket, account, order.cid, slot);
-                self.order_index.insert(id, slot, self.seq);
+                self.order_index.insert_newest(&self.orders, id, slot);
                 *self.orders.get_mut(slot) = Order {
                     id,
                     cid: order.cid,
@@ -840,7 +839,7 @@ impl Engine {
             account_prev: order.account_prev,
             account_next: order.account_next,
         };
-        self.order_index.remove(order.id, self.seq);
+        self.order_index.remove(order.id, slot);
         self.cid_index.remove(&mut self.orders, slot);
         if order.account_prev != NIL {
             self.orders.get_mut(order.account_prev).account_next = order.account_next;
@@ -877,7 +876,7 @@ impl Engine {
     #[inline(always)]
     fn owned_order(&self, account_id: AccountId, order_id: OrderId) -> Result<(u32, u32), RejectReason> {
         let account = self.account_index.get(account_id).ok_or(RejectReason::UnknownAccount)?;
-        let slot = self.order_index.get(order_id, self.seq).ok_or(RejectReason::UnknownOrder)?;
+        let slot = self.order_index.get(&self.orders, order_id).ok_or(RejectReason::UnknownOrder)?;
         if self.orders.get(slot).account != account {
             return Err(RejectReason::NotOwner);
         }
@@ -1048,7 +1047,7 @@ impl Engine {
 
     /// An open order, as its owner would see it.
     pub fn order(&self, order: OrderId) -> Option<OrderView> {
-        let slot = self.order_index.get(order, self.seq)?;
+        let slot = self.order_index.get(&self.orders, order)?;
         let o = self.orders.get(slot);
         Some(OrderView {
             id: o.id,
@@ -1161,8 +1160,8 @@ impl Engine {
         if duplicate {
             return Err(format!("order {}: client order id {} used twice", order.id, order.cid));
         }
-        // Restored orders go by their own ids; `seq` is still the rebuild's.
-        self.order_index.insert(order.id, slot, 0);
+        // Restored orders come in order of id, not every id resting.
+        self.order_index.insert(order.id, slot);
         self.list_order(slot, order.account, cid_bucket);
         Ok(())
     }
@@ -1189,7 +1188,7 @@ impl Engine {
     }
 
     pub(crate) fn order_slot(&self, order: OrderId) -> Option<u32> {
-        self.order_index.get(order, self.seq)
+        self.order_index.get(&self.orders, order)
     }
 
     pub(crate) fn account_first_order(&self, account: u32) -> u32 {

@@ -12,6 +12,9 @@
 //! The table doubles when it is a quarter full (short probe runs); in steady state it never
 //! allocates. It is never iterated, so its layout cannot leak into output.
 
+use crate::arena::Arena;
+use crate::book::Order;
+
 /// A key of at most 96 bits, stored in an entry as a `u64` and a `u32`,
 /// that hashes to a well-mixed 64-bit value.
 pub trait Key: Copy + Eq {
@@ -216,12 +219,19 @@ mod tests {
 
 /// Order id -> slot, exploiting that order ids are sequence numbers.
 ///
-/// Most orders live for a few hundred or thousand commands. The slot of an
-/// order placed by command `s` sits in a ring of `RING` entries at
-/// `s % RING` while `s` is among the last `RING` sequence numbers: finding,
-/// adding or removing it is one array access. When command `s + RING`
-/// comes to reuse the entry and the order is still open, it moves to an
-/// overflow [`Table`]. Nothing is ever scanned.
+/// Most orders live for a few hundred or thousand commands. The slot of
+/// order `id` sits in a ring of `RING` entries at `id % RING` until an
+/// order placed `RING` commands (or a multiple) later comes to rest and
+/// needs the entry: then, if it is still open, it moves to an overflow
+/// [`Table`]. Finding, adding or removing an order is one array access and
+/// one comparison; nothing is ever scanned.
+///
+/// Why the move happens when the entry is needed and not when the window
+/// passes (as it did until 2026-11-26): moving at the window's edge cost
+/// every command a look at the ring entry it was about to pass, whether or
+/// not an order would rest; now only an order that rests looks, and a
+/// lookup checks that the order in the entry is the one asked for (the
+/// entry may hold an older order whose id shares it).
 pub struct OrderIndex {
     /// A fixed size, so that `id % RING` needs no bounds check.
     ring: Box<[u32; RING as usize]>,
@@ -240,58 +250,52 @@ impl Default for OrderIndex {
 }
 
 impl OrderIndex {
-    #[inline]
-    fn in_window(id: u64, seq: u64) -> bool {
-        id <= seq && seq - id < RING
-    }
-
-    /// Called before command `seq` is applied: frees its ring entry,
-    /// moving an order that still holds it (placed by `seq - RING`) to the
-    /// overflow table.
-    #[inline]
-    pub fn advance(&mut self, seq: u64) {
-        let at = (seq % RING) as usize;
-        let slot = self.ring[at];
-        if slot != EMPTY {
-            self.overflow.insert(seq - RING, slot);
-            self.ring[at] = EMPTY;
+    /// Adds the order in `slot`, with the newest id yet: an older order
+    /// still holding its ring entry moves to the overflow table.
+    #[inline(always)]
+    pub fn insert_newest(&mut self, orders: &Arena<Order>, id: u64, slot: u32) {
+        self.len += 1;
+        let old = std::mem::replace(&mut self.ring[(id % RING) as usize], slot);
+        if old != EMPTY {
+            self.evict(orders, old);
         }
     }
 
-    /// Adds order `id`; `seq` is the command being applied (`id <= seq`).
-    #[inline(always)]
-    pub fn insert(&mut self, id: u64, slot: u32, seq: u64) {
+    #[cold]
+    fn evict(&mut self, orders: &Arena<Order>, slot: u32) {
+        self.overflow.insert(orders.get(slot).id, slot);
+    }
+
+    /// Adds the order in `slot` in any order of ids (a snapshot's).
+    pub fn insert(&mut self, id: u64, slot: u32) {
         self.len += 1;
-        if Self::in_window(id, seq) {
-            self.ring[(id % RING) as usize] = slot;
+        let entry = &mut self.ring[(id % RING) as usize];
+        if *entry == EMPTY {
+            *entry = slot;
         } else {
             self.overflow.insert(id, slot);
         }
     }
 
     #[inline]
-    pub fn get(&self, id: u64, seq: u64) -> Option<u32> {
-        if Self::in_window(id, seq) {
-            let slot = self.ring[(id % RING) as usize];
-            if slot != EMPTY {
-                return Some(slot);
-            }
+    pub fn get(&self, orders: &Arena<Order>, id: u64) -> Option<u32> {
+        let slot = self.ring[(id % RING) as usize];
+        if slot != EMPTY && orders.get(slot).id == id {
+            return Some(slot);
         }
         self.overflow.get(&id)
     }
 
+    /// Removes order `id`, open in `slot`.
     #[inline]
-    pub fn remove(&mut self, id: u64, seq: u64) {
-        if Self::in_window(id, seq) {
-            let entry = &mut self.ring[(id % RING) as usize];
-            if *entry != EMPTY {
-                *entry = EMPTY;
-                self.len -= 1;
-                return;
-            }
-        }
-        if self.overflow.remove(&id).is_some() {
-            self.len -= 1;
+    pub fn remove(&mut self, id: u64, slot: u32) {
+        self.len -= 1;
+        let entry = &mut self.ring[(id % RING) as usize];
+        if *entry == slot {
+            *entry = EMPTY;
+        } else {
+            let removed = self.overflow.remove(&id);
+            debug_assert_eq!(removed, Some(slot));
         }
     }
 
@@ -336,30 +340,35 @@ mod order_index_tests {
     }
 
     /// Orders with lifetimes from one command to several ring lengths,
-    /// checked against a map.
+    /// checked against a map; ids asked for are open, closed, never used
+    /// or still to come.
     #[test]
     fn agrees_with_a_map_across_the_ring_boundary() {
+        let mut orders: Arena<Order> = Arena::new();
         let mut index = OrderIndex::default();
         let mut model: BTreeMap<u64, u32> = BTreeMap::new();
         let mut state = 3u64;
         for seq in 1..=(RING * 5) {
-            index.advance(seq);
             state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             if state >> 62 != 0 {
-                index.insert(seq, seq as u32, seq);
-                model.insert(seq, seq as u32);
+                let slot = orders.insert(Order { id: seq, ..Order::default() });
+                index.insert_newest(&orders, seq, slot);
+                model.insert(seq, slot);
             }
             // Remove a random live order now and then, old or young.
             if (state >> 20).is_multiple_of(2) && !model.is_empty() {
                 let pick = if (state >> 30).is_multiple_of(4) { *model.keys().next().unwrap() } else { *model.keys().next_back().unwrap() };
-                index.remove(pick, seq);
-                model.remove(&pick);
+                let slot = model.remove(&pick).unwrap();
+                index.remove(pick, slot);
+                orders.remove(slot);
             }
             if seq % 9_973 == 0 {
                 for (&id, &slot) in &model {
-                    assert_eq!(index.get(id, seq), Some(slot), "id {id} at {seq}");
+                    assert_eq!(index.get(&orders, id), Some(slot), "id {id} at {seq}");
                 }
-                assert_eq!(index.get(seq + 1, seq), None);
+                for id in [seq + 1, seq + RING, seq.saturating_sub(RING), seq / 2] {
+                    assert_eq!(index.get(&orders, id), model.get(&id).copied(), "id {id} at {seq}");
+                }
                 assert_eq!(index.len(), model.len());
             }
         }
