@@ -79,9 +79,6 @@ pub struct Order {
     /// is out of its level (only ever briefly, during a replace that
     /// matches, until it is filed again or freed).
     pub level: u32,
-    /// Account's open-order list links (kept in increasing order id).
-    pub account_prev: u32,
-    pub account_next: u32,
     /// The next order in its client-id index chain ([`crate::cid`]).
     pub cid_next: u32,
     /// The chain's bucket, so that leaving the index needs no hash (it
@@ -113,8 +110,6 @@ impl Default for Order {
             prev: NIL,
             next: NIL,
             level: NIL,
-            account_prev: NIL,
-            account_next: NIL,
             cid_next: NIL,
             cid_bucket: 0,
             side: Side::Buy,

@@ -8,7 +8,7 @@
 use crate::arena::{Arena, NIL};
 use crate::book::{Book, Order, crosses};
 use crate::hash::DenseIndex;
-use crate::cid::CidIndex;
+use crate::cid::{CidHeads, CidIndex};
 use crate::table::OrderIndex;
 use crate::stages::{self, Stage};
 use crate::types::*;
@@ -41,18 +41,8 @@ pub(crate) struct Instrument {
 
 pub(crate) struct Account {
     pub(crate) id: AccountId,
-    /// Open orders in increasing order id (an intrusive list through the
-    /// order slots).
-    first_order: u32,
-    last_order: u32,
-}
-
-/// What dropping an order from the indexes needs of it.
-struct Unlisted {
-    id: OrderId,
-    account: u32,
-    account_prev: u32,
-    account_next: u32,
+    /// Its open orders, by client order id ([`crate::cid`]).
+    orders: CidIndex,
 }
 
 /// What settling a trade needs of its instrument.
@@ -137,8 +127,11 @@ pub struct Engine {
     pub(crate) asset_stride: usize,
     pub(crate) orders: Arena<Order>,
     order_index: OrderIndex,
-    /// (account index, client order id) of every open order.
-    cid_index: CidIndex,
+    /// The accounts' client-id tables' heads.
+    cid_heads: CidHeads,
+    /// Room for `cancel_all` to sort an account's orders in, kept so that
+    /// it allocates only when an account has more orders than ever before.
+    scratch: Vec<u32>,
     /// Trades so far (a statistic; not part of the state's meaning).
     trades: u64,
 }
@@ -258,7 +251,8 @@ impl Engine {
             asset_stride: 4,
             orders: Arena::new(),
             order_index: OrderIndex::default(),
-            cid_index: CidIndex::default(),
+            cid_heads: CidHeads::default(),
+            scratch: Vec::new(),
             trades: 0,
         };
         engine.create_account(FEE_ACCOUNT);
@@ -395,7 +389,8 @@ impl Engine {
     fn create_account(&mut self, id: AccountId) {
         let index = self.accounts.len() as u32;
         assert!((self.accounts.len() + 1) * self.asset_stride < u32::MAX as usize, "balance table full");
-        self.accounts.push(Account { id, first_order: NIL, last_order: NIL });
+        let orders = CidIndex::new(&mut self.cid_heads);
+        self.accounts.push(Account { id, orders });
         self.balances.resize(self.accounts.len() * self.asset_stride, Balance::default());
         self.account_index.insert(id, index);
     }
@@ -479,7 +474,7 @@ impl Engine {
                 return Err(RejectReason::PriceOutOfBand);
             }
         }
-        let (duplicate, cid_bucket) = self.cid_index.find(&self.orders, account, order.cid);
+        let (duplicate, cid_bucket) = self.accounts[account as usize].orders.find(&self.cid_heads, &self.orders, order.cid);
         if duplicate {
             return Err(RejectReason::DuplicateClientOrderId);
         }
@@ -563,8 +558,8 @@ impl Engine {
                 // links after the record stored most of them twice).
                 let slot = self.orders.alloc();
                 let (level, prev) = self.instruments[instrument as usize].book.append(&mut self.orders, order.side, order.price, remaining, slot);
-                let account_prev = self.append_to_account(account, slot);
-                let (cid_next, cid_bucket) = self.cid_index.link(&mut self.orders, cid_bucket, account, order.cid, slot);
+                let (cid_next, cid_bucket) =
+                    self.accounts[account as usize].orders.link(&mut self.cid_heads, &mut self.orders, cid_bucket, order.cid, slot);
                 self.order_index.insert_newest(&self.orders, id, slot);
                 *self.orders.get_mut(slot) = Order {
                     id,
@@ -578,8 +573,6 @@ impl Engine {
                     prev,
                     next: NIL,
                     level,
-                    account_prev,
-                    account_next: NIL,
                     cid_next,
                     cid_bucket,
                     side: order.side,
@@ -801,56 +794,22 @@ impl Engine {
         stages::enter(Stage::Matching);
     }
 
-    /// Adds the order in `slot` to the client-id index (in `cid_bucket`,
-    /// where the duplicate check looked for it) and at the end of its
-    /// account's list.
+    /// Adds the order in `slot` to its account's index (in `cid_bucket`,
+    /// where the duplicate check looked for it).
     #[inline(always)]
     fn list_order(&mut self, slot: u32, account: u32, cid_bucket: usize) {
-        self.cid_index.insert(&mut self.orders, cid_bucket, slot);
-        let account_prev = self.append_to_account(account, slot);
-        let order = self.orders.get_mut(slot);
-        order.account_prev = account_prev;
-        order.account_next = NIL;
-    }
-
-    /// Puts `slot` at the end of `account`'s order list and links the old
-    /// last order to it. Returns that old last order: the new one's
-    /// `account_prev`, which the caller writes (its `account_next` is
-    /// `NIL`).
-    #[inline(always)]
-    fn append_to_account(&mut self, account: u32, slot: u32) -> u32 {
-        let owner = &mut self.accounts[account as usize];
-        let last = std::mem::replace(&mut owner.last_order, slot);
-        if last == NIL {
-            owner.first_order = slot;
-        } else {
-            self.orders.get_mut(last).account_next = slot;
-        }
-        last
+        self.accounts[account as usize].orders.insert(&mut self.cid_heads, &mut self.orders, cid_bucket, slot);
     }
 
     /// Drops an order that is no longer in any level from the indexes and
-    /// its account's list, and frees its slot.
+    /// frees its slot.
     fn forget(&mut self, slot: u32) {
-        let order = self.orders.get(slot);
-        let order = Unlisted {
-            id: order.id,
-            account: order.account,
-            account_prev: order.account_prev,
-            account_next: order.account_next,
+        let (id, account) = {
+            let order = self.orders.get(slot);
+            (order.id, order.account)
         };
-        self.order_index.remove(order.id, slot);
-        self.cid_index.remove(&mut self.orders, slot);
-        if order.account_prev != NIL {
-            self.orders.get_mut(order.account_prev).account_next = order.account_next;
-        } else {
-            self.accounts[order.account as usize].first_order = order.account_next;
-        }
-        if order.account_next != NIL {
-            self.orders.get_mut(order.account_next).account_prev = order.account_prev;
-        } else {
-            self.accounts[order.account as usize].last_order = order.account_prev;
-        }
+        self.order_index.remove(id, slot);
+        self.accounts[account as usize].orders.remove(&mut self.cid_heads, &mut self.orders, slot);
         self.orders.remove(slot);
     }
 
@@ -983,17 +942,19 @@ impl Engine {
             None => None,
         };
         stages::enter(Stage::Matching);
+        // Oldest first: the account's index lists its orders in no order.
+        let mut slots = std::mem::take(&mut self.scratch);
+        slots.clear();
+        self.accounts[account as usize].orders.slots_into(&self.cid_heads, &self.orders, &mut slots);
+        slots.sort_unstable_by_key(|&slot| self.orders.get(slot).id);
         let mut count = 0u64;
-        let mut slot = self.accounts[account as usize].first_order;
-        while slot != NIL {
-            let order = *self.orders.get(slot);
-            let next = order.account_next;
-            if only.is_none_or(|i| i == order.instrument) {
+        for &slot in &slots {
+            if only.is_none_or(|i| i == self.orders.get(slot).instrument) {
                 self.cancel_resting(slot, account_id, CancelReason::CancelAll, out);
                 count += 1;
             }
-            slot = next;
         }
+        self.scratch = slots;
         self.emit(out, EventKind::MassCancelled { account: account_id, count });
         Ok(())
     }
@@ -1020,21 +981,31 @@ impl Engine {
         Some(self.assets.iter().zip(row).map(|(asset, b)| (asset.id, b.available, b.locked)).collect())
     }
 
-    /// `account`'s open orders, oldest first (its own list: O(its
-    /// orders), whatever the size of the books); `instrument` keeps one
-    /// instrument's. Empty for an unknown account.
+    /// `account`'s open orders, oldest first (from its own table: O(its
+    /// orders) to find them, whatever the size of the books, and a sort);
+    /// `instrument` keeps one instrument's. Empty for an unknown account.
     pub fn open_orders_of(&self, account: AccountId, instrument: Option<InstrumentId>) -> Vec<OrderView> {
         let Some(index) = self.account_index.get(account) else { return Vec::new() };
-        let mut views = Vec::new();
-        let mut slot = self.accounts[index as usize].first_order;
-        while slot != NIL {
-            let o = self.orders.get(slot);
-            let spec = &self.instruments[o.instrument as usize].spec;
-            if instrument.is_none_or(|id| id == spec.id) {
-                views.push(OrderView { id: o.id, account, instrument: spec.id, cid: o.cid, side: o.side, price: o.price, qty: o.qty, filled: o.filled });
-            }
-            slot = o.account_next;
-        }
+        let mut slots = Vec::new();
+        self.accounts[index as usize].orders.slots_into(&self.cid_heads, &self.orders, &mut slots);
+        let mut views: Vec<OrderView> = slots
+            .into_iter()
+            .map(|slot| self.orders.get(slot))
+            .filter_map(|o| {
+                let spec = &self.instruments[o.instrument as usize].spec;
+                instrument.is_none_or(|id| id == spec.id).then_some(OrderView {
+                    id: o.id,
+                    account,
+                    instrument: spec.id,
+                    cid: o.cid,
+                    side: o.side,
+                    price: o.price,
+                    qty: o.qty,
+                    filled: o.filled,
+                })
+            })
+            .collect();
+        views.sort_unstable_by_key(|view| view.id);
         views
     }
 
@@ -1141,7 +1112,7 @@ impl Engine {
     }
 
     /// Puts a restored order into the arena, its book level (at the back)
-    /// and the indexes; its account list comes later, in id order.
+    /// (its indexes come later, in id order).
     pub(crate) fn restore_order(&mut self, mut order: Order) -> Result<u32, String> {
         let spec = &self.instruments[order.instrument as usize].spec;
         if order.price < spec.min_price || order.price > spec.max_price || order.qty > spec.max_qty {
@@ -1153,10 +1124,10 @@ impl Engine {
         Ok(slot)
     }
 
-    /// Indexes a restored order and appends it to its account's list.
+    /// Indexes a restored order: the order-id index and its account's table.
     pub(crate) fn list_restored_order(&mut self, slot: u32) -> Result<(), String> {
         let order = *self.orders.get(slot);
-        let (duplicate, cid_bucket) = self.cid_index.find(&self.orders, order.account, order.cid);
+        let (duplicate, cid_bucket) = self.accounts[order.account as usize].orders.find(&self.cid_heads, &self.orders, order.cid);
         if duplicate {
             return Err(format!("order {}: client order id {} used twice", order.id, order.cid));
         }
@@ -1178,21 +1149,25 @@ impl Engine {
         self.order_index.len()
     }
 
+    /// Orders in the accounts' indexes, by their own counts.
     pub(crate) fn cid_index_len(&self) -> usize {
-        self.cid_index.len()
+        self.accounts.iter().map(|account| account.orders.len()).sum()
     }
 
-    /// Whether the client-id index holds (`account` index, `cid`).
+    /// Whether `account`'s index (by index) holds `cid`.
     pub(crate) fn cid_taken(&self, account: u32, cid: ClientOrderId) -> bool {
-        self.cid_index.find(&self.orders, account, cid).0
+        self.accounts[account as usize].orders.find(&self.cid_heads, &self.orders, cid).0
     }
 
     pub(crate) fn order_slot(&self, order: OrderId) -> Option<u32> {
         self.order_index.get(&self.orders, order)
     }
 
-    pub(crate) fn account_first_order(&self, account: u32) -> u32 {
-        self.accounts[account as usize].first_order
+    /// The slots of `account`'s (by index) orders, as its index lists them.
+    pub(crate) fn account_order_slots(&self, account: u32) -> Vec<u32> {
+        let mut slots = Vec::new();
+        self.accounts[account as usize].orders.slots_into(&self.cid_heads, &self.orders, &mut slots);
+        slots
     }
 }
 

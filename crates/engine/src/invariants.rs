@@ -50,6 +50,11 @@ impl Engine {
                         if self.order_slot(id) != Some(slot) {
                             return Err(format!("order {id}: missing from the id index"));
                         }
+                        // Found, so listed by its account's index: with the
+                        // count below, every order is listed exactly once.
+                        if !self.cid_taken(order.account, order.cid) {
+                            return Err(format!("order {id}: client order id {} not in its account's index", order.cid));
+                        }
                         let asset = if side == Side::Buy { inst.quote } else { inst.base };
                         expected_locked[order.account as usize * assets + asset as usize] +=
                             u128::from(order.remaining()) * u128::from(order.unit_lock);
@@ -77,23 +82,16 @@ impl Engine {
         }
         let mut listed = 0usize;
         for (account_index, account) in self.accounts.iter().enumerate() {
-            let mut slot = self.account_first_order(account_index as u32);
-            let mut last_id = 0u64;
-            while slot != NIL {
+            for slot in self.account_order_slots(account_index as u32) {
                 let order = self.orders.get(slot);
-                if order.account as usize != account_index || order.id <= last_id {
-                    return Err(format!("account {}: order list out of order at {}", account.id, order.id));
+                if order.account as usize != account_index || self.order_slot(order.id) != Some(slot) {
+                    return Err(format!("account {}: its index lists order {}, not open or not its own", account.id, order.id));
                 }
-                if !self.cid_taken(order.account, order.cid) {
-                    return Err(format!("order {}: client order id {} missing from the client-id index", order.id, order.cid));
-                }
-                last_id = order.id;
                 listed += 1;
-                slot = order.account_next;
             }
         }
         if listed != resting || self.cid_index_len() != resting {
-            return Err(format!("{listed} orders in account lists, {} in the client-id index, {resting} in books", self.cid_index_len()));
+            return Err(format!("{listed} orders in account indexes (by their counts {}), {resting} in books", self.cid_index_len()));
         }
         let mut supply = vec![0u128; assets];
         for (account_index, account) in self.accounts.iter().enumerate() {

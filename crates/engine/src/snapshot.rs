@@ -208,7 +208,7 @@ impl Engine {
         if r.remaining() != 0 {
             return Err(StateError::Decode(DecodeError::TrailingBytes(r.remaining())));
         }
-        // The account order lists run in increasing order id.
+        // Indexed in increasing order id, as they were placed.
         resting.sort_unstable();
         if resting.windows(2).any(|w| w[0].0 == w[1].0) {
             return Err(inconsistent("an order id appears twice".into()));
