@@ -503,16 +503,8 @@ impl Engine {
                     return Err(RejectReason::PostOnlyWouldTake);
                 }
         let market_buy = !is_limit && order.side == Side::Buy;
-        if order.tif == TimeInForce::Fok {
-            let limit = if is_limit { Some(order.price) } else { None };
-            let bound = match (market_buy, order.budget) {
-                (true, _) => FokBound::Spend(lock_amount),
-                (false, Some(least)) => FokBound::Receive(least),
-                (false, None) => FokBound::None,
-            };
-            if !self.fok_can_fill(instrument, account, order.side, limit, order.qty, order.stp, bound) {
-                return Err(RejectReason::FokCannotFill);
-            }
+        if order.tif == TimeInForce::Fok && !self.fok_order_can_fill(order, instrument, account, lock_amount) {
+            return Err(RejectReason::FokCannotFill);
         }
 
         // Validated: from here on nothing can be refused.
@@ -589,6 +581,22 @@ impl Engine {
             self.unlock(account, lock_asset, taker.budget_left);
         }
         Ok(())
+    }
+
+    /// [`Engine::fok_can_fill`] for a new order, which locks
+    /// `lock_amount`. Out of line and cold: few orders are FOK, and its
+    /// arguments, worked out inline, cost every order.
+    #[cold]
+    #[inline(never)]
+    fn fok_order_can_fill(&self, order: &PlaceOrder, instrument: u32, account: u32, lock_amount: u64) -> bool {
+        let is_limit = order.order_type == OrderType::Limit;
+        let limit = if is_limit { Some(order.price) } else { None };
+        let bound = match (!is_limit && order.side == Side::Buy, order.budget) {
+            (true, _) => FokBound::Spend(lock_amount),
+            (false, Some(least)) => FokBound::Receive(least),
+            (false, None) => FokBound::None,
+        };
+        self.fok_can_fill(instrument, account, order.side, limit, order.qty, order.stp, bound)
     }
 
     /// Can a FOK order fill completely now? See `docs/engine.md`, check 12.
