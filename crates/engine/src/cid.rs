@@ -76,13 +76,20 @@ impl CidHeads {
             return at;
         }
         let at = self.cells.len();
+        assert!(at + (1 << bits) <= NIL as usize, "client-id heads full: {at} cells");
         self.cells.resize(at + (1 << bits), NIL);
         at as u32
     }
 
     fn give(&mut self, at: u32, bits: u32) {
         self.cells[at as usize..][..1 << bits].fill(NIL);
-        self.free[bits as usize].push(at);
+        let free = &mut self.free[bits as usize];
+        if free.len() == free.capacity() {
+            // Room for every block of this size the cells could hold:
+            // freeing then allocates only after the cells have grown.
+            free.reserve((self.cells.len() >> bits) - free.len());
+        }
+        free.push(at);
     }
 }
 
