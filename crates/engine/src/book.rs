@@ -79,10 +79,11 @@ pub struct Order {
     /// is out of its level (only ever briefly, during a replace that
     /// matches, until it is filed again or freed).
     pub level: u32,
-    /// The next order in its client-id index chain ([`crate::cid`]).
+    /// The next order in its account's client-id chain ([`crate::cid`]).
     pub cid_next: u32,
-    /// The chain's bucket, so that leaving the index needs no hash (it
-    /// fits in what was padding).
+    /// Where that chain's head is among all the accounts' heads
+    /// ([`crate::cid::CidHeads`]), so that leaving the index needs no hash
+    /// and no look at the account's table.
     pub cid_bucket: u32,
     pub side: Side,
     pub stp: SelfTradePrevention,
