@@ -950,11 +950,8 @@ impl Engine {
             None => None,
         };
         stages::enter(Stage::Matching);
-        // Oldest first: the account's index lists its orders in no order.
         let mut slots = std::mem::take(&mut self.scratch);
-        slots.clear();
-        self.accounts[account as usize].orders.slots_into(&self.cid_heads, &self.orders, &mut slots);
-        slots.sort_unstable_by_key(|&slot| self.orders.get(slot).id);
+        self.slots_oldest_first(account, &mut slots);
         let mut count = 0u64;
         for &slot in &slots {
             if only.is_none_or(|i| i == self.orders.get(slot).instrument) {
@@ -995,8 +992,8 @@ impl Engine {
     pub fn open_orders_of(&self, account: AccountId, instrument: Option<InstrumentId>) -> Vec<OrderView> {
         let Some(index) = self.account_index.get(account) else { return Vec::new() };
         let mut slots = Vec::new();
-        self.accounts[index as usize].orders.slots_into(&self.cid_heads, &self.orders, &mut slots);
-        let mut views: Vec<OrderView> = slots
+        self.slots_oldest_first(index, &mut slots);
+        slots
             .into_iter()
             .map(|slot| self.orders.get(slot))
             .filter_map(|o| {
@@ -1012,9 +1009,15 @@ impl Engine {
                     filled: o.filled,
                 })
             })
-            .collect();
-        views.sort_unstable_by_key(|view| view.id);
-        views
+            .collect()
+    }
+
+    /// The slots of `account`'s (by index) open orders, oldest first, in
+    /// `slots` (cleared first). Its table lists them in no order.
+    fn slots_oldest_first(&self, account: u32, slots: &mut Vec<u32>) {
+        slots.clear();
+        self.accounts[account as usize].orders.slots_into(&self.cid_heads, &self.orders, slots);
+        slots.sort_unstable_by_key(|&slot| self.orders.get(slot).id);
     }
 
     /// Best bid and best ask prices of an instrument.
