@@ -15,56 +15,37 @@
 use crate::arena::Arena;
 use crate::book::Order;
 
-/// A key of at most 96 bits, stored in an entry as a `u64` and a `u32`,
-/// that hashes to a well-mixed 64-bit value.
-pub trait Key: Copy + Eq {
-    /// The key as an entry stores it.
-    fn split(&self) -> (u64, u32);
-    /// The hash of a key from its stored parts.
-    fn hash_parts(high: u64, low: u32) -> u64;
+/// Fibonacci hashing: the high bits of the product are well mixed even
+/// for sequential ids.
+#[inline]
+fn hash(key: u64) -> u64 {
+    key.wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
-impl Key for u64 {
-    #[inline]
-    fn split(&self) -> (u64, u32) {
-        (*self, 0)
-    }
-
-    #[inline]
-    fn hash_parts(high: u64, _: u32) -> u64 {
-        // Fibonacci hashing: the high bits of the product are well mixed
-        // even for sequential ids.
-        high.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-    }
-}
-
-/// 16 bytes whatever the key: the key's two parts and the value, with
-/// [`EMPTY`] as the value of a free entry (values are arena slots, never
-/// `u32::MAX`). A flag of its own made an entry 24 bytes and every move in
-/// a deletion a copy field by field.
+/// 16 bytes: the key and the value, with [`EMPTY`] as the value of a free
+/// entry (values are arena slots, never `u32::MAX`). A flag of its own made
+/// an entry 24 bytes and every move in a deletion a copy field by field.
 #[derive(Clone, Copy)]
 struct Entry {
-    high: u64,
-    low: u32,
+    key: u64,
     value: u32,
 }
 
-const FREE: Entry = Entry { high: 0, low: 0, value: EMPTY };
+const FREE: Entry = Entry { key: 0, value: EMPTY };
 
-/// Keys to arena slots (`u32`, never `u32::MAX`).
-pub struct Table<K> {
+/// `u64` keys (order ids) to arena slots (`u32`, never `u32::MAX`).
+pub struct Table {
     entries: Vec<Entry>,
     /// `64 - log2(capacity)`: the shift that takes a hash to a home slot.
     shift: u32,
     len: usize,
-    key: std::marker::PhantomData<K>,
 }
 
 const MIN_BITS: u32 = 6;
 
-impl<K: Key> Table<K> {
+impl Table {
     pub fn new() -> Self {
-        Table { entries: vec![FREE; 1 << MIN_BITS], shift: 64 - MIN_BITS, len: 0, key: std::marker::PhantomData }
+        Table { entries: vec![FREE; 1 << MIN_BITS], shift: 64 - MIN_BITS, len: 0 }
     }
 
     pub fn len(&self) -> usize {
@@ -87,16 +68,16 @@ impl<K: Key> Table<K> {
 
     /// The entry holding `key`, or the free entry where it would go.
     #[inline(always)]
-    fn find(&self, key: &K) -> (usize, bool) {
+    fn find(&self, key: &u64) -> (usize, bool) {
         let mask = self.mask();
-        let (high, low) = key.split();
-        let mut at = self.home_of_hash(K::hash_parts(high, low));
+        let key = *key;
+        let mut at = self.home_of_hash(hash(key));
         loop {
             let entry = &self.entries[at];
             if entry.value == EMPTY {
                 return (at, false);
             }
-            if entry.high == high && entry.low == low {
+            if entry.key == key {
                 return (at, true);
             }
             at = (at + 1) & mask;
@@ -104,7 +85,7 @@ impl<K: Key> Table<K> {
     }
 
     #[inline]
-    pub fn get(&self, key: &K) -> Option<u32> {
+    pub fn get(&self, key: &u64) -> Option<u32> {
         match self.find(key) {
             (at, true) => Some(self.entries[at].value),
             _ => None,
@@ -112,13 +93,13 @@ impl<K: Key> Table<K> {
     }
 
     #[inline]
-    pub fn contains(&self, key: &K) -> bool {
+    pub fn contains(&self, key: &u64) -> bool {
         self.find(key).1
     }
 
     /// Inserts or overwrites; `value` is not `u32::MAX`.
     #[inline]
-    pub fn insert(&mut self, key: K, value: u32) {
+    pub fn insert(&mut self, key: u64, value: u32) {
         debug_assert!(value != EMPTY);
         if (self.len + 1) * 4 > self.entries.len() {
             self.grow();
@@ -127,13 +108,12 @@ impl<K: Key> Table<K> {
         if !found {
             self.len += 1;
         }
-        let (high, low) = key.split();
-        self.entries[at] = Entry { high, low, value };
+        self.entries[at] = Entry { key, value };
     }
 
     /// Removes `key`; returns its value if it was there.
     #[inline]
-    pub fn remove(&mut self, key: &K) -> Option<u32> {
+    pub fn remove(&mut self, key: &u64) -> Option<u32> {
         let (mut hole, found) = self.find(key);
         if !found {
             return None;
@@ -150,7 +130,7 @@ impl<K: Key> Table<K> {
             if entry.value == EMPTY {
                 break;
             }
-            let home = self.home_of_hash(K::hash_parts(entry.high, entry.low));
+            let home = self.home_of_hash(hash(entry.key));
             // Distance from home to `at` versus from home to the hole,
             // both measured forward around the ring.
             if (at.wrapping_sub(home) & mask) >= (at.wrapping_sub(hole) & mask) {
@@ -169,7 +149,7 @@ impl<K: Key> Table<K> {
         self.shift = 64 - bits;
         let mask = self.mask();
         for entry in old.into_iter().filter(|e| e.value != EMPTY) {
-            let mut at = self.home_of_hash(K::hash_parts(entry.high, entry.low));
+            let mut at = self.home_of_hash(hash(entry.key));
             while self.entries[at].value != EMPTY {
                 at = (at + 1) & mask;
             }
@@ -178,7 +158,7 @@ impl<K: Key> Table<K> {
     }
 }
 
-impl<K: Key> Default for Table<K> {
+impl Default for Table {
     fn default() -> Self {
         Self::new()
     }
@@ -193,7 +173,7 @@ mod tests {
     /// a small range so that probe runs collide and wrap.
     #[test]
     fn agrees_with_a_btreemap_under_churn() {
-        let mut table: Table<u64> = Table::new();
+        let mut table: Table = Table::new();
         let mut model = BTreeMap::new();
         let mut state = 7u64;
         for step in 0..200_000u32 {
@@ -235,7 +215,7 @@ mod tests {
 pub struct OrderIndex {
     /// A fixed size, so that `id % RING` needs no bounds check.
     ring: Box<[u32; RING as usize]>,
-    overflow: Table<u64>,
+    overflow: Table,
     len: usize,
 }
 
@@ -333,7 +313,7 @@ mod order_index_tests {
         }
         assert_eq!(std::mem::size_of::<crate::engine::Balance>(), 16, "a balance");
         // At most a quarter of a table's entries are used.
-        let mut table: Table<u64> = Table::new();
+        let mut table: Table = Table::new();
         for key in 0..10_000u64 {
             table.insert(key, 0);
             assert!(table.len() * 4 <= table.entries.len());
