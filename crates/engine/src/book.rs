@@ -780,6 +780,13 @@ impl Book {
         let order = orders.get(slot);
         let (prev, next, level_slot) = (order.prev, order.next, order.level);
         let (remaining, side) = (order.remaining(), order.side);
+        self.unlink_read(orders, prev, next, level_slot, remaining, side);
+    }
+
+    /// [`Book::unlink`] for a caller that has read the order's links,
+    /// its level, its `remaining()` and its side.
+    #[inline(always)]
+    pub fn unlink_read(&mut self, orders: &mut Arena<Order>, prev: u32, next: u32, level_slot: u32, remaining: u64, side: Side) {
         debug_assert!(level_slot != NIL);
         if prev != NIL {
             orders.get_mut(prev).next = next;

@@ -168,12 +168,12 @@ impl CidIndex {
         (std::mem::replace(&mut heads.cells[cell], slot), cell as u32)
     }
 
-    /// Removes the order in `slot`, which is in the index.
+    /// Removes the order in `slot`, which is in the index, given its
+    /// `cid_next` and `cid_bucket` (the caller has its record at hand).
     #[inline(always)]
-    pub fn remove(&mut self, heads: &mut CidHeads, orders: &mut Arena<Order>, slot: u32) {
-        let order = orders.get(slot);
-        let (next, cell) = (order.cid_next, order.cid_bucket as usize);
-        debug_assert_eq!(cell, self.cell(order.cid));
+    pub fn remove(&mut self, heads: &mut CidHeads, orders: &mut Arena<Order>, slot: u32, next: u32, cell: usize) {
+        debug_assert_eq!((next, cell), (orders.get(slot).cid_next, orders.get(slot).cid_bucket as usize));
+        debug_assert_eq!(cell, self.cell(orders.get(slot).cid));
         self.len -= 1;
         let mut at = heads.cells[cell];
         if at == slot {
@@ -264,7 +264,8 @@ mod tests {
             assert_eq!(found, model.contains_key(&(account, cid)), "find {account}/{cid}");
             if found {
                 let slot = model.remove(&(account, cid)).unwrap_or(NIL);
-                indexes[account as usize].remove(&mut heads, &mut orders, slot);
+                let links = (orders.get(slot).cid_next, orders.get(slot).cid_bucket as usize);
+                indexes[account as usize].remove(&mut heads, &mut orders, slot, links.0, links.1);
                 orders.remove(slot);
             } else if !(state >> 10).is_multiple_of(4) {
                 // Sometimes remove another order between the search and
@@ -273,7 +274,8 @@ mod tests {
                 if (state >> 12).is_multiple_of(3)
                     && let Some((&key, &slot)) = model.iter().nth((state >> 50) as usize % model.len().max(1))
                 {
-                    indexes[key.0 as usize].remove(&mut heads, &mut orders, slot);
+                    let links = (orders.get(slot).cid_next, orders.get(slot).cid_bucket as usize);
+                    indexes[key.0 as usize].remove(&mut heads, &mut orders, slot, links.0, links.1);
                     orders.remove(slot);
                     model.remove(&key);
                 }

@@ -179,6 +179,28 @@ pub fn fee(notional: u64, bps: i64) -> i64 {
     whole + part_ceil
 }
 
+/// The combinations of type, time in force, post-only flag and budget
+/// that an order other than a plain limit order may take. Cold: most
+/// orders are plain limit orders, and these checks, inline, cost each of
+/// them.
+#[cold]
+#[inline(never)]
+fn check_order_kind(order: &PlaceOrder) -> Result<(), RejectReason> {
+    let is_limit = order.order_type == OrderType::Limit;
+    let gtc = order.tif == TimeInForce::Gtc;
+    // A market order cannot rest; a post-only order must be one that can.
+    let market_gtc = !is_limit && gtc;
+    let post_only_cannot_rest = order.post_only && !(is_limit && gtc);
+    if market_gtc || post_only_cannot_rest {
+        return Err(RejectReason::InvalidTimeInForce);
+    }
+    if let Some(budget) = order.budget
+        && (is_limit || budget == 0 || (order.side == Side::Sell && order.tif != TimeInForce::Fok)) {
+            return Err(RejectReason::InvalidBudget);
+        }
+    Ok(())
+}
+
 /// What one lot of a limit buy at `price` keeps locked: its cost at the
 /// limit plus the worst-case (taker) fee on it.
 #[inline]
@@ -450,29 +472,21 @@ impl Engine {
         }
         let instrument = self.instrument_index.get(order.instrument.into()).ok_or(RejectReason::UnknownInstrument)?;
         let is_limit = order.order_type == OrderType::Limit;
-        let gtc = order.tif == TimeInForce::Gtc;
-        // A market order cannot rest; a post-only order must be one that can.
-        let market_gtc = !is_limit && gtc;
-        let post_only_cannot_rest = order.post_only && !(is_limit && gtc);
-        if market_gtc || post_only_cannot_rest {
-            return Err(RejectReason::InvalidTimeInForce);
+        // A plain limit order (no post-only flag, no budget) is valid with
+        // every time in force; the other kinds are checked out of line.
+        if !(is_limit && !order.post_only && order.budget.is_none()) {
+            check_order_kind(order)?;
         }
-        if let Some(budget) = order.budget
-            && (is_limit || budget == 0 || (order.side == Side::Sell && order.tif != TimeInForce::Fok)) {
-                return Err(RejectReason::InvalidBudget);
-            }
         let inst = &self.instruments[instrument as usize];
         let spec = &inst.spec;
-        if order.qty == 0 || order.qty < spec.min_qty || order.qty > spec.max_qty {
+        // Each range in one compare: `add_instrument` holds `1 <= min <=
+        // max` for both, so a value below the least wraps to above the span
+        // (a zero quantity and a price at or below zero among them).
+        if order.qty.wrapping_sub(spec.min_qty) > spec.max_qty - spec.min_qty {
             return Err(RejectReason::InvalidQuantity);
         }
-        if is_limit {
-            if order.price <= 0 {
-                return Err(RejectReason::InvalidPrice);
-            }
-            if order.price < spec.min_price || order.price > spec.max_price {
-                return Err(RejectReason::PriceOutOfBand);
-            }
+        if is_limit && order.price.wrapping_sub(spec.min_price) as u64 > (spec.max_price - spec.min_price) as u64 {
+            return Err(if order.price <= 0 { RejectReason::InvalidPrice } else { RejectReason::PriceOutOfBand });
         }
         let (duplicate, cid_bucket) = self.accounts[account as usize].orders.find(&self.cid_heads, &self.orders, order.cid);
         if duplicate {
@@ -541,36 +555,20 @@ impl Engine {
             stp: order.stp,
             budget_left: if market_buy { lock_amount } else { NO_BUDGET },
         };
-        let stopped = self.match_taker(instrument, &mut taker, out);
+        let stopped = if market_buy {
+            // A copy goes out of line, so that the common path's taker
+            // need not live in memory.
+            let mut budgeted = taker;
+            let stopped = self.match_budgeted(instrument, &mut budgeted, out);
+            taker = budgeted;
+            stopped
+        } else {
+            self.match_taker::<false>(instrument, &mut taker, out)
+        };
         let remaining = taker.remaining();
         if remaining > 0 {
             if !stopped && is_limit && order.tif == TimeInForce::Gtc {
-                // Linked everywhere first, then written whole, once, in its
-                // slot (`insert` would copy it from the stack; writing the
-                // links after the record stored most of them twice).
-                let slot = self.orders.alloc();
-                let (level, prev) = self.instruments[instrument as usize].book.append(&mut self.orders, order.side, order.price, remaining, slot);
-                let (cid_next, cid_bucket) =
-                    self.accounts[account as usize].orders.link(&mut self.cid_heads, &mut self.orders, cid_bucket, order.cid, slot);
-                self.order_index.insert_newest(&self.orders, id, slot);
-                *self.orders.get_mut(slot) = Order {
-                    id,
-                    cid: order.cid,
-                    price: order.price,
-                    qty: order.qty,
-                    filled: taker.filled,
-                    unit_lock: unit,
-                    account,
-                    instrument,
-                    prev,
-                    next: NIL,
-                    level,
-                    cid_next,
-                    cid_bucket,
-                    side: order.side,
-                    stp: order.stp,
-                    post_only: order.post_only,
-                };
+                self.rest(order, account, instrument, taker.filled, unit, cid_bucket);
             } else {
                 let reason = if stopped { CancelReason::Stp } else { CancelReason::Ioc };
                 self.emit(out, EventKind::Cancelled { order: id, account: order.account, remaining, reason });
@@ -581,6 +579,42 @@ impl Engine {
             self.unlock(account, lock_asset, taker.budget_left);
         }
         Ok(())
+    }
+
+    /// Files what is left of a new limit order in the book and the indexes.
+    /// Out of line, which measured fewer instructions a command than inline
+    /// (`docs/benchmarks.md`, 2026-11-26): `place` has fewer values to keep
+    /// across its match loop.
+    #[inline(never)]
+    fn rest(&mut self, order: &PlaceOrder, account: u32, instrument: u32, filled: u64, unit: u64, cid_bucket: usize) {
+        // An order's id is the sequence number of the command that placed it.
+        let (id, remaining) = (self.seq, order.qty - filled);
+        // Linked everywhere first, then written whole, once, in its
+        // slot (`insert` would copy it from the stack; writing the
+        // links after the record stored most of them twice).
+        let slot = self.orders.alloc();
+        let (level, prev) = self.instruments[instrument as usize].book.append(&mut self.orders, order.side, order.price, remaining, slot);
+        let (cid_next, cid_bucket) =
+            self.accounts[account as usize].orders.link(&mut self.cid_heads, &mut self.orders, cid_bucket, order.cid, slot);
+        self.order_index.insert_newest(&self.orders, id, slot);
+        *self.orders.get_mut(slot) = Order {
+            id,
+            cid: order.cid,
+            price: order.price,
+            qty: order.qty,
+            filled,
+            unit_lock: unit,
+            account,
+            instrument,
+            prev,
+            next: NIL,
+            level,
+            cid_next,
+            cid_bucket,
+            side: order.side,
+            stp: order.stp,
+            post_only: order.post_only,
+        };
     }
 
     /// [`Engine::fok_can_fill`] for a new order, which locks
@@ -658,10 +692,19 @@ impl Engine {
         false
     }
 
+    /// [`Engine::match_taker`] for a market buy, which spends from a
+    /// budget: out of line, so that the common loop has no budget to check
+    /// on every trade.
+    #[inline(never)]
+    fn match_budgeted(&mut self, instrument: u32, taker: &mut Taker, out: &mut Vec<Event>) -> bool {
+        self.match_taker::<true>(instrument, taker, out)
+    }
+
     /// The matching loop of `docs/engine.md`. Returns whether the taker was
     /// stopped by self-trade prevention.
     #[inline(always)]
-    fn match_taker(&mut self, instrument: u32, taker: &mut Taker, out: &mut Vec<Event>) -> bool {
+    fn match_taker<const BUDGET: bool>(&mut self, instrument: u32, taker: &mut Taker, out: &mut Vec<Event>) -> bool {
+        debug_assert_eq!(BUDGET, taker.budget_left != NO_BUDGET);
         let inst_index = instrument as usize;
         while taker.remaining() > 0 {
             let inst = &self.instruments[inst_index];
@@ -711,13 +754,13 @@ impl Engine {
                 }
             };
             let mut qty = maker.remaining.min(taker.remaining());
-            if taker.budget_left != NO_BUDGET {
+            if BUDGET {
                 qty = qty.min(affordable(terms.tick_size, terms.taker_bps, best.price, taker.budget_left));
                 if qty == 0 {
                     return false;
                 }
             }
-            self.trade(instrument, &terms, &maker, taker, best.price, qty, out);
+            self.trade::<BUDGET>(instrument, &terms, &maker, taker, best.price, qty, out);
         }
         false
     }
@@ -726,7 +769,7 @@ impl Engine {
     /// and the taker, and emits it.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn trade(&mut self, instrument: u32, terms: &Terms, maker: &Maker, taker: &mut Taker, price: i64, qty: u64, out: &mut Vec<Event>) {
+    fn trade<const BUDGET: bool>(&mut self, instrument: u32, terms: &Terms, maker: &Maker, taker: &mut Taker, price: i64, qty: u64, out: &mut Vec<Event>) {
         stages::enter(Stage::Settlement);
         let (base, quote) = (terms.base, terms.quote);
         let notional = price as u64 * qty * terms.tick_size;
@@ -734,7 +777,7 @@ impl Engine {
         let maker_fee = fee(notional, terms.maker_bps);
         let taker_fee = fee(notional, terms.taker_bps);
         let (buyer, buyer_fee, buyer_unit, seller, seller_fee) = match taker.side {
-            Side::Buy => (taker.account, taker_fee, (taker.budget_left == NO_BUDGET).then_some(taker.unit_lock), maker.account, maker_fee),
+            Side::Buy => (taker.account, taker_fee, (!BUDGET).then_some(taker.unit_lock), maker.account, maker_fee),
             Side::Sell => (maker.account, maker_fee, Some(maker.unit_lock), taker.account, taker_fee),
         };
         // Seller: base leaves the lock, quote (less the fee) arrives.
@@ -756,7 +799,7 @@ impl Engine {
             }
             None => {
                 self.touch(buyer, quote).locked -= paid;
-                if taker.budget_left != NO_BUDGET {
+                if BUDGET {
                     taker.budget_left -= paid;
                 }
             }
@@ -811,29 +854,36 @@ impl Engine {
 
     /// Drops an order that is no longer in any level from the indexes and
     /// frees its slot.
+    #[inline(never)]
     fn forget(&mut self, slot: u32) {
-        let (id, account) = {
+        let (id, account, cid_next, cid_bucket) = {
             let order = self.orders.get(slot);
-            (order.id, order.account)
+            (order.id, order.account, order.cid_next, order.cid_bucket as usize)
         };
         self.order_index.remove(id, slot);
-        self.accounts[account as usize].orders.remove(&mut self.cid_heads, &mut self.orders, slot);
+        self.accounts[account as usize].orders.remove(&mut self.cid_heads, &mut self.orders, slot, cid_next, cid_bucket);
         self.orders.remove(slot);
     }
 
     /// Cancels a resting order of `account_id`: out of the book, lock
     /// released, event.
     fn cancel_resting(&mut self, slot: u32, account_id: AccountId, reason: CancelReason, out: &mut Vec<Event>) {
+        // Everything the exit needs, read at once: the record is not looked
+        // up again (each look-up is a bounds check and a reload).
         let order = self.orders.get(slot);
         let (id, owner, instrument, side) = (order.id, order.account, order.instrument, order.side);
         let (remaining, unit_lock) = (order.remaining(), order.unit_lock);
+        let (prev, next, level) = (order.prev, order.next, order.level);
+        let (cid_next, cid_bucket) = (order.cid_next, order.cid_bucket as usize);
         let inst = &mut self.instruments[instrument as usize];
         let asset = match side {
             Side::Buy => inst.quote,
             Side::Sell => inst.base,
         };
-        inst.book.unlink(&mut self.orders, slot);
-        self.forget(slot);
+        inst.book.unlink_read(&mut self.orders, prev, next, level, remaining, side);
+        self.order_index.remove(id, slot);
+        self.accounts[owner as usize].orders.remove(&mut self.cid_heads, &mut self.orders, slot, cid_next, cid_bucket);
+        self.orders.remove(slot);
         self.unlock(owner, asset, times(remaining, unit_lock));
         debug_assert_eq!(self.accounts[owner as usize].id, account_id);
         self.emit(out, EventKind::Cancelled { order: id, account: account_id, remaining, reason });
@@ -843,8 +893,8 @@ impl Engine {
     #[inline(always)]
     fn owned_order(&self, account_id: AccountId, order_id: OrderId) -> Result<(u32, u32), RejectReason> {
         let account = self.account_index.get(account_id).ok_or(RejectReason::UnknownAccount)?;
-        let slot = self.order_index.get(&self.orders, order_id).ok_or(RejectReason::UnknownOrder)?;
-        if self.orders.get(slot).account != account {
+        let (slot, order) = self.order_index.find(&self.orders, order_id).ok_or(RejectReason::UnknownOrder)?;
+        if order.account != account {
             return Err(RejectReason::NotOwner);
         }
         Ok((account, slot))
@@ -922,7 +972,7 @@ impl Engine {
             stp: order.stp,
             budget_left: NO_BUDGET,
         };
-        let stopped = self.match_taker(order.instrument, &mut taker, out);
+        let stopped = self.match_taker::<false>(order.instrument, &mut taker, out);
         let remaining = taker.remaining();
         {
             let resting = self.orders.get_mut(slot);

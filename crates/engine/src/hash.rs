@@ -77,6 +77,8 @@ pub struct DenseIndex {
 }
 
 const DENSE_LIMIT: u64 = 1 << 20;
+// `get` turns a 64-bit id into an index without losing bits.
+const _: () = assert!(usize::BITS >= 64);
 const ABSENT: u32 = u32::MAX;
 
 impl Default for DenseIndex {
@@ -88,13 +90,12 @@ impl Default for DenseIndex {
 impl DenseIndex {
     #[inline]
     pub fn get(&self, id: u64) -> Option<u32> {
-        if id < DENSE_LIMIT {
-            match self.dense.get(id as usize) {
-                Some(&index) if index != ABSENT => Some(index),
-                _ => None,
-            }
-        } else {
-            self.sparse.get(&id).copied()
+        // The dense part never reaches `DENSE_LIMIT`: an id past its end is
+        // either absent or sparse, and only then is the limit compared.
+        match self.dense.get(id as usize) {
+            Some(&index) => (index != ABSENT).then_some(index),
+            None if id < DENSE_LIMIT => None,
+            None => self.sparse.get(&id).copied(),
         }
     }
 

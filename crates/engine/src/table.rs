@@ -259,24 +259,43 @@ impl OrderIndex {
 
     #[inline]
     pub fn get(&self, orders: &Arena<Order>, id: u64) -> Option<u32> {
+        self.find(orders, id).map(|(slot, _)| slot)
+    }
+
+    /// The slot of order `id` and its record (which the ring's check has
+    /// just read: a caller that looks at the order needs no second look-up).
+    #[inline(always)]
+    pub fn find<'a>(&self, orders: &'a Arena<Order>, id: u64) -> Option<(u32, &'a Order)> {
         let slot = self.ring[(id % RING) as usize];
-        if slot != EMPTY && orders.get(slot).id == id {
-            return Some(slot);
+        if slot != EMPTY {
+            let order = orders.get(slot);
+            if order.id == id {
+                return Some((slot, order));
+            }
         }
-        self.overflow.get(&id)
+        let slot = self.overflow.get(&id)?;
+        Some((slot, orders.get(slot)))
     }
 
     /// Removes order `id`, open in `slot`.
-    #[inline]
+    #[inline(always)]
     pub fn remove(&mut self, id: u64, slot: u32) {
         self.len -= 1;
         let entry = &mut self.ring[(id % RING) as usize];
         if *entry == slot {
             *entry = EMPTY;
         } else {
-            let removed = self.overflow.remove(&id);
-            debug_assert_eq!(removed, Some(slot));
+            self.remove_overflow(id, slot);
         }
+    }
+
+    /// An order that lost its ring entry to a newer one leaves the
+    /// overflow table: out of line, as few orders live that long.
+    #[cold]
+    #[inline(never)]
+    fn remove_overflow(&mut self, id: u64, slot: u32) {
+        let removed = self.overflow.remove(&id);
+        debug_assert_eq!(removed, Some(slot));
     }
 
     pub fn len(&self) -> usize {
