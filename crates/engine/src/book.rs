@@ -125,14 +125,16 @@ pub struct Level {
     pub price: i64,
     pub head: u32,
     pub tail: u32,
-    /// Sum of the remaining quantities of the level's orders.
+    /// Sum of the remaining quantities of the level's orders. (How many
+    /// orders it holds is not kept: only queries and snapshots ask, and
+    /// they walk the list. Keeping it cost a write on every rest and
+    /// exit.)
     pub total_qty: u64,
-    pub count: u32,
 }
 
 impl Default for Level {
     fn default() -> Self {
-        Level { price: 0, head: NIL, tail: NIL, total_qty: 0, count: 0 }
+        Level { price: 0, head: NIL, tail: NIL, total_qty: 0 }
     }
 }
 
@@ -650,7 +652,7 @@ impl BookSide {
                     if level.price != w.base + index as i64 {
                         return Err(format!("window slot {index} keeps the level of price {}", level.price));
                     }
-                    if !w.occupied(index) && (level.count != 0 || level.head != NIL || level.tail != NIL || level.total_qty != 0) {
+                    if !w.occupied(index) && (level.head != NIL || level.tail != NIL || level.total_qty != 0) {
                         return Err(format!("window slot {index} (price {}) keeps a level that is not empty", level.price));
                     }
                 }
@@ -760,7 +762,6 @@ impl Book {
         let old_tail = level.tail;
         level.tail = slot;
         level.total_qty += remaining;
-        level.count += 1;
         if old_tail == NIL {
             level.head = slot;
         } else {
@@ -802,8 +803,8 @@ impl Book {
             level.tail = prev;
         }
         level.total_qty -= remaining;
-        level.count -= 1;
-        if level.count == 0 {
+        // The order was the level's only one: it is empty now.
+        if prev == NIL && next == NIL {
             let price = level.price;
             let book_side = match side {
                 Side::Buy => &mut self.bids,
@@ -818,6 +819,18 @@ impl Book {
     #[inline]
     pub fn reduce_level(&mut self, level_slot: u32, qty: u64) {
         self.levels.get_mut(level_slot).total_qty -= qty;
+    }
+
+    /// How many orders the level in `level_slot` holds (a walk of its
+    /// queue: for queries and snapshots, not for matching).
+    pub fn order_count(&self, orders: &Arena<Order>, level_slot: u32) -> u32 {
+        let mut count = 0;
+        let mut slot = self.levels.get(level_slot).head;
+        while slot != NIL {
+            count += 1;
+            slot = orders.get(slot).next;
+        }
+        count
     }
 
     #[inline]

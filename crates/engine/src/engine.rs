@@ -1102,7 +1102,7 @@ impl Engine {
         for (side, book_side) in [(Side::Sell, &book.asks), (Side::Buy, &book.bids)] {
             for level_ref in book_side.iter_best_first() {
                 let level = book.level(level_ref.level);
-                levels.push((side, level.price, level.total_qty, level.count));
+                levels.push((side, level.price, level.total_qty, book.order_count(&self.orders, level_ref.level)));
             }
         }
         Some(levels)

@@ -28,7 +28,7 @@ impl Engine {
                     if level.price != level_ref.price {
                         return Err(format!("{symbol}: level {} filed under {}", level.price, level_ref.price));
                     }
-                    if level.count == 0 || level.head == NIL {
+                    if level.head == NIL {
                         return Err(format!("{symbol}: empty level at {}", level.price));
                     }
                     let mut total = 0u64;
@@ -64,10 +64,10 @@ impl Engine {
                         prev = slot;
                         slot = order.next;
                     }
-                    if level.tail != prev || level.count != count || level.total_qty != total {
+                    if level.tail != prev || level.total_qty != total {
                         return Err(format!(
-                            "{symbol}: level {} says {} orders / {} lots, holds {count} / {total}",
-                            level.price, level.count, level.total_qty
+                            "{symbol}: level {} says {} lots, holds {total} in {count} orders",
+                            level.price, level.total_qty
                         ));
                     }
                 }

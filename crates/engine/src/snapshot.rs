@@ -92,7 +92,7 @@ impl Engine {
                 for level_ref in side.iter_best_first() {
                     let level = inst.book.level(level_ref.level);
                     w.i64(level.price);
-                    w.u32(level.count);
+                    w.u32(inst.book.order_count(&self.orders, level_ref.level));
                     let mut slot = level.head;
                     while slot != NIL {
                         let order = self.orders.get(slot);

@@ -317,6 +317,7 @@ mod order_index_tests {
     #[test]
     fn memory_per_resting_order_is_as_documented() {
         assert_eq!(std::mem::size_of::<crate::book::Order>(), 80, "an order in the arena");
+        assert_eq!(std::mem::size_of::<crate::book::Level>(), 24, "a price level");
         assert_eq!(std::mem::size_of::<Entry>(), 16, "an order-index overflow entry");
         // An account's client-id table: 4-byte chain heads, 2 to 4 per
         // order, 8 at least.
