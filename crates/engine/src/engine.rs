@@ -856,10 +856,15 @@ impl Engine {
     /// frees its slot.
     #[inline(never)]
     fn forget(&mut self, slot: u32) {
-        let (id, account, cid_next, cid_bucket) = {
-            let order = self.orders.get(slot);
-            (order.id, order.account, order.cid_next, order.cid_bucket as usize)
-        };
+        let order = self.orders.get(slot);
+        let (id, account, cid_next, cid_bucket) = (order.id, order.account, order.cid_next, order.cid_bucket as usize);
+        self.forget_read(slot, id, account, cid_next, cid_bucket);
+    }
+
+    /// [`Engine::forget`] for a caller that has read the order's id,
+    /// account, client-id link and bucket.
+    #[inline(always)]
+    fn forget_read(&mut self, slot: u32, id: OrderId, account: u32, cid_next: u32, cid_bucket: usize) {
         self.order_index.remove(id, slot);
         self.accounts[account as usize].orders.remove(&mut self.cid_heads, &mut self.orders, slot, cid_next, cid_bucket);
         self.orders.remove(slot);
@@ -881,9 +886,7 @@ impl Engine {
             Side::Sell => inst.base,
         };
         inst.book.unlink_read(&mut self.orders, prev, next, level, remaining, side);
-        self.order_index.remove(id, slot);
-        self.accounts[owner as usize].orders.remove(&mut self.cid_heads, &mut self.orders, slot, cid_next, cid_bucket);
-        self.orders.remove(slot);
+        self.forget_read(slot, id, owner, cid_next, cid_bucket);
         self.unlock(owner, asset, times(remaining, unit_lock));
         debug_assert_eq!(self.accounts[owner as usize].id, account_id);
         self.emit(out, EventKind::Cancelled { order: id, account: account_id, remaining, reason });
