@@ -244,6 +244,14 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
+    /// Takes the order in `slot` out of `index` with the links its record
+    /// holds, as the engine does.
+    fn remove(index: &mut CidIndex, heads: &mut CidHeads, orders: &mut Arena<Order>, slot: u32) {
+        let order = orders.get(slot);
+        let (next, cell) = (order.cid_next, order.cid_bucket as usize);
+        index.remove(heads, orders, slot, next, cell);
+    }
+
     /// Random inserts and removes against a map, over a few accounts with
     /// few client ids so that ids collide in buckets and chains grow and
     /// shrink in every position; the tables grow through several sizes,
@@ -264,8 +272,7 @@ mod tests {
             assert_eq!(found, model.contains_key(&(account, cid)), "find {account}/{cid}");
             if found {
                 let slot = model.remove(&(account, cid)).unwrap_or(NIL);
-                let links = (orders.get(slot).cid_next, orders.get(slot).cid_bucket as usize);
-                indexes[account as usize].remove(&mut heads, &mut orders, slot, links.0, links.1);
+                remove(&mut indexes[account as usize], &mut heads, &mut orders, slot);
                 orders.remove(slot);
             } else if !(state >> 10).is_multiple_of(4) {
                 // Sometimes remove another order between the search and
@@ -274,8 +281,7 @@ mod tests {
                 if (state >> 12).is_multiple_of(3)
                     && let Some((&key, &slot)) = model.iter().nth((state >> 50) as usize % model.len().max(1))
                 {
-                    let links = (orders.get(slot).cid_next, orders.get(slot).cid_bucket as usize);
-                    indexes[key.0 as usize].remove(&mut heads, &mut orders, slot, links.0, links.1);
+                    remove(&mut indexes[key.0 as usize], &mut heads, &mut orders, slot);
                     orders.remove(slot);
                     model.remove(&key);
                 }
