@@ -2,8 +2,9 @@
 
 Starts `crossbook serve` on free ports with a fresh data directory, opens
 the dashboard (http://<market data>/) in Debian's Chromium driven by
-Playwright, trades through the binary protocol (`crossbook load`), and
-checks that the page shows what the REST API says: the order book ladder
+Playwright, trades through the binary protocol (`crossbook load`: a few
+hundred orders, then 20,000 a second for 3 s, which the page must follow
+without falling behind the feed), and checks that the page shows what the REST API says: the order book ladder
 (`GET /api/v3/depth`), the recent trades (`GET /api/v3/trades`), the last
 candle (`GET /api/v3/klines`) and the last price (`GET
 /api/v3/ticker/24hr`). Then it hands the page a diff with a gap and checks
@@ -67,8 +68,13 @@ def main():
             page.goto(f"http://{market}/")
             checks.check("the page goes live", wait_for(page, "document.getElementById('status').textContent === 'live'"),
                          page.text_content("#status"))
-            # Trade: closed loop, two sessions, a few hundred orders.
+            # Trade: a few hundred orders (closed loop, two sessions), then
+            # a busy venue (open loop, 20,000 orders a second for 3 s).
             subprocess.run([args.binary, "load", "--address", binary_address, "--connections", "2", "--count", "600", "--duration", "30"],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            checks.check("the page shows the first trades", wait_for(page, "document.querySelectorAll('#trades .row').length > 0"),
+                         page.text_content("#status"))
+            subprocess.run([args.binary, "load", "--address", binary_address, "--rate", "20000", "--duration", "3"],
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             seq = get(market, "/crossbook/stats")["seq"]
             checks.check("the page has followed the feed to the end",
@@ -94,12 +100,15 @@ def main():
             checks.check("the last price is the 24-hour ticker's", page.text_content("#last-price") == ticker["lastPrice"],
                          f"{page.text_content('#last-price')} vs {ticker['lastPrice']}")
             checks.check("the venue's figures are shown", page.text_content("#stat-seq") not in ("", "-"), page.text_content("#stat-seq"))
+            history = page.evaluate("window.crossbook.statusHistory")
+            checks.check("the page kept up with the busy venue (never dropped, never out of sync)",
+                         not any(h.startswith(("disconnected", "out of sync")) for h in history), history)
             os.makedirs(os.path.dirname(args.screenshot), exist_ok=True)
             page.screenshot(path=args.screenshot)
             # A diff with a gap: the page says so, and resyncs.
             page.evaluate("""() => {
                 const last = window.crossbook.book.lastUpdateId;
-                window.crossbookOnMessage({ data: JSON.stringify({ stream: 'btcusd@depth',
+                window.crossbookOnMessage({ data: JSON.stringify({ stream: 'btcusd@depth@100ms',
                     data: { e: 'depthUpdate', U: last + 10, u: last + 11, b: [], a: [] } }) });
             }""")
             checks.check("a gap in the diffs shows as out of sync",

@@ -213,6 +213,44 @@ pub struct DepthDiff {
     pub asks: Vec<(i64, u64)>,
 }
 
+impl DepthDiff {
+    /// Folds in `later`, the instrument's next diff (`later.first ==
+    /// self.last + 1`): one diff over `self.first..=later.last` with each
+    /// level at its latest total, best first on both sides. What Binance's
+    /// `@depth@100ms` and `@depth@1000ms` streams send: the diffs of an
+    /// interval as one.
+    pub fn merge(&mut self, later: &DepthDiff) {
+        debug_assert_eq!(later.first, self.last + 1, "diffs merge only in order, without gaps");
+        self.last = later.last;
+        self.bids = merge_levels(&self.bids, &later.bids, |a, b| b.cmp(&a));
+        self.asks = merge_levels(&self.asks, &later.asks, |a, b| a.cmp(&b));
+    }
+}
+
+/// Two lists of levels in `order` merged into one, `later`'s total where
+/// both have a price.
+fn merge_levels(earlier: &[(i64, u64)], later: &[(i64, u64)], order: impl Fn(i64, i64) -> std::cmp::Ordering) -> Vec<(i64, u64)> {
+    let mut merged = Vec::with_capacity(earlier.len() + later.len());
+    let (mut e, mut l) = (earlier.iter().peekable(), later.iter().peekable());
+    loop {
+        let next = match (e.peek(), l.peek()) {
+            (Some(a), Some(b)) => match order(a.0, b.0) {
+                std::cmp::Ordering::Less => e.next(),
+                std::cmp::Ordering::Greater => l.next(),
+                std::cmp::Ordering::Equal => {
+                    e.next();
+                    l.next()
+                }
+            },
+            (Some(_), None) => e.next(),
+            (None, Some(_)) => l.next(),
+            (None, None) => break,
+        };
+        merged.extend(next.copied());
+    }
+    merged
+}
+
 /// What changed for one instrument over the commands applied since the
 /// last [`MarketData::take_updates`].
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -269,6 +269,21 @@ pub fn trade_text(data: &InstrumentData, trade: &Trade, time_ms: u64) -> String 
     )
 }
 
+/// The `<symbol>@trade@100ms` payload (crossbook's own): an interval's
+/// `count` trades in one message, the newest of them (`trades`, oldest
+/// first) each as its `@trade` payload.
+pub fn trades_text(data: &InstrumentData, trades: impl Iterator<Item = Trade>, count: u64, time_ms: u64) -> String {
+    let mut out = format!(r#"{{"e":"trades","E":{time_ms},"s":"{}","n":{count},"t":["#, data.info.binance);
+    for (index, t) in trades.enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        out.push_str(&trade_text(data, &t, time_ms));
+    }
+    out.push_str("]}");
+    out
+}
+
 /// The `<symbol>@trade` payload.
 pub fn trade(data: &InstrumentData, trade: &Trade, time_ms: u64) -> Value {
     json!({

@@ -162,6 +162,62 @@ fn a_local_book_from_a_snapshot_and_diffs_equals_the_book() {
 }
 
 
+/// Diffs merged a few at a time (what the `@depth@100ms` streams send)
+/// cover the same commands without gaps, list each price once, best first,
+/// and build the same book as the diffs one by one, at every merged diff.
+#[test]
+fn merged_diffs_build_the_same_book_as_the_diffs_one_by_one() {
+    let commands = generate(Workload::Mixed, 5, 10_000);
+    let mut engine = Engine::new();
+    let mut market = MarketData::new(infos(&commands), 0);
+    let instrument = 0usize;
+    let mut events = Vec::new();
+    let (mut one_by_one, mut merged_book) = (Book::default(), Book::default());
+    let mut pending: Option<DepthDiff> = None;
+    let (mut through, mut merges, mut sent) = (0u64, 0, 0);
+    let apply = |book: &mut Book, diff: &DepthDiff| {
+        for (price, qty) in &diff.bids {
+            if *qty == 0 { book.bids.remove(price) } else { book.bids.insert(*price, *qty) };
+        }
+        for (price, qty) in &diff.asks {
+            if *qty == 0 { book.asks.remove(price) } else { book.asks.insert(*price, *qty) };
+        }
+    };
+    for (index, chunk) in commands.chunks(23).enumerate() {
+        for command in chunk {
+            events.clear();
+            engine.apply(command, &mut events);
+            market.apply(engine.seq(), 0, &events);
+        }
+        for diff in market.take_updates().instruments.into_iter().filter(|u| u.index == instrument).filter_map(|u| u.depth) {
+            apply(&mut one_by_one, &diff);
+            match pending.as_mut() {
+                Some(p) => {
+                    p.merge(&diff);
+                    merges += 1;
+                }
+                None => pending = Some(diff),
+            }
+        }
+        // Sent every few batches, as an interval ends.
+        if index % 7 == 6
+            && let Some(diff) = pending.take()
+        {
+            if sent > 0 {
+                assert_eq!(diff.first, through + 1, "merged diffs follow each other");
+            }
+            assert!(diff.bids.windows(2).all(|w| w[0].0 > w[1].0), "bids best first, each price once: {:?}", diff.bids);
+            assert!(diff.asks.windows(2).all(|w| w[0].0 < w[1].0), "asks best first, each price once: {:?}", diff.asks);
+            apply(&mut merged_book, &diff);
+            through = diff.last;
+            sent += 1;
+            assert_eq!(merged_book, one_by_one, "after the merged diff ending at {through}");
+        }
+    }
+    assert_eq!(one_by_one, engine_levels(&engine, market.instruments[instrument].info.id));
+    assert!(sent > 20 && merges > 100, "{sent} merged diffs of {merges} merges");
+}
+
 /// Each account's open orders (price, quantity, fills) are the engine's
 /// after every command; every fill is in both owners' trades with its fee;
 /// an order's filled quantity is the sum of its trades; an ended order

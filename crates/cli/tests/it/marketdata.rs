@@ -308,6 +308,103 @@ fn a_local_book_kept_from_the_feed_equals_rest_and_the_engine_and_so_do_trades_a
     assert_eq!(number(&ticker["lowPrice"]), engine_trades.iter().map(|t| t.price).min().expect("a trade"));
 }
 
+/// The streams sent on a clock (`docs/marketdata.md`, "Streams"): while
+/// `crossbook load` trades, one connection follows `@depth@100ms` and
+/// `@depth@1000ms` (a local book from each by Binance's procedure),
+/// `@depth5@100ms`, `@trade@100ms`, `@ticker` and `@kline_1m`. Each stream
+/// sends at most one message an interval (counted against the time the
+/// connection was open, which only a slower machine lengthens), the merged
+/// diffs follow each other without gaps and build the book of `GET
+/// /api/v3/depth`, the trades lists hold every trade once, in order, and
+/// the last partial book, ticker and candle are what REST says at the end.
+#[test]
+fn the_streams_on_a_clock_send_an_interval_at_a_time_and_end_on_the_final_state() {
+    let dir = TempDir::new("md-clock");
+    let server = start(&dir.0, None);
+    let market = server.market_address.clone();
+    let streams = ["depth@100ms", "depth@1000ms", "depth5@100ms", "trade@100ms", "ticker", "kline_1m"];
+    let path = format!("/stream?streams={}", streams.map(|s| format!("btcusd@{s}")).join("/"));
+    let opened = Instant::now();
+    let mut socket = connect(&market, &path);
+    // Subscribed: the snapshot both local books start from.
+    let snapshot = json_get(&market, "/api/v3/depth?symbol=BTCUSD&limit=5000");
+    let mut books = [LocalBook::from_snapshot(&snapshot), LocalBook::from_snapshot(&snapshot)];
+    let mut applied = [0usize; 2];
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    let mut last: BTreeMap<String, Value> = BTreeMap::new();
+    let mut trade_ids: Vec<u64> = Vec::new();
+    let mut listed_all = true;
+    let mut trading = load(&server.address, 3, 2_000);
+    let mut quiet_since: Option<Instant> = None;
+    // Until trading has stopped and nothing came for 2.5 s (a candle
+    // message is due at most every 2 s).
+    loop {
+        match next_text(&mut socket) {
+            Some(message) => {
+                quiet_since = None;
+                let stream = message["stream"].as_str().expect("stream").to_string();
+                let data = &message["data"];
+                *counts.entry(stream.clone()).or_default() += 1;
+                match stream.as_str() {
+                    "btcusd@depth@100ms" | "btcusd@depth@1000ms" => {
+                        let which = usize::from(stream.ends_with("1000ms"));
+                        let before = books[which].last;
+                        match books[which].apply(data, applied[which] == 0) {
+                            Some(true) => applied[which] += 1,
+                            Some(false) => {}
+                            None => panic!("{stream}: diff {}..={} does not follow {before}", data["U"], data["u"]),
+                        }
+                    }
+                    "btcusd@trade@100ms" => {
+                        let listed = data["t"].as_array().expect("t");
+                        assert!(!listed.is_empty() && listed.len() <= 100, "{} trades listed", listed.len());
+                        listed_all &= data["n"].as_u64() == Some(listed.len() as u64);
+                        trade_ids.extend(listed.iter().map(|t| t["t"].as_u64().expect("trade id")));
+                    }
+                    _ => {}
+                }
+                last.insert(stream, data.clone());
+            }
+            None => {
+                if trading.try_wait().expect("load").is_some() && quiet_since.get_or_insert_with(Instant::now).elapsed() > Duration::from_millis(2500) {
+                    break;
+                }
+            }
+        }
+    }
+    let open_ms = opened.elapsed().as_millis() as u64;
+    assert!(trading.wait().expect("load").success());
+    for (stream, every_ms) in [("depth@100ms", 100), ("depth@1000ms", 1000), ("depth5@100ms", 100), ("trade@100ms", 100), ("ticker", 1000), ("kline_1m", 2000)] {
+        let count = counts.get(&format!("btcusd@{stream}")).copied().unwrap_or(0);
+        assert!(count >= 2, "{stream}: {count} messages");
+        assert!(count <= open_ms / every_ms + 1, "{stream}: {count} messages in {open_ms} ms, one every {every_ms} ms at most");
+    }
+    let rest = LocalBook::from_snapshot(&json_get(&market, "/api/v3/depth?symbol=BTCUSD&limit=5000"));
+    assert_eq!(books[0], rest, "the book from @depth@100ms and GET /api/v3/depth");
+    assert_eq!(books[1], rest, "the book from @depth@1000ms and GET /api/v3/depth");
+    let top = json_get(&market, "/api/v3/depth?symbol=BTCUSD&limit=5");
+    assert_eq!((&last["btcusd@depth5@100ms"]["bids"], &last["btcusd@depth5@100ms"]["asks"]), (&top["bids"], &top["asks"]), "the last @depth5@100ms");
+    let ticker = json_get(&market, "/api/v3/ticker/24hr?symbol=BTCUSD");
+    let count = ticker["count"].as_u64().expect("count");
+    assert!(count > 100, "{count} trades");
+    assert!(trade_ids.windows(2).all(|w| w[0] < w[1]), "trades in order, each once");
+    if listed_all {
+        assert_eq!(trade_ids, (1..=count).collect::<Vec<_>>(), "every trade in the @trade@100ms lists");
+    } else {
+        assert_eq!(trade_ids.last().copied(), Some(count), "the newest trade listed last");
+    }
+    let ticked = &last["btcusd@ticker"];
+    assert_eq!((ticked["n"].as_u64(), &ticked["c"], &ticked["v"]), (Some(count), &ticker["lastPrice"], &ticker["volume"]), "the last @ticker");
+    let kline = json_get(&market, "/api/v3/klines?symbol=BTCUSD&interval=1m&limit=1");
+    let k = &last["btcusd@kline_1m"]["k"];
+    assert_eq!(
+        (k["t"].as_u64(), &k["o"], &k["h"], &k["l"], &k["c"], &k["v"]),
+        (kline[0][0].as_u64(), &kline[0][1], &kline[0][2], &kline[0][3], &kline[0][4], &kline[0][5]),
+        "the last @kline_1m and GET /api/v3/klines"
+    );
+    assert!(server.terminate().success());
+}
+
 /// A configuration with tight market-data limits.
 fn tight_config(dir: &Path) -> std::path::PathBuf {
     let base = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../crossbook.toml")).expect("crossbook.toml");

@@ -18,6 +18,7 @@
 //! on where they were.
 
 mod http;
+mod throttle;
 pub(crate) mod trading;
 mod userstream;
 mod ws;
@@ -32,7 +33,9 @@ use crossbook_marketdata::{CommandContext, InstrumentInfo, MarketData, Unit, Upd
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
+use std::time::Instant;
+use throttle::Throttle;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Batches waiting for the market-data thread. Past it the sequencer
@@ -85,6 +88,28 @@ pub(crate) struct Connection {
     /// Set (and `wake` notified) when it fell behind: it is closed.
     pub(crate) dropped: AtomicBool,
     pub(crate) wake: tokio::sync::Notify,
+}
+
+/// Each connection's messages from one batch (or one throttle round),
+/// to be handed over together.
+type Outgoing = BTreeMap<u64, (Arc<Connection>, Vec<Utf8Bytes>)>;
+
+/// Adds the messages `payloads` renders to those of every connection
+/// subscribed to `name`: rendered once (and once wrapped for `/stream`
+/// connections), every connection's copy sharing the bytes.
+fn fan_out(subscribers: &BTreeMap<String, Vec<Subscriber>>, outgoing: &mut Outgoing, name: &str, payloads: &dyn Fn() -> Vec<String>) {
+    let Some(list) = subscribers.get(name) else { return };
+    let mut raw: Option<Vec<Utf8Bytes>> = None;
+    let mut combined: Option<Vec<Utf8Bytes>> = None;
+    for subscriber in list {
+        let messages = if subscriber.combined {
+            combined.get_or_insert_with(|| payloads().into_iter().map(|data| Utf8Bytes::from(format!(r#"{{"stream":"{name}","data":{data}}}"#))).collect())
+        } else {
+            raw.get_or_insert_with(|| payloads().into_iter().map(Utf8Bytes::from).collect())
+        };
+        let entry = outgoing.entry(subscriber.connection.id).or_insert_with(|| (subscriber.connection.clone(), Vec::new()));
+        entry.1.extend(messages.iter().cloned());
+    }
 }
 
 struct Subscriber {
@@ -195,7 +220,9 @@ impl Hub {
     /// Sends the messages of one batch's updates to every subscriber of
     /// their streams: each rendered once per stream, each connection's
     /// collected and handed over at once.
-    fn publish(&self, updates: &Updates) {
+    /// Sends what a batch changed to the streams that follow every batch,
+    /// and hands it to `throttle` for those sent on a clock.
+    fn publish(&self, updates: &Updates, throttle: &mut Throttle) {
         if updates.instruments.is_empty() {
             return;
         }
@@ -204,49 +231,31 @@ impl Hub {
             return;
         }
         let state = self.read();
-        let mut outgoing: BTreeMap<u64, (Arc<Connection>, Vec<Utf8Bytes>)> = BTreeMap::new();
+        let mut outgoing = Outgoing::new();
         for update in &updates.instruments {
             let data = &state.instruments[update.index];
             let symbol = data.info.binance.to_ascii_lowercase();
-            let mut send = |name: &str, payloads: &dyn Fn() -> Vec<String>| {
-                let Some(list) = subscribers.get(name) else { return };
-                // Rendered once; every connection's copy shares the bytes.
-                let mut raw: Option<Vec<Utf8Bytes>> = None;
-                let mut combined: Option<Vec<Utf8Bytes>> = None;
-                for subscriber in list {
-                    let messages = if subscriber.combined {
-                        combined.get_or_insert_with(|| payloads().into_iter().map(|data| Utf8Bytes::from(format!(r#"{{"stream":"{name}","data":{data}}}"#))).collect())
-                    } else {
-                        raw.get_or_insert_with(|| payloads().into_iter().map(Utf8Bytes::from).collect())
-                    };
-                    let entry = outgoing.entry(subscriber.connection.id).or_insert_with(|| (subscriber.connection.clone(), Vec::new()));
-                    entry.1.extend(messages.iter().cloned());
-                }
-            };
+            let mut send = |name: &str, payloads: &dyn Fn() -> Vec<String>| fan_out(&subscribers, &mut outgoing, name, payloads);
             if let Some(diff) = &update.depth {
-                for suffix in ["@depth", "@depth@100ms", "@depth@1000ms"] {
-                    send(&format!("{symbol}{suffix}"), &|| vec![render::depth_update_text(data, diff, updates.time_ms)]);
-                }
-                for levels in [5usize, 10, 20] {
-                    for speed in ["", "@100ms", "@1000ms"] {
-                        send(&format!("{symbol}@depth{levels}{speed}"), &|| vec![render::partial_depth(&state, data, levels).to_string()]);
-                    }
+                send(&format!("{symbol}@depth"), &|| vec![render::depth_update_text(data, diff, updates.time_ms)]);
+                for levels in throttle::PARTIAL_LEVELS {
+                    send(&format!("{symbol}@depth{levels}"), &|| vec![render::partial_depth(&state, data, levels).to_string()]);
                 }
             }
             if !update.trades.is_empty() {
                 send(&format!("{symbol}@trade"), &|| update.trades.iter().map(|t| render::trade_text(data, t, updates.time_ms)).collect());
-                let first = update.trades[0].id;
-                for (interval, (name, _)) in crossbook_marketdata::candles::INTERVALS.iter().enumerate() {
-                    send(&format!("{symbol}@kline_{name}"), &|| render::kline_updates(data, interval, first, updates.time_ms).iter().map(ToString::to_string).collect());
-                }
-                send(&format!("{symbol}@ticker"), &|| vec![render::ticker_update(&state, update.index, updates.time_ms).to_string()]);
             }
             if update.top_changed {
                 send(&format!("{symbol}@bookTicker"), &|| vec![render::book_ticker_update(&state, data).to_string()]);
             }
+            throttle.changed(&subscribers, &symbol, update, updates.time_ms);
         }
         drop(state);
         drop(subscribers);
+        self.deliver_all(outgoing);
+    }
+
+    fn deliver_all(&self, outgoing: Outgoing) {
         for (connection, messages) in outgoing.into_values() {
             self.deliver(&connection, messages);
         }
@@ -415,7 +424,7 @@ fn apply_batch(hub: &Hub, state: &mut MarketData, batch: &FeedBatch, out: &mut V
 
 /// After a batch is applied: the REST gateway's refusals and answers, the
 /// user data streams' messages, then the market-data feeds.
-fn finish_batch(hub: &Hub, batch: FeedBatch, updates: &Updates, out: Vec<(String, String)>) {
+fn finish_batch(hub: &Hub, batch: FeedBatch, updates: &Updates, out: Vec<(String, String)>, throttle: &mut Throttle) {
     if let Some(trading) = &hub.trading {
         for (account, annex) in &batch.refused {
             trading.refused(*account, annex);
@@ -432,16 +441,32 @@ fn finish_batch(hub: &Hub, batch: FeedBatch, updates: &Updates, out: Vec<(String
         }
         userstream::ask_due(trading);
     }
-    hub.publish(updates);
+    hub.publish(updates, throttle);
 }
 
 fn feed_loop(hub: &Hub, receiver: Receiver<Feed>) {
-    while let Ok(feed) = receiver.recv() {
+    let mut throttle = Throttle::default();
+    loop {
+        // Waits for the next batch, or until the next `@100ms` or
+        // `@1000ms` message is due (no wake-ups while none is owed).
+        let feed = match throttle.next_due() {
+            None => receiver.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some(due) => receiver.recv_timeout(due.saturating_duration_since(Instant::now())),
+        };
+        let feed = match feed {
+            Ok(feed) => feed,
+            Err(RecvTimeoutError::Timeout) => {
+                throttle.flush(hub, Instant::now());
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
         match feed {
             Feed::Batch(batch) => {
                 let mut out = Vec::new();
                 let updates = apply_batch(hub, &mut hub.write(), &batch, &mut out);
-                finish_batch(hub, batch, &updates, out);
+                finish_batch(hub, batch, &updates, out, &mut throttle);
+                throttle.flush(hub, Instant::now());
             }
             Feed::Checkpoint(answer) => {
                 let _ = answer.send(codec::encode(&hub.read()));

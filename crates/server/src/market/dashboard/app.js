@@ -25,6 +25,35 @@ const state = {
   statusHistory: [],
 };
 
+// Messages change the state as they come; the page is drawn from it at
+// most ten times a second (a busy feed brings tens of thousands of
+// messages a second: drawing each, or even sixty frames a second, takes
+// the browser a core, and a browser behind the feed is dropped by it).
+const DRAW_EVERY_MS = 100;
+const dirty = { book: false, trades: false, ticker: null, klines: new Map() };
+let drawing = false;
+let lastDraw = 0;
+
+function redraw() {
+  if (drawing) return;
+  drawing = true;
+  const wait = Math.max(0, lastDraw + DRAW_EVERY_MS - performance.now());
+  setTimeout(() => requestAnimationFrame(drawDirty), wait);
+}
+
+function drawDirty() {
+  drawing = false;
+  lastDraw = performance.now();
+  if (dirty.book) { dirty.book = false; renderBook(); }
+  if (dirty.trades) { dirty.trades = false; renderTrades(); }
+  if (dirty.ticker) { showTicker(dirty.ticker); dirty.ticker = null; }
+  if (dirty.klines.size) {
+    const klines = [...dirty.klines.values()].sort((a, b) => a.t - b.t);
+    dirty.klines.clear();
+    for (const k of klines) applyKline(k);
+  }
+}
+
 const $ = (id) => document.getElementById(id);
 
 async function getJSON(path) {
@@ -166,14 +195,20 @@ function applyDiff(diff) {
 
 function onDepth(diff) {
   if (state.syncing) { state.buffer.push(diff); return; }
-  if (applyDiff(diff)) renderBook();
+  if (applyDiff(diff)) { dirty.book = true; redraw(); }
 }
 
 // ---- trades and the ticker -------------------------------------------
 
-function renderTrades() {
+// The newest TRADES trades, newest first (the others are forgotten).
+function keepNewestTrades() {
   const trades = [...state.trades.values()].sort((a, b) => b.id - a.id).slice(0, TRADES);
   state.trades = new Map(trades.map((t) => [t.id, t]));
+  return trades;
+}
+
+function renderTrades() {
+  const trades = keepNewestTrades();
   $('trades').innerHTML = trades.map((t) => {
     const time = new Date(t.time).toISOString().slice(11, 19);
     return `<div class="row ${t.isBuyerMaker ? 'sell' : 'buy'}" data-id="${t.id}" data-price="${t.price}" data-qty="${t.qty}"><span>${t.price}</span><span>${t.qty}</span><span style="text-align:right">${time}</span></div>`;
@@ -211,21 +246,35 @@ function onMessage(event) {
   const data = message.data;
   if (!data || message.stream.split('@')[0] !== state.symbol.toLowerCase()) return;
   const kind = message.stream.slice(message.stream.indexOf('@') + 1);
-  if (kind === 'depth') onDepth(data);
-  else if (kind === 'trade') {
-    state.trades.set(data.t, { id: data.t, price: data.p, qty: data.q, time: data.T, isBuyerMaker: data.m });
-    renderTrades();
+  if (kind === 'depth' || kind.startsWith('depth@')) onDepth(data);
+  else if (kind === 'trade' || kind === 'trade@100ms') {
+    // One trade, or (@trade@100ms) the newest trades of 100 ms.
+    for (const t of kind === 'trade' ? [data] : data.t) {
+      state.trades.set(t.t, { id: t.t, price: t.p, qty: t.q, time: t.T, isBuyerMaker: t.m });
+    }
+    // Bounded while no frame is drawn (a hidden tab draws none).
+    if (state.trades.size > 10 * TRADES) keepNewestTrades();
+    dirty.trades = true;
+    redraw();
   } else if (kind.startsWith('kline_')) {
-    if (state.klinesReady) applyKline(data.k); else state.pendingKlines.push(data.k);
+    if (!state.klinesReady) { state.pendingKlines.push(data.k); return; }
+    // The newest version of each candle.
+    dirty.klines.set(data.k.t, data.k);
+    redraw();
   } else if (kind === 'ticker') {
-    showTicker({ lastPrice: data.c, priceChange: data.p, priceChangePercent: data.P, highPrice: data.h, lowPrice: data.l, volume: data.v, quoteVolume: data.q, count: data.n });
+    dirty.ticker = { lastPrice: data.c, priceChange: data.p, priceChangePercent: data.P, highPrice: data.h, lowPrice: data.l, volume: data.v, quoteVolume: data.q, count: data.n };
+    redraw();
   }
 }
 
 function connect() {
   const symbol = state.symbol;
   const s = symbol.toLowerCase();
-  const streams = [`${s}@depth`, `${s}@trade`, `${s}@kline_${state.interval}`, `${s}@ticker`].join('/');
+  // Streams sent on a clock (the book's diffs and the trades of 100 ms
+  // together, the ticker every second, the candle every two), not one
+  // message per batch: a browser takes a message at a time, and a busy
+  // venue makes tens of thousands of batches a second.
+  const streams = [`${s}@depth@100ms`, `${s}@trade@100ms`, `${s}@kline_${state.interval}`, `${s}@ticker`].join('/');
   const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
   const ws = new WebSocket(`${scheme}://${location.host}/stream?streams=${streams}`);
   state.ws = ws;
@@ -254,6 +303,8 @@ function select(symbol) {
   candleSeries.applyOptions({ priceFormat: { type: 'price', precision, minMove: Math.pow(10, -precision) } });
   state.book = null;
   state.trades = new Map();
+  dirty.klines.clear();
+  dirty.ticker = null;
   for (const b of document.querySelectorAll('#symbols button')) b.classList.toggle('active', b.dataset.symbol === symbol);
   renderTrades();
   connect();

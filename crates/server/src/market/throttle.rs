@@ -1,0 +1,202 @@
+//! The streams sent on a clock, as Binance sends them: `<symbol>@depth@100ms`
+//! and `@depth@1000ms` (the book's diffs of an interval as one,
+//! `DepthDiff::merge`), the partial book streams with those suffixes (the
+//! best levels once an interval when the book changed), `@ticker` (every
+//! second) and `@kline_<interval>` (every two seconds: every candle touched
+//! since the last message, as it is now), and crossbook's own
+//! `@trade@100ms` (an interval's trades in one message). The plain `@depth`,
+//! `@depth5` (10, 20), `@trade` and `@bookTicker` send every batch's
+//! (`docs/marketdata.md`, "Streams").
+//!
+//! Per instrument and stream: at most one message an interval. A change
+//! after a quiet interval goes out at once; changes within an interval of
+//! the last message wait for its end, together. All of a stream's
+//! subscribers share its clock, so they all see the same messages, and
+//! merged diffs follow each other without gaps (each `U` the previous
+//! `u` plus one) whatever interval they cover. Nothing is kept for a stream nobody
+//! follows: a first subscriber's diffs start with the next batch, and
+//! Binance's procedure (the snapshot taken after subscribing) takes it from
+//! there.
+//!
+//! The clock is the market-data thread's (`Instant`): when a message goes
+//! out is not part of the state and not in the journal; what it says is
+//! (the diffs cover journal sequence numbers, `E` is the journal's time of
+//! the last batch it covers).
+
+use super::{Hub, Outgoing, Subscriber, fan_out};
+use crossbook_marketdata::candles::INTERVALS;
+use crossbook_marketdata::{DepthDiff, InstrumentUpdate, Trade, render};
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// The partial book streams' sizes.
+pub(crate) const PARTIAL_LEVELS: [usize; 3] = [5, 10, 20];
+
+/// The depth streams' speeds: the suffix and its interval.
+const SPEEDS: [(&str, Duration); 2] = [("@100ms", Duration::from_millis(100)), ("@1000ms", Duration::from_millis(1000))];
+
+/// Binance's: the 24-hour ticker every second, candles every two.
+const TICKER_EVERY: Duration = Duration::from_millis(1000);
+const KLINE_EVERY: Duration = Duration::from_millis(2000);
+const TRADES_EVERY: Duration = Duration::from_millis(100);
+
+/// The most trades one `@trade@100ms` message lists (the newest; its `n`
+/// says how many the interval had).
+pub(crate) const TRADES_LISTED: usize = 100;
+
+/// One throttled stream of an instrument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Stream {
+    /// `@depth@100ms` (0) or `@depth@1000ms` (1).
+    Diff(usize),
+    /// `@depth5@100ms`, `@depth10@...`: the partial books of a speed.
+    Partial(usize),
+    Ticker,
+    /// `@kline_<interval>`, by its index in `INTERVALS`.
+    Kline(usize),
+    Trades,
+}
+
+impl Stream {
+    fn every(self) -> Duration {
+        match self {
+            Stream::Diff(speed) | Stream::Partial(speed) => SPEEDS[speed].1,
+            Stream::Ticker => TICKER_EVERY,
+            Stream::Kline(_) => KLINE_EVERY,
+            Stream::Trades => TRADES_EVERY,
+        }
+    }
+}
+
+/// What one stream of an instrument owes its subscribers.
+#[derive(Default)]
+struct Slot {
+    /// Something changed since the last message.
+    owed: bool,
+    /// The journal time of the last batch owed.
+    time_ms: u64,
+    /// `Diff`: the diffs since the last message, merged.
+    diff: Option<DepthDiff>,
+    /// `Kline`: the first trade since the last message.
+    first_trade: u64,
+    /// `Trades`: the newest trades since the last message, and how many
+    /// there were.
+    trades: VecDeque<Trade>,
+    count: u64,
+    /// When the last message went out.
+    sent: Option<Instant>,
+}
+
+impl Slot {
+    /// `None`: nothing sent yet, so at once.
+    fn due(&self, every: Duration) -> Option<Instant> {
+        self.sent.map(|sent| sent + every)
+    }
+}
+
+/// The throttled streams' state, kept by the market-data thread.
+#[derive(Default)]
+pub(crate) struct Throttle {
+    slots: BTreeMap<(usize, Stream), Slot>,
+}
+
+impl Throttle {
+    /// What a batch changed for an instrument, kept for the throttled
+    /// streams somebody follows.
+    pub(crate) fn changed(&mut self, subscribers: &BTreeMap<String, Vec<Subscriber>>, symbol: &str, update: &InstrumentUpdate, time_ms: u64) {
+        let followed = |name: String| subscribers.contains_key(&name);
+        let index = update.index;
+        if let Some(diff) = &update.depth {
+            for (speed, (suffix, _)) in SPEEDS.iter().enumerate() {
+                if followed(format!("{symbol}@depth{suffix}")) {
+                    let slot = self.owe(index, time_ms, Stream::Diff(speed));
+                    match slot.diff.as_mut() {
+                        Some(pending) => pending.merge(diff),
+                        None => slot.diff = Some(diff.clone()),
+                    }
+                }
+                if PARTIAL_LEVELS.iter().any(|levels| followed(format!("{symbol}@depth{levels}{suffix}"))) {
+                    self.owe(index, time_ms, Stream::Partial(speed));
+                }
+            }
+        }
+        let Some(first) = update.trades.first() else { return };
+        if followed(format!("{symbol}@ticker")) {
+            self.owe(index, time_ms, Stream::Ticker);
+        }
+        for (interval, (name, _)) in INTERVALS.iter().enumerate() {
+            if followed(format!("{symbol}@kline_{name}")) {
+                let slot = self.owe(index, time_ms, Stream::Kline(interval));
+                if slot.first_trade == 0 {
+                    slot.first_trade = first.id;
+                }
+            }
+        }
+        if followed(format!("{symbol}@trade@100ms")) {
+            let slot = self.owe(index, time_ms, Stream::Trades);
+            slot.count += update.trades.len() as u64;
+            slot.trades.extend(update.trades.iter().copied());
+            let extra = slot.trades.len().saturating_sub(TRADES_LISTED);
+            slot.trades.drain(..extra);
+        }
+    }
+
+    fn owe(&mut self, index: usize, time_ms: u64, stream: Stream) -> &mut Slot {
+        let slot = self.slots.entry((index, stream)).or_default();
+        slot.owed = true;
+        slot.time_ms = time_ms;
+        slot
+    }
+
+    /// When the next message is due, if one is owed.
+    pub(crate) fn next_due(&self) -> Option<Instant> {
+        let now = Instant::now();
+        self.slots.iter().filter(|(_, slot)| slot.owed).map(|((_, stream), slot)| slot.due(stream.every()).unwrap_or(now)).min()
+    }
+
+    /// Sends every message due by `now`.
+    pub(crate) fn flush(&mut self, hub: &Hub, now: Instant) {
+        let due: Vec<(usize, Stream)> =
+            self.slots.iter().filter(|((_, stream), slot)| slot.owed && slot.due(stream.every()).is_none_or(|due| due <= now)).map(|(key, _)| *key).collect();
+        if due.is_empty() {
+            return;
+        }
+        let subscribers = hub.subscribers();
+        let state = hub.read();
+        let mut outgoing = Outgoing::new();
+        for key in due {
+            let Some(slot) = self.slots.get_mut(&key) else { continue };
+            let (index, stream) = key;
+            let data = &state.instruments[index];
+            let symbol = data.info.binance.to_ascii_lowercase();
+            let time_ms = slot.time_ms;
+            let mut send = |name: String, payloads: &dyn Fn() -> Vec<String>| fan_out(&subscribers, &mut outgoing, &name, payloads);
+            match stream {
+                Stream::Diff(speed) => {
+                    if let Some(diff) = slot.diff.take() {
+                        send(format!("{symbol}@depth{}", SPEEDS[speed].0), &|| vec![render::depth_update_text(data, &diff, time_ms)]);
+                    }
+                }
+                Stream::Partial(speed) => {
+                    for levels in PARTIAL_LEVELS {
+                        send(format!("{symbol}@depth{levels}{}", SPEEDS[speed].0), &|| vec![render::partial_depth(&state, data, levels).to_string()]);
+                    }
+                }
+                Stream::Ticker => send(format!("{symbol}@ticker"), &|| vec![render::ticker_update(&state, index, time_ms).to_string()]),
+                Stream::Kline(interval) => {
+                    let first = std::mem::take(&mut slot.first_trade);
+                    send(format!("{symbol}@kline_{}", INTERVALS[interval].0), &|| render::kline_updates(data, interval, first, time_ms).iter().map(ToString::to_string).collect());
+                }
+                Stream::Trades => {
+                    let (trades, count) = (std::mem::take(&mut slot.trades), std::mem::take(&mut slot.count));
+                    send(format!("{symbol}@trade@100ms"), &|| vec![render::trades_text(data, trades.iter().copied(), count, time_ms)]);
+                }
+            }
+            slot.owed = false;
+            slot.sent = Some(now);
+        }
+        drop(state);
+        drop(subscribers);
+        hub.deliver_all(outgoing);
+    }
+}
