@@ -383,6 +383,24 @@ pub fn ticker_update(market: &MarketData, index: usize, time_ms: u64) -> Value {
     })
 }
 
+/// The `<symbol>@miniTicker` payload: the 24-hour ticker's prices and
+/// volumes only.
+pub fn mini_ticker_update(market: &MarketData, index: usize, time_ms: u64) -> Value {
+    let rest = ticker_24hr(market, index);
+    let field = |name: &str| rest.get(name).cloned().unwrap_or(Value::Null);
+    json!({
+        "e": "24hrMiniTicker",
+        "E": time_ms,
+        "s": field("symbol"),
+        "c": field("lastPrice"),
+        "o": field("openPrice"),
+        "h": field("highPrice"),
+        "l": field("lowPrice"),
+        "v": field("volume"),
+        "q": field("quoteVolume"),
+    })
+}
+
 // ---- an account's own orders and trades (the signed endpoints) ----------
 
 fn side_name(side: crossbook_engine::Side) -> &'static str {

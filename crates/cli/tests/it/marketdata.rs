@@ -311,7 +311,8 @@ fn a_local_book_kept_from_the_feed_equals_rest_and_the_engine_and_so_do_trades_a
 /// The streams sent on a clock (`docs/marketdata.md`, "Streams"): while
 /// `crossbook load` trades, one connection follows `@depth@100ms` and
 /// `@depth@1000ms` (a local book from each by Binance's procedure),
-/// `@depth5@100ms`, `@trade@100ms`, `@ticker` and `@kline_1m`. Each stream
+/// `@depth5@100ms`, `@trade@100ms`, `@ticker` and `@kline_1m` (and another,
+/// opened as ccxt does at `/ws/0`, `@miniTicker`). Each stream
 /// sends at most one message an interval (counted against the time the
 /// connection was open, which only a slower machine lengthens), the merged
 /// diffs follow each other without gaps and build the book of `GET
@@ -324,6 +325,21 @@ fn the_streams_on_a_clock_send_an_interval_at_a_time_and_end_on_the_final_state(
     let market = server.market_address.clone();
     let streams = ["depth@100ms", "depth@1000ms", "depth5@100ms", "trade@100ms", "ticker", "kline_1m"];
     let path = format!("/stream?streams={}", streams.map(|s| format!("btcusd@{s}")).join("/"));
+    // `/ws/<n>` (up to four digits) is a connection with no stream yet, as
+    // ccxt opens them; it subscribes to `@miniTicker`. Five digits are an
+    // unknown stream.
+    let refused = tungstenite::connect(format!("ws://{market}/ws/12345"));
+    assert!(matches!(refused, Err(tungstenite::Error::Http(ref r)) if r.status() == 400), "{refused:?}");
+    let mut mini = connect(&market, "/ws/0");
+    mini.send(Message::Text(r#"{"method":"SUBSCRIBE","params":["btcusd@miniTicker"],"id":7}"#.into())).expect("send");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let answer = loop {
+        if let Some(answer) = next_text(&mut mini) {
+            break answer;
+        }
+        assert!(Instant::now() < deadline, "no answer to SUBSCRIBE");
+    };
+    assert_eq!(answer, serde_json::json!({"result": null, "id": 7}));
     let opened = Instant::now();
     let mut socket = connect(&market, &path);
     // Subscribed: the snapshot both local books start from.
@@ -393,6 +409,16 @@ fn the_streams_on_a_clock_send_an_interval_at_a_time_and_end_on_the_final_state(
     } else {
         assert_eq!(trade_ids.last().copied(), Some(count), "the newest trade listed last");
     }
+    let mut mini_last = None;
+    while let Some(message) = next_text(&mut mini) {
+        mini_last = Some(message);
+    }
+    let mini_last = mini_last.expect("@miniTicker messages");
+    assert_eq!(
+        (&mini_last["e"], &mini_last["c"], &mini_last["o"], &mini_last["h"], &mini_last["l"], &mini_last["v"], &mini_last["q"]),
+        (&serde_json::json!("24hrMiniTicker"), &ticker["lastPrice"], &ticker["openPrice"], &ticker["highPrice"], &ticker["lowPrice"], &ticker["volume"], &ticker["quoteVolume"]),
+        "the last @miniTicker"
+    );
     let ticked = &last["btcusd@ticker"];
     assert_eq!((ticked["n"].as_u64(), &ticked["c"], &ticked["v"]), (Some(count), &ticker["lastPrice"], &ticker["volume"]), "the last @ticker");
     let kline = json_get(&market, "/api/v3/klines?symbol=BTCUSD&interval=1m&limit=1");

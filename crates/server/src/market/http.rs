@@ -329,6 +329,14 @@ async fn charts_licence() -> Response {
 }
 
 async fn ws_raw(State(hub): State<Arc<Hub>>, Path(streams): Path<String>, upgrade: WebSocketUpgrade) -> Response {
+    // `/ws/<n>` with a number of up to four digits: a connection with no
+    // stream yet, as `/ws`. ccxt's Binance class connects so (`/ws/0`,
+    // `/ws/1`, ...: the index of the connection it spreads its
+    // subscriptions over) and subscribes with SUBSCRIBE, as Binance
+    // allows; a listen key is never a number.
+    if (1..=4).contains(&streams.len()) && streams.bytes().all(|b| b.is_ascii_digit()) {
+        return ws::upgrade(hub, upgrade, Vec::new(), false);
+    }
     ws::upgrade(hub, upgrade, streams.split('/').filter(|s| !s.is_empty()).map(str::to_string).collect(), false)
 }
 

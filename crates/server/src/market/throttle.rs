@@ -1,8 +1,8 @@
 //! The streams sent on a clock, as Binance sends them: `<symbol>@depth@100ms`
 //! and `@depth@1000ms` (the book's diffs of an interval as one,
 //! `DepthDiff::merge`), the partial book streams with those suffixes (the
-//! best levels once an interval when the book changed), `@ticker` (every
-//! second) and `@kline_<interval>` (every two seconds: every candle touched
+//! best levels once an interval when the book changed), `@ticker` and
+//! `@miniTicker` (every second) and `@kline_<interval>` (every two seconds: every candle touched
 //! since the last message, as it is now), and crossbook's own
 //! `@trade@100ms` (an interval's trades in one message). The plain `@depth`,
 //! `@depth5` (10, 20), `@trade` and `@bookTicker` send every batch's
@@ -52,6 +52,7 @@ enum Stream {
     /// `@depth5@100ms`, `@depth10@...`: the partial books of a speed.
     Partial(usize),
     Ticker,
+    MiniTicker,
     /// `@kline_<interval>`, by its index in `INTERVALS`.
     Kline(usize),
     Trades,
@@ -61,7 +62,7 @@ impl Stream {
     fn every(self) -> Duration {
         match self {
             Stream::Diff(speed) | Stream::Partial(speed) => SPEEDS[speed].1,
-            Stream::Ticker => TICKER_EVERY,
+            Stream::Ticker | Stream::MiniTicker => TICKER_EVERY,
             Stream::Kline(_) => KLINE_EVERY,
             Stream::Trades => TRADES_EVERY,
         }
@@ -124,6 +125,9 @@ impl Throttle {
         if followed(format!("{symbol}@ticker")) {
             self.owe(index, time_ms, Stream::Ticker);
         }
+        if followed(format!("{symbol}@miniTicker")) {
+            self.owe(index, time_ms, Stream::MiniTicker);
+        }
         for (interval, (name, _)) in INTERVALS.iter().enumerate() {
             if followed(format!("{symbol}@kline_{name}")) {
                 let slot = self.owe(index, time_ms, Stream::Kline(interval));
@@ -183,6 +187,7 @@ impl Throttle {
                     }
                 }
                 Stream::Ticker => send(format!("{symbol}@ticker"), &|| vec![render::ticker_update(&state, index, time_ms).to_string()]),
+                Stream::MiniTicker => send(format!("{symbol}@miniTicker"), &|| vec![render::mini_ticker_update(&state, index, time_ms).to_string()]),
                 Stream::Kline(interval) => {
                     let first = std::mem::take(&mut slot.first_trade);
                     send(format!("{symbol}@kline_{}", INTERVALS[interval].0), &|| render::kline_updates(data, interval, first, time_ms).iter().map(ToString::to_string).collect());
