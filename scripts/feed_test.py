@@ -14,6 +14,9 @@ the REST API says: the whole book and its update id, every trade id from
 the first to the last once with the price, amount, side and time of
 `GET /api/v3/trades`, the last price and the volume of
 `GET /api/v3/ticker/24hr`, and the last candle of `GET /api/v3/klines`.
+Before that, the private streams (the WebSocket API's user data stream
+subscription, `/ws-api/v3`): `watch_orders`, `watch_my_trades` and
+`watch_balance` of an account whose order another account fills in part.
 Ends with "N passed, M failed".
 
     scripts/feed-test [--binary target/release/crossbook]
@@ -45,18 +48,56 @@ def get(market, path):
         return json.loads(response.read())
 
 
-def client(market):
-    """ccxt.pro's binance, its REST and WebSocket URLs the venue's."""
+def client(market, account=None):
+    """ccxt.pro's binance, its REST and WebSocket URLs the venue's (with a
+    demo account's key, for the private streams)."""
+    credentials = {"apiKey": f"demo-key-{account}", "secret": f"demo-secret-{account}"} if account else {}
     exchange = ccxt.pro.binance({
+        **credentials,
         "enableRateLimit": False,
         "options": {"defaultType": "spot", "fetchMarkets": {"types": ["spot"]}, "fetchCurrencies": False, "fetchMargins": False},
     })
     base = f"http://{market}"
     exchange.urls["api"] = {
         "public": base + "/api/v3", "private": base + "/api/v3", "v1": base + "/api/v1", "sapi": base + "/sapi/v1",
-        "ws": {"spot": f"ws://{market}/ws"},
+        "ws": {"spot": f"ws://{market}/ws", "ws-api": {"spot": f"ws://{market}/ws-api/v3"}},
     }
     return exchange
+
+
+async def private(checks, market):
+    """ccxt.pro's private streams (the WebSocket API's user data stream
+    subscription): account 7 rests a sell and watches its orders, its
+    trades and its balance while account 8 takes part of it."""
+    seller, buyer = client(market, 7), client(market, 8)
+    try:
+        await seller.load_markets()
+        await buyer.load_markets()
+        orders = asyncio.create_task(seller.watch_orders(SYMBOL))
+        await asyncio.sleep(0.5)
+        placed = await seller.create_order(SYMBOL, "limit", "sell", 2, 10000)
+        seen = (await asyncio.wait_for(orders, 10))[-1]
+        checks.equal("watch_orders: the new order, open", (seen["id"], seen["status"], seen["amount"], seen["filled"]), (placed["id"], "open", 2.0, 0.0))
+        orders = asyncio.create_task(seller.watch_orders(SYMBOL))
+        trades = asyncio.create_task(seller.watch_my_trades(SYMBOL))
+        balance = asyncio.create_task(seller.watch_balance())
+        await asyncio.sleep(0.5)
+        await buyer.create_order(SYMBOL, "limit", "buy", 1, 10000, {"timeInForce": "IOC"})
+        seen = (await asyncio.wait_for(orders, 10))[-1]
+        checks.equal("watch_orders: partly filled", (seen["id"], seen["status"], seen["filled"], seen["remaining"]), (placed["id"], "open", 1.0, 1.0))
+        trade = (await asyncio.wait_for(trades, 10))[-1]
+        # Maker fee -1 bps of 10,000 USD: a rebate of 1 USD.
+        checks.equal("watch_my_trades: the fill, as maker, with its rebate",
+                     (trade["order"], trade["price"], trade["amount"], trade["takerOrMaker"], trade["fee"]["currency"], trade["fee"]["cost"]),
+                     (placed["id"], 10000.0, 1.0, "maker", "USD", -1.0))
+        streamed = await asyncio.wait_for(balance, 10)
+        fetched = await seller.fetch_balance()
+        checks.equal("watch_balance: USD and BTC as fetch_balance has them",
+                     [(streamed[c]["free"], streamed[c]["used"]) for c in ("USD", "BTC")], [(fetched[c]["free"], fetched[c]["used"]) for c in ("USD", "BTC")])
+        await seller.cancel_order(placed["id"], SYMBOL)
+    finally:
+        await seller.close()
+        await buyer.close()
 
 
 async def follow(exchange, seen, name, watch):
@@ -87,6 +128,8 @@ async def run(checks, binary, binary_address, market):
             asyncio.create_task(follow(exchange, seen, "ohlcv", lambda: exchange.watch_ohlcv(SYMBOL, "1m"))),
         ]
         await asyncio.sleep(1.0)
+        # Trades made before (by the private streams' part) are not watched.
+        first = get(market, "/api/v3/ticker/24hr?symbol=BTCUSD")["count"] + 1
         load = await asyncio.create_subprocess_exec(binary, "load", "--address", binary_address, "--rate", "2000", "--duration", "4",
                                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         checks.equal("crossbook load ends with status 0", await load.wait(), 0)
@@ -112,9 +155,9 @@ async def run(checks, binary, binary_address, market):
         ticker = get(market, "/api/v3/ticker/24hr?symbol=BTCUSD")
         count = ticker["count"]
         checks.check("trading made trades", count > 1000, count)
-        missing = sorted(set(range(1, count + 1)) - set(trades))
-        checks.check("watch_trades: every trade id from 1 to the last", not missing and len(trades) == count,
-                     f"{len(trades)} seen of {count}; missing {len(missing)}, the first {missing[:5]}")
+        missing = sorted(set(range(first, count + 1)) - set(trades))
+        checks.check("watch_trades: every trade id of the run, from the first to the last", not missing and len(trades) == count + 1 - first,
+                     f"{len(trades)} seen of {count + 1 - first}; missing {len(missing)}, the first {missing[:5]}")
         rest_trades = get(market, "/api/v3/trades?symbol=BTCUSD&limit=1000")
         wanted = {t["id"]: (float(t["price"]), float(t["qty"]), "sell" if t["isBuyerMaker"] else "buy", t["time"]) for t in rest_trades}
         wrong = [(i, trades.get(i), t) for i, t in sorted(wanted.items()) if trades.get(i) != t]
@@ -146,6 +189,7 @@ def main():
     data = tempfile.mkdtemp(prefix="crossbook-feed-")
     server, binary_address, market = start_server(args.binary, data)
     try:
+        asyncio.run(private(checks, market))
         asyncio.run(run(checks, args.binary, binary_address, market))
     except OutOfTime:
         checks.check("the run ends in time", False, f"still running after {TIME_LIMIT_S} s")

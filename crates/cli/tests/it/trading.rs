@@ -546,6 +546,96 @@ fn a_user_data_stream_carries_its_own_accounts_events_only() {
     assert!(messages(&mut alice_stream, Duration::from_millis(500)).is_empty(), "nothing after the key ended");
 }
 
+/// A WebSocket API request signed as Binance's clients sign it: every
+/// parameter but `signature`, sorted by name, as `name=value&...`.
+fn ws_api_subscribe(key: &str, secret: &str, id: u64, timestamp: u64) -> String {
+    let payload = format!("apiKey={key}&timestamp={timestamp}");
+    let signature = hex_hmac(secret, &payload);
+    format!(r#"{{"id":{id},"method":"userDataStream.subscribe.signature","params":{{"apiKey":"{key}","timestamp":{timestamp},"signature":"{signature}"}}}}"#)
+}
+
+/// The answer to request `id` on a WebSocket API connection (events that
+/// come before it are kept in `events`).
+fn ws_api_answer(socket: &mut Socket, request: &str, id: u64, events: &mut Vec<Value>) -> Value {
+    socket.send(tungstenite::Message::Text(request.into())).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        for message in messages(socket, Duration::from_millis(100)) {
+            if message["id"] == id {
+                return message;
+            }
+            events.push(message);
+        }
+    }
+    panic!("no answer to {request}");
+}
+
+/// The WebSocket API's user data stream subscription (what ccxt.pro's
+/// binance uses): signed as the REST API, refused with its codes, one
+/// subscription per account and connection, each account's events only,
+/// wrapped with the subscription's id; it ends with the account's key.
+#[test]
+fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
+    let dir = TempDir::new("trading-ws-api");
+    let server = start(&dir);
+    let market = server.market_address.as_str();
+    let mut socket = listen(market, "/ws-api/v3");
+    let mut events = Vec::new();
+    let error = |answer: &Value| (answer["status"].as_u64(), answer["error"]["code"].as_i64());
+    // Refusals: a bad signature, an unknown key, a key without a secret,
+    // an old timestamp, an unknown parameter or method, bad JSON.
+    let good = ws_api_subscribe("alice", "alice-secret", 1, now_ms());
+    let forged = ws_api_subscribe("alice", "mallory-secret", 2, now_ms());
+    assert_eq!(error(&ws_api_answer(&mut socket, &forged, 2, &mut events)), (Some(400), Some(-1022)));
+    assert_eq!(error(&ws_api_answer(&mut socket, &ws_api_subscribe("nobody", "x", 3, now_ms()), 3, &mut events)), (Some(401), Some(-2015)));
+    assert_eq!(error(&ws_api_answer(&mut socket, &ws_api_subscribe("nosecret", "", 4, now_ms()), 4, &mut events)), (Some(401), Some(-2015)));
+    assert_eq!(error(&ws_api_answer(&mut socket, &ws_api_subscribe("alice", "alice-secret", 5, now_ms() - 120_000), 5, &mut events)), (Some(400), Some(-1021)));
+    let extra = r#"{"id":6,"method":"userDataStream.subscribe.signature","params":{"apiKey":"alice","timestamp":1,"signature":"00","colour":"red"}}"#;
+    assert_eq!(error(&ws_api_answer(&mut socket, extra, 6, &mut events)), (Some(400), Some(-1103)));
+    assert_eq!(error(&ws_api_answer(&mut socket, r#"{"id":7,"method":"order.place","params":{}}"#, 7, &mut events)), (Some(400), Some(-1020)));
+    socket.send(tungstenite::Message::Text("{nope".into())).unwrap();
+    let bad_json = messages(&mut socket, Duration::from_millis(500));
+    assert_eq!(bad_json.iter().map(error).collect::<Vec<_>>(), vec![(Some(400), Some(-1000))], "{bad_json:?}");
+    // Alice subscribes; a second subscription for her on this connection
+    // is refused; bob's is another.
+    let answer = ws_api_answer(&mut socket, &good, 1, &mut events);
+    assert_eq!((answer["status"].as_u64(), answer["result"]["subscriptionId"].as_u64()), (Some(200), Some(0)), "{answer}");
+    assert_eq!(answer["rateLimits"][0]["rateLimitType"], "REQUEST_WEIGHT");
+    assert_eq!(error(&ws_api_answer(&mut socket, &ws_api_subscribe("alice", "alice-secret", 8, now_ms()), 8, &mut events)), (Some(400), Some(-1020)));
+    let mut other = listen(market, "/ws-api/v3");
+    let bobs = ws_api_answer(&mut other, &ws_api_subscribe("bob", "bob-secret", 1, now_ms()), 1, &mut Vec::new());
+    assert_eq!(bobs["result"]["subscriptionId"].as_u64(), Some(0));
+    let listed = ws_api_answer(&mut socket, r#"{"id":9,"method":"session.subscriptions"}"#, 9, &mut events);
+    assert_eq!(listed["result"], serde_json::json!([{"subscriptionId": 0}]));
+    // Alice rests a sell, bob takes part of it: each connection gets its
+    // own account's reports only, wrapped with the subscription's id.
+    ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.020"), ("price", "4000"), ("newClientOrderId", "s1")]));
+    ok(bob(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "IOC"), ("quantity", "0.005"), ("price", "4000"), ("newClientOrderId", "b1")]));
+    events.extend(messages(&mut socket, Duration::from_secs(2)));
+    let reports: Vec<(String, String)> = events
+        .iter()
+        .filter(|m| m["subscriptionId"] == 0 && m["event"]["e"] == "executionReport")
+        .map(|m| (m["event"]["c"].as_str().unwrap().to_string(), m["event"]["X"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(reports, vec![("s1".to_string(), "NEW".to_string()), ("s1".to_string(), "PARTIALLY_FILLED".to_string())], "{events:?}");
+    assert!(events.iter().any(|m| m["subscriptionId"] == 0 && m["event"]["e"] == "outboundAccountPosition"), "{events:?}");
+    assert!(events.iter().all(|m| m.get("subscriptionId").is_some()), "every event wrapped: {events:?}");
+    let bob_events = messages(&mut other, Duration::from_millis(500));
+    assert!(bob_events.iter().filter(|m| m["event"]["e"] == "executionReport").all(|m| m["event"]["c"] == "b1"), "{bob_events:?}");
+    assert!(bob_events.iter().any(|m| m["event"]["c"] == "b1"), "{bob_events:?}");
+    // Unsubscribed: nothing more; an unknown subscription is refused.
+    assert_eq!(ws_api_answer(&mut socket, r#"{"id":10,"method":"userDataStream.unsubscribe","params":{"subscriptionId":0}}"#, 10, &mut events)["status"], 200);
+    assert_eq!(error(&ws_api_answer(&mut socket, r#"{"id":11,"method":"userDataStream.unsubscribe","params":{"subscriptionId":0}}"#, 11, &mut events)), (Some(400), Some(-2035)));
+    ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "9000")]));
+    assert!(messages(&mut socket, Duration::from_millis(500)).is_empty(), "nothing after unsubscribing");
+    // Bob's key closed over REST: his subscription ends with
+    // eventStreamTerminated.
+    let bob_key = ok(http(market, "POST", "/api/v3/userDataStream", &[("X-MBX-APIKEY", "bob")], ""))["listenKey"].as_str().unwrap().to_string();
+    ok(http(market, "DELETE", "/api/v3/userDataStream", &[("X-MBX-APIKEY", "bob")], &format!("listenKey={bob_key}")));
+    let end = messages(&mut other, Duration::from_millis(500));
+    assert!(end.iter().any(|m| m["subscriptionId"] == 0 && m["event"]["e"] == "eventStreamTerminated"), "{end:?}");
+}
+
 #[test]
 fn rest_history_and_numbering_survive_a_kill() {
     let dir = TempDir::new("trading-rest-restart");

@@ -116,6 +116,15 @@ impl Params {
         Ok(Params(params))
     }
 
+    /// Parameters already split (a WebSocket API request's `params`).
+    pub(crate) fn from_pairs(pairs: Vec<(String, String)>) -> Params {
+        Params(pairs)
+    }
+
+    pub(crate) fn all(&self) -> &[(String, String)] {
+        &self.0
+    }
+
     pub(crate) fn get(&self, name: &str) -> Option<&str> {
         self.0.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty())
     }
@@ -340,6 +349,10 @@ async fn ws_raw(State(hub): State<Arc<Hub>>, Path(streams): Path<String>, upgrad
     ws::upgrade(hub, upgrade, streams.split('/').filter(|s| !s.is_empty()).map(str::to_string).collect(), false)
 }
 
+async fn ws_api(State(hub): State<Arc<Hub>>, upgrade: WebSocketUpgrade) -> Response {
+    ws::upgrade_api(hub, upgrade)
+}
+
 async fn ws_bare(State(hub): State<Arc<Hub>>, upgrade: WebSocketUpgrade) -> Response {
     ws::upgrade(hub, upgrade, Vec::new(), false)
 }
@@ -379,6 +392,7 @@ fn router(hub: Arc<Hub>) -> Router {
         .route("/ws", get(ws_bare))
         .route("/ws/{*streams}", get(ws_raw))
         .route("/stream", get(ws_combined))
+        .route("/ws-api/v3", get(ws_api))
         .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::max(hub.config.max_body))
         .with_state(hub)

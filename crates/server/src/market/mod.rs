@@ -99,23 +99,54 @@ type Outgoing = BTreeMap<u64, (Arc<Connection>, Vec<Utf8Bytes>)>;
 /// connections), every connection's copy sharing the bytes.
 fn fan_out(subscribers: &BTreeMap<String, Vec<Subscriber>>, outgoing: &mut Outgoing, name: &str, payloads: &dyn Fn() -> Vec<String>) {
     let Some(list) = subscribers.get(name) else { return };
+    let mut rendered: Option<Vec<String>> = None;
     let mut raw: Option<Vec<Utf8Bytes>> = None;
     let mut combined: Option<Vec<Utf8Bytes>> = None;
+    let mut event: Vec<Utf8Bytes>;
     for subscriber in list {
-        let messages = if subscriber.combined {
-            combined.get_or_insert_with(|| payloads().into_iter().map(|data| Utf8Bytes::from(format!(r#"{{"stream":"{name}","data":{data}}}"#))).collect())
-        } else {
-            raw.get_or_insert_with(|| payloads().into_iter().map(Utf8Bytes::from).collect())
+        let payloads = rendered.get_or_insert_with(payloads);
+        let messages = match subscriber.wrap {
+            Wrap::Raw => &*raw.get_or_insert_with(|| payloads.iter().map(|data| Wrap::Raw.frame(name, data)).collect()),
+            Wrap::Combined => &*combined.get_or_insert_with(|| payloads.iter().map(|data| Wrap::Combined.frame(name, data)).collect()),
+            wrap @ Wrap::Event(_) => {
+                event = payloads.iter().map(|data| wrap.frame(name, data)).collect();
+                &event
+            }
         };
         let entry = outgoing.entry(subscriber.connection.id).or_insert_with(|| (subscriber.connection.clone(), Vec::new()));
         entry.1.extend(messages.iter().cloned());
     }
 }
 
+/// How a subscriber's messages of a stream are framed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wrap {
+    /// The payload alone (`/ws`).
+    Raw,
+    /// `{"stream", "data"}` (`/stream`, or the `combined` property).
+    Combined,
+    /// `{"subscriptionId", "event"}`: a user data stream subscribed to
+    /// over the WebSocket API (`/ws-api/v3`).
+    Event(u64),
+}
+
+impl Wrap {
+    pub(crate) fn combined(combined: bool) -> Wrap {
+        if combined { Wrap::Combined } else { Wrap::Raw }
+    }
+
+    fn frame(self, name: &str, data: &str) -> Utf8Bytes {
+        match self {
+            Wrap::Raw => Utf8Bytes::from(data.to_string()),
+            Wrap::Combined => Utf8Bytes::from(format!(r#"{{"stream":"{name}","data":{data}}}"#)),
+            Wrap::Event(id) => Utf8Bytes::from(format!(r#"{{"subscriptionId":{id},"event":{data}}}"#)),
+        }
+    }
+}
+
 struct Subscriber {
     connection: Arc<Connection>,
-    /// A `/stream` connection: messages wrapped in `{"stream", "data"}`.
-    combined: bool,
+    wrap: Wrap,
 }
 
 /// The state, the subscriptions, and the figures the dashboard shows.
@@ -162,11 +193,11 @@ impl Hub {
         self.next_connection.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    pub(crate) fn subscribe(&self, stream: &str, connection: &Arc<Connection>, combined: bool) {
+    pub(crate) fn subscribe(&self, stream: &str, connection: &Arc<Connection>, wrap: Wrap) {
         let mut subscribers = self.subscribers();
         let list = subscribers.entry(stream.to_string()).or_default();
         if !list.iter().any(|s| s.connection.id == connection.id) {
-            list.push(Subscriber { connection: connection.clone(), combined });
+            list.push(Subscriber { connection: connection.clone(), wrap });
         }
     }
 
@@ -174,8 +205,8 @@ impl Hub {
     /// batch on, its subscriptions untouched (no message is skipped).
     pub(crate) fn set_combined(&self, connection: u64, combined: bool) {
         for list in self.subscribers().values_mut() {
-            for subscriber in list.iter_mut().filter(|s| s.connection.id == connection) {
-                subscriber.combined = combined;
+            for subscriber in list.iter_mut().filter(|s| s.connection.id == connection && matches!(s.wrap, Wrap::Raw | Wrap::Combined)) {
+                subscriber.wrap = Wrap::combined(combined);
             }
         }
     }
@@ -196,14 +227,24 @@ impl Hub {
         let outgoing: Vec<(Arc<Connection>, Vec<Utf8Bytes>)> = {
             let subscribers = self.subscribers();
             let Some(list) = subscribers.get(name) else { return };
+            list.iter().map(|s| (s.connection.clone(), messages.iter().map(|data| s.wrap.frame(name, data)).collect())).collect()
+        };
+        for (connection, messages) in outgoing {
+            self.deliver(&connection, messages);
+        }
+    }
+
+    /// Sends the last message of stream `name` (an ended listen key):
+    /// `message` to its subscribers over `/ws` and `/stream`, `event`
+    /// (wrapped) to those over the WebSocket API.
+    pub(crate) fn send_ending(&self, name: &str, message: &str, event: &str) {
+        let outgoing: Vec<(Arc<Connection>, Vec<Utf8Bytes>)> = {
+            let subscribers = self.subscribers();
+            let Some(list) = subscribers.get(name) else { return };
             list.iter()
                 .map(|s| {
-                    let messages = if s.combined {
-                        messages.iter().map(|data| Utf8Bytes::from(format!(r#"{{"stream":"{name}","data":{data}}}"#))).collect()
-                    } else {
-                        messages.iter().map(|m| Utf8Bytes::from(m.clone())).collect()
-                    };
-                    (s.connection.clone(), messages)
+                    let data = if matches!(s.wrap, Wrap::Event(_)) { event } else { message };
+                    (s.connection.clone(), vec![s.wrap.frame(name, data)])
                 })
                 .collect()
         };
@@ -217,9 +258,6 @@ impl Hub {
         self.subscribers().remove(name);
     }
 
-    /// Sends the messages of one batch's updates to every subscriber of
-    /// their streams: each rendered once per stream, each connection's
-    /// collected and handed over at once.
     /// Sends what a batch changed to the streams that follow every batch,
     /// and hands it to `throttle` for those sent on a clock.
     fn publish(&self, updates: &Updates, throttle: &mut Throttle) {

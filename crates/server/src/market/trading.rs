@@ -429,6 +429,58 @@ impl Trading {
     }
 }
 
+impl Trading {
+    /// Checks a signed WebSocket API request's `params` (`apiKey`,
+    /// `timestamp`, `recvWindow`, `signature`, and `known`): the key, its
+    /// weight, the signature (HMAC-SHA256 of every other parameter, sorted
+    /// by name, as `name=value` pairs joined by `&`) and the time, as
+    /// `signed` does for REST. Returns the account and the weight used this
+    /// minute.
+    pub(crate) fn signed_ws(&self, params: &serde_json::Map<String, serde_json::Value>, known: &[&str], weight: u32) -> Result<(AccountId, u32), ApiError> {
+        let mut pairs: Vec<(String, String)> = Vec::with_capacity(params.len());
+        for (name, value) in params {
+            if !known.contains(&name.as_str()) && !["apiKey", "timestamp", "recvWindow", "signature"].contains(&name.as_str()) {
+                return Err(ApiError::bad(-1103, format!("An unknown parameter was sent: '{name}'.")));
+            }
+            let text = match value {
+                serde_json::Value::String(text) => text.clone(),
+                serde_json::Value::Number(number) => number.to_string(),
+                serde_json::Value::Bool(flag) => flag.to_string(),
+                _ => return Err(ApiError::bad(-1100, format!("Illegal characters found in parameter '{name}'; a string, a number or a boolean is expected."))),
+            };
+            pairs.push((name.clone(), text));
+        }
+        // Sorted by name: the payload's order.
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+        let params = Params::from_pairs(pairs);
+        let Some(key) = params.get("apiKey") else {
+            return Err(ApiError::new(StatusCode::UNAUTHORIZED, -2014, "API-key format invalid."));
+        };
+        let (key, credentials) = match self.keys.get_key_value(key) {
+            Some((key, credentials)) if !credentials.secret.is_empty() => (key.as_str(), credentials),
+            _ => return Err(ApiError::new(StatusCode::UNAUTHORIZED, -2015, "Invalid API-key, IP, or permissions for action.")),
+        };
+        let checked = params.get("signature").ok_or_else(|| ApiError::mandatory("signature")).and_then(|signature| {
+            let payload = params.all().iter().filter(|(name, _)| name != "signature").map(|(name, value)| format!("{name}={value}")).collect::<Vec<_>>().join("&");
+            if !signature_matches(&credentials.secret, payload.as_bytes(), signature) {
+                return Err(ApiError::bad(-1022, "Signature for this request is not valid."));
+            }
+            check_time(&params)
+        });
+        if let Err(e) = checked {
+            self.spend(key, 1, false)?;
+            return Err(e);
+        }
+        let used = self.spend(key, weight, false)?;
+        Ok((credentials.account, used))
+    }
+
+    /// The request weight allowed a key per minute.
+    pub(crate) fn max_weight(&self) -> u32 {
+        self.max_weight
+    }
+}
+
 /// A signed request's `timestamp` against `recvWindow` and our clock.
 fn check_time(params: &Params) -> Result<(), ApiError> {
     let timestamp = params.get("timestamp").ok_or_else(|| ApiError::mandatory("timestamp"))?;

@@ -354,7 +354,9 @@ pub(crate) fn balances(hub: &Hub, trading: &Trading, market: &MarketData, answer
 /// A key ended (closed or expired): its subscribers are told, and its
 /// stream is gone.
 pub(crate) fn expired(hub: &Hub, key: &str) {
-    let message = json!({"e": "listenKeyExpired", "E": now_ms(), "listenKey": key});
-    hub.send_to_stream(key, vec![message.to_string()]);
+    let now = now_ms();
+    let message = json!({"e": "listenKeyExpired", "E": now, "listenKey": key});
+    let event = json!({"e": "eventStreamTerminated", "E": now});
+    hub.send_ending(key, &message.to_string(), &event.to_string());
     hub.drop_stream(key);
 }

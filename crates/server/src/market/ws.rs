@@ -1,10 +1,14 @@
 //! WebSocket connections: Binance's raw (`/ws/<stream>`, `/ws`) and
 //! combined (`/stream?streams=a/b`) endpoints, the `SUBSCRIBE`,
 //! `UNSUBSCRIBE`, `LIST_SUBSCRIPTIONS`, `SET_PROPERTY` and `GET_PROPERTY`
-//! requests, pings, and the limits (`docs/marketdata.md`).
+//! requests, pings, and the limits (`docs/marketdata.md`); and the
+//! WebSocket API's user data stream subscriptions (`/ws-api/v3`,
+//! `docs/trading.md`).
+
+use crossbook_engine::AccountId;
 
 use super::http::ApiError;
-use super::{Connection, Hub};
+use super::{Connection, Hub, Wrap};
 use crate::log;
 use axum::extract::WebSocketUpgrade;
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
@@ -45,6 +49,19 @@ pub(crate) fn stream_name(hub: &Hub, name: &str) -> Option<String> {
 /// first (an unknown one is a 400), and the connection budget (a 503 past
 /// it).
 pub(crate) fn upgrade(hub: Arc<Hub>, upgrade: WebSocketUpgrade, streams: Vec<String>, combined: bool) -> Response {
+    open(hub, upgrade, streams, combined, false)
+}
+
+/// Answers a WebSocket API upgrade (`/ws-api/v3`): the same connection
+/// budget; requests in the API's shape.
+pub(crate) fn upgrade_api(hub: Arc<Hub>, upgrade: WebSocketUpgrade) -> Response {
+    if hub.trading.is_none() {
+        return ApiError::new(StatusCode::NOT_FOUND, -1020, "The trading API is off on this venue ([market_data] trading = false).").into_response();
+    }
+    open(hub, upgrade, Vec::new(), false, true)
+}
+
+fn open(hub: Arc<Hub>, upgrade: WebSocketUpgrade, streams: Vec<String>, combined: bool, api: bool) -> Response {
     let mut names = Vec::with_capacity(streams.len());
     for stream in &streams {
         match stream_name(&hub, stream) {
@@ -68,7 +85,7 @@ pub(crate) fn upgrade(hub: Arc<Hub>, upgrade: WebSocketUpgrade, streams: Vec<Str
     let max = hub.config.max_message;
     upgrade.max_message_size(max).max_frame_size(max).on_upgrade(move |socket| async move {
         let slot = slot;
-        serve(&slot.0, socket, names, combined).await;
+        serve(&slot.0, socket, names, combined, api).await;
     })
 }
 
@@ -132,15 +149,34 @@ struct Session {
     combined: bool,
     window_started: Instant,
     window_messages: u32,
+    /// A WebSocket API connection (`/ws-api/v3`): its user data stream
+    /// subscriptions (id, account, the account's listen key), and the next
+    /// id.
+    api: bool,
+    subscriptions: Vec<(u64, AccountId, String)>,
+    next_subscription: u64,
 }
 
-async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: bool) {
+/// The most user data stream subscriptions one WebSocket API connection
+/// holds at once.
+const MAX_SUBSCRIPTIONS: usize = 1000;
+
+async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: bool, api: bool) {
     let (out, mut queued) = tokio::sync::mpsc::unbounded_channel::<Vec<axum::extract::ws::Utf8Bytes>>();
     let connection = Arc::new(Connection { id: hub.new_connection_id(), out, waiting: AtomicUsize::new(0), dropped: AtomicBool::new(false), wake: tokio::sync::Notify::new() });
     hub.live().insert(connection.id, connection.clone());
-    let mut session = Session { connection: connection.clone(), streams: Vec::new(), combined, window_started: Instant::now(), window_messages: 0 };
+    let mut session = Session {
+        connection: connection.clone(),
+        streams: Vec::new(),
+        combined,
+        window_started: Instant::now(),
+        window_messages: 0,
+        api,
+        subscriptions: Vec::new(),
+        next_subscription: 0,
+    };
     for name in names {
-        hub.subscribe(&name, &connection, combined);
+        hub.subscribe(&name, &connection, Wrap::combined(combined));
         session.streams.push(name);
     }
     let (mut sink, mut incoming) = socket.split();
@@ -155,7 +191,7 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                     if let Some(reason) = session.count_message(hub) {
                         break Some(reason);
                     }
-                    let answer = session.request(hub, text.as_str());
+                    let answer = if session.api { session.api_request(hub, text.as_str()) } else { session.request(hub, text.as_str()) };
                     if let Err(reason) = send_all(&mut sink, vec![Message::Text(answer.to_string().into())], hub, &connection).await {
                         break reason;
                     }
@@ -199,6 +235,13 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                 }
             }
             _ = pings.tick() => {
+                // The listen keys behind the connection's subscriptions
+                // live as long as it does.
+                // A subscription whose key was ended (closed over REST)
+                // has had its eventStreamTerminated: it is gone.
+                if let Some(trading) = &hub.trading {
+                    session.subscriptions.retain(|(_, account, key)| trading.streams.keep(*account, key));
+                }
                 if last_heard.elapsed() > every * 3 {
                     break Some((POLICY, format!("nothing heard for {} s (pong timeout)", (every * 3).as_secs())));
                 }
@@ -228,6 +271,89 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
 }
 
 impl Session {
+    /// Answers one WebSocket API request (`docs/trading.md`, "The
+    /// WebSocket API"): `{"id", "status", "result", "rateLimits"}` or
+    /// `{"id", "status", "error": {"code", "msg"}}`.
+    fn api_request(&mut self, hub: &Hub, text: &str) -> Value {
+        let request: Value = match serde_json::from_str(text) {
+            Ok(Value::Object(request)) => Value::Object(request),
+            Ok(_) => return api_error(&Value::Null, &ApiError::bad(-1000, "Malformed request: a JSON object is expected.")),
+            Err(e) => return api_error(&Value::Null, &ApiError::bad(-1000, format!("Malformed request: {e}."))),
+        };
+        let id = request.get("id").cloned().unwrap_or(Value::Null);
+        if !(id.is_null() || id.is_i64() || id.is_u64() || id.as_str().is_some_and(|s| s.len() <= 36)) {
+            return api_error(&Value::Null, &ApiError::bad(-1000, "Malformed request: 'id' must be an integer, a string of 36 characters at most, or null."));
+        }
+        let Some(method) = request.get("method").and_then(Value::as_str) else {
+            return api_error(&id, &ApiError::mandatory("method"));
+        };
+        let empty = serde_json::Map::new();
+        let params = match request.get("params") {
+            None | Some(Value::Null) => &empty,
+            Some(Value::Object(params)) => params,
+            Some(_) => return api_error(&id, &ApiError::bad(-1000, "Malformed request: 'params' must be an object.")),
+        };
+        let Some(trading) = &hub.trading else {
+            return api_error(&id, &ApiError::new(StatusCode::NOT_FOUND, -1020, "The trading API is off on this venue."));
+        };
+        let limits = |used: u32| json!([{"rateLimitType": "REQUEST_WEIGHT", "interval": "MINUTE", "intervalNum": 1, "limit": trading.max_weight(), "count": used}]);
+        match method {
+            "userDataStream.subscribe.signature" => {
+                let (account, used) = match trading.signed_ws(params, &[], 2) {
+                    Ok(checked) => checked,
+                    Err(e) => return api_error(&id, &e),
+                };
+                if self.subscriptions.iter().any(|(_, a, _)| *a == account) {
+                    return api_error(&id, &ApiError::bad(-1020, "This account already has a subscription on this connection."));
+                }
+                if self.subscriptions.len() >= MAX_SUBSCRIPTIONS {
+                    return api_error(&id, &ApiError::bad(-1020, format!("Too many subscriptions: at most {MAX_SUBSCRIPTIONS} per connection.")));
+                }
+                let key = match trading.streams.open(account) {
+                    Ok(key) => key,
+                    Err(e) => return api_error(&id, &ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, -1000, format!("No user data stream: {e}."))),
+                };
+                let subscription = self.next_subscription;
+                self.next_subscription += 1;
+                hub.subscribe(&key, &self.connection, Wrap::Event(subscription));
+                if !self.streams.contains(&key) {
+                    self.streams.push(key.clone());
+                }
+                self.subscriptions.push((subscription, account, key));
+                json!({"id": id, "status": 200, "result": {"subscriptionId": subscription}, "rateLimits": limits(used)})
+            }
+            "userDataStream.unsubscribe" => {
+                if params.keys().any(|name| name != "subscriptionId") {
+                    return api_error(&id, &ApiError::bad(-1103, "An unknown parameter was sent."));
+                }
+                let ended: Vec<(u64, AccountId, String)> = match params.get("subscriptionId") {
+                    None => std::mem::take(&mut self.subscriptions),
+                    Some(wanted) => {
+                        let Some(wanted) = wanted.as_u64().or_else(|| wanted.as_str().and_then(|s| s.parse().ok())) else {
+                            return api_error(&id, &ApiError::illegal("subscriptionId", "0-65535"));
+                        };
+                        let Some(at) = self.subscriptions.iter().position(|(s, _, _)| *s == wanted) else {
+                            return api_error(&id, &ApiError::bad(-2035, "User Data Stream subscription not active."));
+                        };
+                        vec![self.subscriptions.remove(at)]
+                    }
+                };
+                for (_, _, key) in ended {
+                    hub.unsubscribe(&key, self.connection.id);
+                    self.streams.retain(|s| *s != key);
+                }
+                json!({"id": id, "status": 200, "result": {}})
+            }
+            "session.subscriptions" => {
+                let list: Vec<Value> = self.subscriptions.iter().map(|(s, _, _)| json!({"subscriptionId": s})).collect();
+                json!({"id": id, "status": 200, "result": list})
+            }
+            "ping" => json!({"id": id, "status": 200, "result": {}}),
+            "time" => json!({"id": id, "status": 200, "result": {"serverTime": crate::now_ms()}}),
+            other => api_error(&id, &ApiError::bad(-1020, format!("Unsupported method: '{other}'. This venue's WebSocket API has userDataStream.subscribe.signature, userDataStream.unsubscribe, session.subscriptions, ping and time."))),
+        }
+    }
+
     /// Counts a message against the per-second budget; the close reason if
     /// it is spent.
     fn count_message(&mut self, hub: &Hub) -> Option<(u16, String)> {
@@ -274,7 +400,7 @@ impl Session {
                     }
                     for name in names {
                         if !self.streams.contains(&name) {
-                            hub.subscribe(&name, &self.connection, self.combined);
+                            hub.subscribe(&name, &self.connection, Wrap::combined(self.combined));
                             self.streams.push(name);
                         }
                     }
@@ -303,4 +429,9 @@ impl Session {
             other => invalid(format!("unknown variant {other}, expected one of SUBSCRIBE, UNSUBSCRIBE, LIST_SUBSCRIPTIONS, SET_PROPERTY, GET_PROPERTY")),
         }
     }
+}
+
+/// A WebSocket API error answer.
+fn api_error(id: &Value, error: &ApiError) -> Value {
+    json!({"id": id, "status": error.status.as_u16(), "error": {"code": error.code, "msg": error.msg}})
 }
