@@ -570,10 +570,11 @@ fn ws_api_answer(socket: &mut Socket, request: &str, id: u64, events: &mut Vec<V
     panic!("no answer to {request}");
 }
 
-/// The WebSocket API's user data stream subscription (what ccxt.pro's
-/// binance uses): signed as the REST API, refused with its codes, one
+/// The WebSocket API (what ccxt.pro's binance uses): the user data stream
+/// subscription, signed as the REST API, refused with its codes, one
 /// subscription per account and connection, each account's events only,
-/// wrapped with the subscription's id; it ends with the account's key.
+/// wrapped with the subscription's id, ending with the account's key; and
+/// orders, queries and balances, the REST endpoints' work and answers.
 #[test]
 fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     let dir = TempDir::new("trading-ws-api");
@@ -592,7 +593,8 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     assert_eq!(error(&ws_api_answer(&mut socket, &ws_api_subscribe("alice", "alice-secret", 5, now_ms() - 120_000), 5, &mut events)), (Some(400), Some(-1021)));
     let extra = r#"{"id":6,"method":"userDataStream.subscribe.signature","params":{"apiKey":"alice","timestamp":1,"signature":"00","colour":"red"}}"#;
     assert_eq!(error(&ws_api_answer(&mut socket, extra, 6, &mut events)), (Some(400), Some(-1103)));
-    assert_eq!(error(&ws_api_answer(&mut socket, r#"{"id":7,"method":"order.place","params":{}}"#, 7, &mut events)), (Some(400), Some(-1020)));
+    assert_eq!(error(&ws_api_answer(&mut socket, r#"{"id":7,"method":"orderList.place","params":{}}"#, 7, &mut events)), (Some(400), Some(-1020)));
+    assert_eq!(error(&ws_api_answer(&mut socket, r#"{"id":7,"method":"order.place","params":{}}"#, 7, &mut events)), (Some(401), Some(-2014)));
     socket.send(tungstenite::Message::Text("{nope".into())).unwrap();
     let bad_json = messages(&mut socket, Duration::from_millis(500));
     assert_eq!(bad_json.iter().map(error).collect::<Vec<_>>(), vec![(Some(400), Some(-1000))], "{bad_json:?}");
@@ -628,6 +630,39 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     assert_eq!(error(&ws_api_answer(&mut socket, r#"{"id":11,"method":"userDataStream.unsubscribe","params":{"subscriptionId":0}}"#, 11, &mut events)), (Some(400), Some(-2035)));
     ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "9000")]));
     assert!(messages(&mut socket, Duration::from_millis(500)).is_empty(), "nothing after unsubscribing");
+    // Orders over the WebSocket API: the REST endpoints' work and
+    // answers, signed over the sorted parameters; another account's order
+    // is unknown, as over REST.
+    let signed_request = |id: u64, method: &str, params: &[(&str, &str)], key: &str, secret: &str| -> String {
+        let mut all: Vec<(String, String)> = params.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+        all.push(("apiKey".into(), key.into()));
+        all.push(("timestamp".into(), now_ms().to_string()));
+        all.sort();
+        let payload = all.iter().map(|(n, v)| format!("{n}={v}")).collect::<Vec<_>>().join("&");
+        all.push(("signature".into(), hex_hmac(secret, &payload)));
+        let params: serde_json::Map<String, Value> = all.into_iter().map(|(n, v)| (n, Value::String(v))).collect();
+        serde_json::json!({"id": id, "method": method, "params": params}).to_string()
+    };
+    let sell = [("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.003"), ("price", "5000"), ("newClientOrderId", "w1")];
+    let placed = ws_api_answer(&mut socket, &signed_request(20, "order.place", &sell, "alice", "alice-secret"), 20, &mut events);
+    assert_eq!((placed["status"].as_u64(), placed["result"]["status"].as_str(), placed["result"]["clientOrderId"].as_str()), (Some(200), Some("NEW"), Some("w1")), "{placed}");
+    let order_id = placed["result"]["orderId"].as_u64().unwrap().to_string();
+    let rest = ok(alice(&server, "GET", "/api/v3/order", &[("symbol", "BTCUSD"), ("orderId", &order_id)]));
+    assert_eq!((rest["price"].as_str(), rest["origQty"].as_str()), (Some("5000"), Some("0.003")));
+    let status = ws_api_answer(&mut socket, &signed_request(21, "order.status", &[("symbol", "BTCUSD"), ("orderId", &order_id)], "alice", "alice-secret"), 21, &mut events);
+    assert_eq!(status["result"], rest, "order.status and GET /api/v3/order");
+    let forged = signed_request(22, "order.place", &sell, "alice", "bob-secret");
+    assert_eq!(error(&ws_api_answer(&mut socket, &forged, 22, &mut events)), (Some(400), Some(-1022)));
+    let no_price = signed_request(23, "order.place", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.003")], "alice", "alice-secret");
+    assert_eq!(error(&ws_api_answer(&mut socket, &no_price, 23, &mut events)), (Some(400), Some(-1102)));
+    let bobs_cancel = signed_request(24, "order.cancel", &[("symbol", "BTCUSD"), ("orderId", &order_id)], "bob", "bob-secret");
+    assert_eq!(error(&ws_api_answer(&mut socket, &bobs_cancel, 24, &mut events)), (Some(400), Some(-2011)), "another account's order");
+    let cancelled = ws_api_answer(&mut socket, &signed_request(25, "order.cancel", &[("symbol", "BTCUSD"), ("orderId", &order_id)], "alice", "alice-secret"), 25, &mut events);
+    assert_eq!(cancelled["result"]["status"].as_str(), Some("CANCELED"), "{cancelled}");
+    let account = ws_api_answer(&mut socket, &signed_request(26, "account.status", &[], "alice", "alice-secret"), 26, &mut events);
+    let rest_account = ok(alice(&server, "GET", "/api/v3/account", &[]));
+    assert_eq!(account["result"]["balances"], rest_account["balances"], "account.status and GET /api/v3/account");
+
     // Bob's key closed over REST: his subscription ends with
     // eventStreamTerminated.
     let bob_key = ok(http(market, "POST", "/api/v3/userDataStream", &[("X-MBX-APIKEY", "bob")], ""))["listenKey"].as_str().unwrap().to_string();

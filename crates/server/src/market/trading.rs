@@ -393,22 +393,44 @@ impl Trading {
     /// SHA256 of the query string and the body, `signature` left out) and
     /// its `timestamp` against `recvWindow`. Returns the account, its
     /// parameters and the weight used this minute.
-    fn signed(&self, headers: &HeaderMap, query: Option<&str>, body: &str, known: &[&str], weight: impl Fn(&Params) -> u32, order: bool) -> Result<(AccountId, Params, u32), ApiError> {
-        let (key, credentials) = self.key(headers)?;
-        let mut all: Vec<&str> = known.to_vec();
-        all.extend(["timestamp", "recvWindow", "signature"]);
-        let body = (!body.is_empty()).then_some(body);
+    pub(crate) fn signed(&self, auth: &Auth<'_>, known: &[&str], weight: impl Fn(&Params) -> u32, order: bool) -> Result<(AccountId, Params, u32), ApiError> {
         // A request that fails before its signature and time are checked
         // costs 1; one that passes them costs its weight (and its order).
-        let checked = Params::parse_both(query, body, &all).and_then(|params| {
-            let signature = params.get("signature").ok_or_else(|| ApiError::mandatory("signature"))?;
-            let payload = format!("{}{}", without_signature(query.unwrap_or("")), without_signature(body.unwrap_or("")));
-            if !signature_matches(&credentials.secret, payload.as_bytes(), signature) {
-                return Err(ApiError::bad(-1022, "Signature for this request is not valid."));
+        let (key, credentials, checked) = match auth {
+            Auth::Rest { headers, query, body } => {
+                let (key, credentials) = self.key(headers)?;
+                let mut all: Vec<&str> = known.to_vec();
+                all.extend(["timestamp", "recvWindow", "signature"]);
+                let body = (!body.is_empty()).then_some(*body);
+                let checked = Params::parse_both(*query, body, &all).and_then(|params| {
+                    let signature = params.get("signature").ok_or_else(|| ApiError::mandatory("signature"))?;
+                    let payload = format!("{}{}", without_signature(query.unwrap_or("")), without_signature(body.unwrap_or("")));
+                    if !signature_matches(&credentials.secret, payload.as_bytes(), signature) {
+                        return Err(ApiError::bad(-1022, "Signature for this request is not valid."));
+                    }
+                    check_time(&params)?;
+                    Ok(params)
+                });
+                (key, credentials, checked)
             }
-            check_time(&params)?;
-            Ok(params)
-        });
+            Auth::Ws(params) => {
+                let (key, credentials) = match params.get("apiKey").and_then(serde_json::Value::as_str).map(|key| self.keys.get_key_value(key)) {
+                    None => return Err(ApiError::new(StatusCode::UNAUTHORIZED, -2014, "API-key format invalid.")),
+                    Some(Some((key, credentials))) if !credentials.secret.is_empty() => (key.as_str(), credentials),
+                    Some(_) => return Err(ApiError::new(StatusCode::UNAUTHORIZED, -2015, "Invalid API-key, IP, or permissions for action.")),
+                };
+                let checked = ws_params(params, known).and_then(|params| {
+                    let signature = params.get("signature").ok_or_else(|| ApiError::mandatory("signature"))?;
+                    let payload = params.all().iter().filter(|(name, _)| name != "signature").map(|(name, value)| format!("{name}={value}")).collect::<Vec<_>>().join("&");
+                    if !signature_matches(&credentials.secret, payload.as_bytes(), signature) {
+                        return Err(ApiError::bad(-1022, "Signature for this request is not valid."));
+                    }
+                    check_time(&params)?;
+                    Ok(params)
+                });
+                (key, credentials, checked)
+            }
+        };
         let params = match checked {
             Ok(params) => params,
             Err(e) => {
@@ -430,55 +452,39 @@ impl Trading {
 }
 
 impl Trading {
-    /// Checks a signed WebSocket API request's `params` (`apiKey`,
-    /// `timestamp`, `recvWindow`, `signature`, and `known`): the key, its
-    /// weight, the signature (HMAC-SHA256 of every other parameter, sorted
-    /// by name, as `name=value` pairs joined by `&`) and the time, as
-    /// `signed` does for REST. Returns the account and the weight used this
-    /// minute.
-    pub(crate) fn signed_ws(&self, params: &serde_json::Map<String, serde_json::Value>, known: &[&str], weight: u32) -> Result<(AccountId, u32), ApiError> {
-        let mut pairs: Vec<(String, String)> = Vec::with_capacity(params.len());
-        for (name, value) in params {
-            if !known.contains(&name.as_str()) && !["apiKey", "timestamp", "recvWindow", "signature"].contains(&name.as_str()) {
-                return Err(ApiError::bad(-1103, format!("An unknown parameter was sent: '{name}'.")));
-            }
-            let text = match value {
-                serde_json::Value::String(text) => text.clone(),
-                serde_json::Value::Number(number) => number.to_string(),
-                serde_json::Value::Bool(flag) => flag.to_string(),
-                _ => return Err(ApiError::bad(-1100, format!("Illegal characters found in parameter '{name}'; a string, a number or a boolean is expected."))),
-            };
-            pairs.push((name.clone(), text));
-        }
-        // Sorted by name: the payload's order.
-        pairs.sort_by(|a, b| a.0.cmp(&b.0));
-        let params = Params::from_pairs(pairs);
-        let Some(key) = params.get("apiKey") else {
-            return Err(ApiError::new(StatusCode::UNAUTHORIZED, -2014, "API-key format invalid."));
-        };
-        let (key, credentials) = match self.keys.get_key_value(key) {
-            Some((key, credentials)) if !credentials.secret.is_empty() => (key.as_str(), credentials),
-            _ => return Err(ApiError::new(StatusCode::UNAUTHORIZED, -2015, "Invalid API-key, IP, or permissions for action.")),
-        };
-        let checked = params.get("signature").ok_or_else(|| ApiError::mandatory("signature")).and_then(|signature| {
-            let payload = params.all().iter().filter(|(name, _)| name != "signature").map(|(name, value)| format!("{name}={value}")).collect::<Vec<_>>().join("&");
-            if !signature_matches(&credentials.secret, payload.as_bytes(), signature) {
-                return Err(ApiError::bad(-1022, "Signature for this request is not valid."));
-            }
-            check_time(&params)
-        });
-        if let Err(e) = checked {
-            self.spend(key, 1, false)?;
-            return Err(e);
-        }
-        let used = self.spend(key, weight, false)?;
-        Ok((credentials.account, used))
-    }
-
     /// The request weight allowed a key per minute.
     pub(crate) fn max_weight(&self) -> u32 {
         self.max_weight
     }
+}
+
+/// Who signed a request, and how: a REST request's headers, query string
+/// and body, or a WebSocket API request's `params` (`apiKey` among them).
+pub(crate) enum Auth<'a> {
+    Rest { headers: &'a HeaderMap, query: Option<&'a str>, body: &'a str },
+    Ws(&'a serde_json::Map<String, Value>),
+}
+
+/// A WebSocket API request's `params` as name and text, sorted by name
+/// (the order its signature covers them in): `known`, `apiKey`,
+/// `timestamp`, `recvWindow`, `signature` and `returnRateLimits`; any other
+/// is refused.
+fn ws_params(params: &serde_json::Map<String, Value>, known: &[&str]) -> Result<Params, ApiError> {
+    let mut pairs: Vec<(String, String)> = Vec::with_capacity(params.len());
+    for (name, value) in params {
+        if !known.contains(&name.as_str()) && !["apiKey", "timestamp", "recvWindow", "signature", "returnRateLimits"].contains(&name.as_str()) {
+            return Err(ApiError::bad(-1103, format!("An unknown parameter was sent: '{name}'.")));
+        }
+        let text = match value {
+            Value::String(text) => text.clone(),
+            Value::Number(number) => number.to_string(),
+            Value::Bool(flag) => flag.to_string(),
+            _ => return Err(ApiError::bad(-1100, format!("Illegal characters found in parameter '{name}'; a string, a number or a boolean is expected."))),
+        };
+        pairs.push((name.clone(), text));
+    }
+    pairs.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(Params::from_pairs(pairs))
 }
 
 /// A signed request's `timestamp` against `recvWindow` and our clock.
@@ -545,7 +551,7 @@ fn trading(hub: &Hub) -> Result<&Trading, ApiError> {
 /// An order request sent to a follower of a replicated venue: redirected
 /// to the leader (HTTP 307: the client sends the same request there), or
 /// refused while no leader is known.
-fn follower(hub: &Hub, path: &str, query: Option<&str>) -> Result<(), ApiError> {
+pub(crate) fn follower(hub: &Hub, path: &str, query: Option<&str>) -> Result<(), ApiError> {
     if hub.node.accepting.load(Ordering::Acquire) {
         return Ok(());
     }
@@ -621,13 +627,21 @@ fn order_reject(reason: RejectReason) -> ApiError {
 
 /// `POST /api/v3/order`.
 pub(crate) async fn new_order(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
-    let trading = trading(&hub)?;
+    trading(&hub)?;
     follower(&hub, "/api/v3/order", query.as_deref())?;
     let body = body_text(body, &hub)?;
+    let (value, used) = new_order_core(&hub, &Auth::Rest { headers: &headers, query: query.as_deref(), body: &body }).await?;
+    Ok(answer(value, used))
+}
+
+/// The work of [`new_order`], for REST and the WebSocket API: the answer's
+/// body and the weight used this minute.
+pub(crate) async fn new_order_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value, u32), ApiError> {
+    let trading = trading(hub)?;
     let known = [
         "symbol", "side", "type", "timeInForce", "quantity", "quoteOrderQty", "price", "newClientOrderId", "newOrderRespType", "selfTradePreventionMode", "stopPrice", "trailingDelta", "icebergQty", "strategyId", "strategyType", "pegPriceType", "pegOffsetValue", "pegOffsetType",
     ];
-    let (account, params, used) = trading.signed(&headers, query.as_deref(), &body, &known, |_| 1, true)?;
+    let (account, params, used) = trading.signed(auth, &known, |_| 1, true)?;
     for unsupported in ["stopPrice", "trailingDelta", "icebergQty", "strategyId", "strategyType", "pegPriceType", "pegOffsetValue", "pegOffsetType"] {
         if params.get(unsupported).is_some() {
             return Err(ApiError::bad(-1106, format!("Parameter '{unsupported}' sent when not required.")));
@@ -711,9 +725,9 @@ pub(crate) async fn new_order(State(hub): State<Arc<Hub>>, headers: HeaderMap, R
     let data = &market.instruments[index];
     match outcome {
         Outcome::Refused => Err(ApiError::bad(-1013, "Filter failure: MAX_NUM_ORDERS")),
-        Outcome::Applied { reject: Some(RejectReason::FokCannotFill), order: Some(order), time_ms, .. } => Ok(answer(render::new_order(data, &order, time_ms, response, &[]), used)),
+        Outcome::Applied { reject: Some(RejectReason::FokCannotFill), order: Some(order), time_ms, .. } => Ok((render::new_order(data, &order, time_ms, response, &[]), used)),
         Outcome::Applied { reject: Some(reason), .. } => Err(order_reject(reason)),
-        Outcome::Applied { order: Some(order), time_ms, fills, .. } => Ok(answer(render::new_order(data, &order, time_ms, response, &fills), used)),
+        Outcome::Applied { order: Some(order), time_ms, fills, .. } => Ok((render::new_order(data, &order, time_ms, response, &fills), used)),
         Outcome::Applied { order: None, seq, .. } => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, -1000, format!("Order {seq} was applied but is not in the account's records."))),
         Outcome::Answered(_) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, -1000, "Unexpected answer.")),
     }
@@ -732,10 +746,18 @@ fn find_order<'a>(market: &'a MarketData, account: AccountId, index: usize, para
 
 /// `DELETE /api/v3/order`.
 pub(crate) async fn cancel_order(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
-    let trading = trading(&hub)?;
+    trading(&hub)?;
     follower(&hub, "/api/v3/order", query.as_deref())?;
     let body = body_text(body, &hub)?;
-    let (account, params, used) = trading.signed(&headers, query.as_deref(), &body, &["symbol", "orderId", "origClientOrderId", "newClientOrderId", "cancelRestrictions"], |_| 1, false)?;
+    let (value, used) = cancel_order_core(&hub, &Auth::Rest { headers: &headers, query: query.as_deref(), body: &body }).await?;
+    Ok(answer(value, used))
+}
+
+/// The work of [`cancel_order`], for REST and the WebSocket API: the answer's
+/// body and the weight used this minute.
+pub(crate) async fn cancel_order_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value, u32), ApiError> {
+    let trading = trading(hub)?;
+    let (account, params, used) = trading.signed(auth, &["symbol", "orderId", "origClientOrderId", "newClientOrderId", "cancelRestrictions"], |_| 1, false)?;
     if params.get("cancelRestrictions").is_some() {
         return Err(ApiError::bad(-1106, "Parameter 'cancelRestrictions' sent when not required."));
     }
@@ -749,17 +771,25 @@ pub(crate) async fn cancel_order(State(hub): State<Arc<Hub>>, headers: HeaderMap
     let outcome = trading.ask(Request::Command(Command::Cancel { account, order }), Some(RestAnnex { request, client_id: String::new() }), None).await?;
     let market = hub.read();
     match outcome {
-        Outcome::Applied { reject: None, order: Some(order), time_ms, .. } => Ok(answer(render::cancelled_order(&market.instruments[index], &order, time_ms), used)),
+        Outcome::Applied { reject: None, order: Some(order), time_ms, .. } => Ok((render::cancelled_order(&market.instruments[index], &order, time_ms), used)),
         _ => Err(ApiError::bad(-2011, "Unknown order sent.")),
     }
 }
 
 /// `DELETE /api/v3/openOrders`.
 pub(crate) async fn cancel_open_orders(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
-    let trading = trading(&hub)?;
+    trading(&hub)?;
     follower(&hub, "/api/v3/openOrders", query.as_deref())?;
     let body = body_text(body, &hub)?;
-    let (account, params, used) = trading.signed(&headers, query.as_deref(), &body, &["symbol"], |_| 1, false)?;
+    let (value, used) = cancel_open_orders_core(&hub, &Auth::Rest { headers: &headers, query: query.as_deref(), body: &body }).await?;
+    Ok(answer(value, used))
+}
+
+/// The work of [`cancel_open_orders`], for REST and the WebSocket API: the answer's
+/// body and the weight used this minute.
+pub(crate) async fn cancel_open_orders_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value, u32), ApiError> {
+    let trading = trading(hub)?;
+    let (account, params, used) = trading.signed(auth, &["symbol"], |_| 1, false)?;
     let (instrument, index) = {
         let market = hub.read();
         let index = params.instrument(&market)?;
@@ -770,7 +800,7 @@ pub(crate) async fn cancel_open_orders(State(hub): State<Arc<Hub>>, headers: Hea
     let market = hub.read();
     match outcome {
         Outcome::Applied { reject: None, cancelled, time_ms, .. } if !cancelled.is_empty() => {
-            Ok(answer(Value::Array(cancelled.iter().map(|o| render::cancelled_order(&market.instruments[index], o, time_ms)).collect()), used))
+            Ok((Value::Array(cancelled.iter().map(|o| render::cancelled_order(&market.instruments[index], o, time_ms)).collect()), used))
         }
         _ => Err(ApiError::bad(-2011, "Unknown order sent.")),
     }
@@ -778,20 +808,36 @@ pub(crate) async fn cancel_open_orders(State(hub): State<Arc<Hub>>, headers: Hea
 
 /// `GET /api/v3/order`.
 pub(crate) async fn query_order(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
-    let trading = trading(&hub)?;
+    trading(&hub)?;
     let body = body_text(body, &hub)?;
-    let (account, params, used) = trading.signed(&headers, query.as_deref(), &body, &["symbol", "orderId", "origClientOrderId"], |_| 4, false)?;
+    let (value, used) = query_order_core(&hub, &Auth::Rest { headers: &headers, query: query.as_deref(), body: &body }).await?;
+    Ok(answer(value, used))
+}
+
+/// The work of [`query_order`], for REST and the WebSocket API: the answer's
+/// body and the weight used this minute.
+pub(crate) async fn query_order_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value, u32), ApiError> {
+    let trading = trading(hub)?;
+    let (account, params, used) = trading.signed(auth, &["symbol", "orderId", "origClientOrderId"], |_| 4, false)?;
     let market = hub.read();
     let index = params.instrument(&market)?;
     let order = find_order(&market, account, index, &params)?.ok_or_else(|| ApiError::bad(-2013, "Order does not exist."))?;
-    Ok(answer(render::order(&market.instruments[index], order), used))
+    Ok((render::order(&market.instruments[index], order), used))
 }
 
 /// `GET /api/v3/openOrders`.
 pub(crate) async fn open_orders(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
-    let trading = trading(&hub)?;
+    trading(&hub)?;
     let body = body_text(body, &hub)?;
-    let (account, params, used) = trading.signed(&headers, query.as_deref(), &body, &["symbol"], |p| if p.get("symbol").is_some() { 6 } else { 80 }, false)?;
+    let (value, used) = open_orders_core(&hub, &Auth::Rest { headers: &headers, query: query.as_deref(), body: &body }).await?;
+    Ok(answer(value, used))
+}
+
+/// The work of [`open_orders`], for REST and the WebSocket API: the answer's
+/// body and the weight used this minute.
+pub(crate) async fn open_orders_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value, u32), ApiError> {
+    let trading = trading(hub)?;
+    let (account, params, used) = trading.signed(auth, &["symbol"], |p| if p.get("symbol").is_some() { 6 } else { 80 }, false)?;
     let market = hub.read();
     let only = if params.get("symbol").is_some() { Some(params.instrument(&market)?) } else { None };
     let orders: Vec<Value> = market
@@ -807,7 +853,7 @@ pub(crate) async fn open_orders(State(hub): State<Arc<Hub>>, headers: HeaderMap,
                 .collect()
         })
         .unwrap_or_default();
-    Ok(answer(Value::Array(orders), used))
+    Ok((Value::Array(orders), used))
 }
 
 fn rows(params: &Params) -> Result<usize, ApiError> {
@@ -829,9 +875,17 @@ fn window<T>(mut items: Vec<T>, from_start: bool, limit: usize) -> Vec<T> {
 /// `GET /api/v3/allOrders`: the account's orders of one symbol, open and
 /// ended (the ended ones as far back as they are kept), oldest first.
 pub(crate) async fn all_orders(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
-    let trading = trading(&hub)?;
+    trading(&hub)?;
     let body = body_text(body, &hub)?;
-    let (account, params, used) = trading.signed(&headers, query.as_deref(), &body, &["symbol", "orderId", "startTime", "endTime", "limit"], |_| 20, false)?;
+    let (value, used) = all_orders_core(&hub, &Auth::Rest { headers: &headers, query: query.as_deref(), body: &body }).await?;
+    Ok(answer(value, used))
+}
+
+/// The work of [`all_orders`], for REST and the WebSocket API: the answer's
+/// body and the weight used this minute.
+pub(crate) async fn all_orders_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value, u32), ApiError> {
+    let trading = trading(hub)?;
+    let (account, params, used) = trading.signed(auth, &["symbol", "orderId", "startTime", "endTime", "limit"], |_| 20, false)?;
     let market = hub.read();
     let index = params.instrument(&market)?;
     let limit = rows(&params)?;
@@ -847,14 +901,22 @@ pub(crate) async fn all_orders(State(hub): State<Arc<Hub>>, headers: HeaderMap, 
     orders.retain(|o| o.instrument as usize == index && from_id.is_none_or(|f| o.id >= f) && start.is_none_or(|s| o.time_ms >= s) && end.is_none_or(|e| o.time_ms <= e));
     orders.sort_unstable_by_key(|o| o.id);
     let chosen = window(orders, from_id.is_some() || start.is_some(), limit);
-    Ok(answer(Value::Array(chosen.iter().map(|o| render::order(&market.instruments[index], o)).collect()), used))
+    Ok((Value::Array(chosen.iter().map(|o| render::order(&market.instruments[index], o)).collect()), used))
 }
 
 /// `GET /api/v3/myTrades`.
 pub(crate) async fn my_trades(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
-    let trading = trading(&hub)?;
+    trading(&hub)?;
     let body = body_text(body, &hub)?;
-    let (account, params, used) = trading.signed(&headers, query.as_deref(), &body, &["symbol", "orderId", "startTime", "endTime", "fromId", "limit"], |_| 20, false)?;
+    let (value, used) = my_trades_core(&hub, &Auth::Rest { headers: &headers, query: query.as_deref(), body: &body }).await?;
+    Ok(answer(value, used))
+}
+
+/// The work of [`my_trades`], for REST and the WebSocket API: the answer's
+/// body and the weight used this minute.
+pub(crate) async fn my_trades_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value, u32), ApiError> {
+    let trading = trading(hub)?;
+    let (account, params, used) = trading.signed(auth, &["symbol", "orderId", "startTime", "endTime", "fromId", "limit"], |_| 20, false)?;
     let market = hub.read();
     let index = params.instrument(&market)?;
     let limit = rows(&params)?;
@@ -870,14 +932,22 @@ pub(crate) async fn my_trades(State(hub): State<Arc<Hub>>, headers: HeaderMap, R
         .unwrap_or_default();
     trades.retain(|t| order.is_none_or(|o| t.order == o) && from_id.is_none_or(|f| t.id >= f) && start.is_none_or(|s| t.time_ms >= s) && end.is_none_or(|e| t.time_ms <= e));
     let chosen = window(trades, from_id.is_some() || start.is_some(), limit);
-    Ok(answer(Value::Array(chosen.iter().map(|t| render::my_trade(&market.instruments[index], t)).collect()), used))
+    Ok((Value::Array(chosen.iter().map(|t| render::my_trade(&market.instruments[index], t)).collect()), used))
 }
 
 /// `GET /api/v3/account`: balances from the engine, asked in sequence.
 pub(crate) async fn account(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
-    let trading = trading(&hub)?;
+    trading(&hub)?;
     let body = body_text(body, &hub)?;
-    let (account, params, used) = trading.signed(&headers, query.as_deref(), &body, &["omitZeroBalances"], |_| 20, false)?;
+    let (value, used) = account_core(&hub, &Auth::Rest { headers: &headers, query: query.as_deref(), body: &body }).await?;
+    Ok(answer(value, used))
+}
+
+/// The work of [`account`], for REST and the WebSocket API: the answer's
+/// body and the weight used this minute.
+pub(crate) async fn account_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value, u32), ApiError> {
+    let trading = trading(hub)?;
+    let (account, params, used) = trading.signed(auth, &["omitZeroBalances"], |_| 20, false)?;
     let omit_zero = match params.get("omitZeroBalances") {
         None | Some("false") => false,
         Some("true") => true,
@@ -904,7 +974,7 @@ pub(crate) async fn account(State(hub): State<Arc<Hub>>, headers: HeaderMap, Raw
             Some(json!({"asset": info.name, "free": render::decimal(i128::from(available), info.unit), "locked": render::decimal(i128::from(locked), info.unit)}))
         })
         .collect();
-    Ok(answer(
+    Ok((
         json!({
             "makerCommission": fees.0,
             "takerCommission": fees.1,
@@ -930,14 +1000,22 @@ pub(crate) async fn account(State(hub): State<Arc<Hub>>, headers: HeaderMap, Raw
 /// `GET /api/v3/account/commission`: the symbol's fees (the same for
 /// every account).
 pub(crate) async fn commission(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
-    let trading = trading(&hub)?;
+    trading(&hub)?;
     let body = body_text(body, &hub)?;
-    let (_, params, used) = trading.signed(&headers, query.as_deref(), &body, &["symbol"], |_| 20, false)?;
+    let (value, used) = commission_core(&hub, &Auth::Rest { headers: &headers, query: query.as_deref(), body: &body }).await?;
+    Ok(answer(value, used))
+}
+
+/// The work of [`commission`], for REST and the WebSocket API: the answer's
+/// body and the weight used this minute.
+pub(crate) async fn commission_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value, u32), ApiError> {
+    let trading = trading(hub)?;
+    let (_, params, used) = trading.signed(auth, &["symbol"], |_| 20, false)?;
     let market = hub.read();
     let info = &market.instruments[params.instrument(&market)?].info;
     let bps = |value: i64| render::decimal(i128::from(value), Unit { mantissa: 1, scale: 4 });
     let zero = || json!({"maker": "0", "taker": "0", "buyer": "0", "seller": "0"});
-    Ok(answer(
+    Ok((
         json!({
             "symbol": info.binance,
             "standardCommission": {"maker": bps(info.maker_bps), "taker": bps(info.taker_bps), "buyer": "0", "seller": "0"},

@@ -8,6 +8,7 @@
 use crossbook_engine::AccountId;
 
 use super::http::ApiError;
+use super::trading::{self, Auth};
 use super::{Connection, Hub, Wrap};
 use crate::log;
 use axum::extract::WebSocketUpgrade;
@@ -191,7 +192,7 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                     if let Some(reason) = session.count_message(hub) {
                         break Some(reason);
                     }
-                    let answer = if session.api { session.api_request(hub, text.as_str()) } else { session.request(hub, text.as_str()) };
+                    let answer = if session.api { session.api_request(hub, text.as_str()).await } else { session.request(hub, text.as_str()) };
                     if let Err(reason) = send_all(&mut sink, vec![Message::Text(answer.to_string().into())], hub, &connection).await {
                         break reason;
                     }
@@ -274,7 +275,7 @@ impl Session {
     /// Answers one WebSocket API request (`docs/trading.md`, "The
     /// WebSocket API"): `{"id", "status", "result", "rateLimits"}` or
     /// `{"id", "status", "error": {"code", "msg"}}`.
-    fn api_request(&mut self, hub: &Hub, text: &str) -> Value {
+    async fn api_request(&mut self, hub: &Hub, text: &str) -> Value {
         let request: Value = match serde_json::from_str(text) {
             Ok(Value::Object(request)) => Value::Object(request),
             Ok(_) => return api_error(&Value::Null, &ApiError::bad(-1000, "Malformed request: a JSON object is expected.")),
@@ -297,9 +298,16 @@ impl Session {
             return api_error(&id, &ApiError::new(StatusCode::NOT_FOUND, -1020, "The trading API is off on this venue."));
         };
         let limits = |used: u32| json!([{"rateLimitType": "REQUEST_WEIGHT", "interval": "MINUTE", "intervalNum": 1, "limit": trading.max_weight(), "count": used}]);
+        // `returnRateLimits: false` leaves them out of the answer.
+        let with_limits = |mut answer: Value, used: u32| {
+            if params.get("returnRateLimits") != Some(&Value::Bool(false)) {
+                answer["rateLimits"] = limits(used);
+            }
+            answer
+        };
         match method {
             "userDataStream.subscribe.signature" => {
-                let (account, used) = match trading.signed_ws(params, &[], 2) {
+                let (account, _, used) = match trading.signed(&Auth::Ws(params), &[], |_| 2, false) {
                     Ok(checked) => checked,
                     Err(e) => return api_error(&id, &e),
                 };
@@ -320,7 +328,7 @@ impl Session {
                     self.streams.push(key.clone());
                 }
                 self.subscriptions.push((subscription, account, key));
-                json!({"id": id, "status": 200, "result": {"subscriptionId": subscription}, "rateLimits": limits(used)})
+                with_limits(json!({"id": id, "status": 200, "result": {"subscriptionId": subscription}}), used)
             }
             "userDataStream.unsubscribe" => {
                 if params.keys().any(|name| name != "subscriptionId") {
@@ -350,7 +358,31 @@ impl Session {
             }
             "ping" => json!({"id": id, "status": 200, "result": {}}),
             "time" => json!({"id": id, "status": 200, "result": {"serverTime": crate::now_ms()}}),
-            other => api_error(&id, &ApiError::bad(-1020, format!("Unsupported method: '{other}'. This venue's WebSocket API has userDataStream.subscribe.signature, userDataStream.unsubscribe, session.subscriptions, ping and time."))),
+            // The REST endpoints' work, signed the WebSocket API's way;
+            // the result is the REST answer's body.
+            "order.place" | "order.cancel" | "openOrders.cancelAll" | "order.status" | "openOrders.status" | "allOrders" | "myTrades" | "account.status" | "account.commission" => {
+                let auth = Auth::Ws(params);
+                let changes = matches!(method, "order.place" | "order.cancel" | "openOrders.cancelAll");
+                if changes && let Err(e) = trading::follower(hub, "/ws-api/v3", None) {
+                    return api_error(&id, &e);
+                }
+                let done = match method {
+                    "order.place" => trading::new_order_core(hub, &auth).await,
+                    "order.cancel" => trading::cancel_order_core(hub, &auth).await,
+                    "openOrders.cancelAll" => trading::cancel_open_orders_core(hub, &auth).await,
+                    "order.status" => trading::query_order_core(hub, &auth).await,
+                    "openOrders.status" => trading::open_orders_core(hub, &auth).await,
+                    "allOrders" => trading::all_orders_core(hub, &auth).await,
+                    "myTrades" => trading::my_trades_core(hub, &auth).await,
+                    "account.status" => trading::account_core(hub, &auth).await,
+                    _ => trading::commission_core(hub, &auth).await,
+                };
+                match done {
+                    Ok((result, used)) => with_limits(json!({"id": id, "status": 200, "result": result}), used),
+                    Err(e) => api_error(&id, &e),
+                }
+            }
+            other => api_error(&id, &ApiError::bad(-1020, format!("Unsupported method: '{other}' (docs/trading.md lists this venue's WebSocket API methods)."))),
         }
     }
 
