@@ -99,6 +99,9 @@ impl Slot {
 #[derive(Default)]
 pub(crate) struct Throttle {
     slots: BTreeMap<(usize, Stream), Slot>,
+    /// The earliest time a message is due, if one is owed (so that
+    /// neither a batch nor the wait for one looks at every slot).
+    next: Option<Instant>,
 }
 
 impl Throttle {
@@ -147,6 +150,10 @@ impl Throttle {
 
     fn owe(&mut self, index: usize, time_ms: u64, stream: Stream) -> &mut Slot {
         let slot = self.slots.entry((index, stream)).or_default();
+        if !slot.owed {
+            let due = slot.due(stream.every()).unwrap_or_else(Instant::now);
+            self.next = Some(self.next.map_or(due, |next| next.min(due)));
+        }
         slot.owed = true;
         slot.time_ms = time_ms;
         slot
@@ -154,14 +161,19 @@ impl Throttle {
 
     /// When the next message is due, if one is owed.
     pub(crate) fn next_due(&self) -> Option<Instant> {
-        let now = Instant::now();
-        self.slots.iter().filter(|(_, slot)| slot.owed).map(|((_, stream), slot)| slot.due(stream.every()).unwrap_or(now)).min()
+        self.next
     }
 
     /// Sends every message due by `now`.
     pub(crate) fn flush(&mut self, hub: &Hub, now: Instant) {
+        if self.next.is_none_or(|next| next > now) {
+            return;
+        }
         let due: Vec<(usize, Stream)> =
             self.slots.iter().filter(|((_, stream), slot)| slot.owed && slot.due(stream.every()).is_none_or(|due| due <= now)).map(|(key, _)| *key).collect();
+        // What stays owed is due after `now`; what is sent now is due again
+        // an interval from now, once owed.
+        self.next = self.slots.iter().filter(|(key, slot)| slot.owed && !due.contains(key)).filter_map(|((_, stream), slot)| slot.due(stream.every())).min();
         if due.is_empty() {
             return;
         }
