@@ -120,8 +120,9 @@ enum Cmd {
         /// port with --protocol fix).
         #[arg(long)]
         address: Option<String>,
-        /// `binary` (docs/protocol.md), `fix` (docs/fix.md) or `rest`
-        /// (Binance's signed POST /api/v3/order, docs/trading.md).
+        /// `binary` (docs/protocol.md), `fix` (docs/fix.md), `rest`
+        /// (Binance's signed POST /api/v3/order, docs/trading.md) or
+        /// `ws-api` (its WebSocket API's order.place, docs/trading.md).
         #[arg(long, default_value = "binary")]
         protocol: String,
         /// What to send (docs/benchmarks.md): `cross-rest`, limit orders
@@ -395,7 +396,8 @@ fn real_main() -> Result<()> {
                 "binary" => crossbook_load::Protocol::Binary,
                 "fix" => crossbook_load::Protocol::Fix,
                 "rest" => crossbook_load::Protocol::Rest,
-                other => bail!("--protocol must be binary, fix or rest, not {other:?}"),
+                "ws-api" => crossbook_load::Protocol::WsApi,
+                other => bail!("--protocol must be binary, fix, rest or ws-api, not {other:?}"),
             },
             count: {
                 if !crossbook_load::WORKLOADS.contains(&workload.as_str()) {
@@ -405,7 +407,7 @@ fn real_main() -> Result<()> {
             },
             address: address.unwrap_or_else(|| match protocol.as_str() {
                 "fix" => "127.0.0.1:7701".into(),
-                "rest" => "127.0.0.1:7702".into(),
+                "rest" | "ws-api" => "127.0.0.1:7702".into(),
                 _ => "127.0.0.1:7700".into(),
             }),
             connections,

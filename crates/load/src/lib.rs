@@ -38,7 +38,8 @@ pub struct Options {
     /// The API key (binary, REST) or Password (FIX) of account `n` at
     /// `n - 1`; at least `connections` of them.
     pub keys: Vec<String>,
-    /// The REST signing secret of account `n` at `n - 1` (`Protocol::Rest`).
+    /// The REST signing secret of account `n` at `n - 1` (`Protocol::Rest`,
+    /// `Protocol::WsApi`).
     pub secrets: Vec<String>,
     pub duration: Duration,
     pub rate: Option<f64>,
@@ -66,6 +67,9 @@ pub enum Protocol {
     Fix,
     /// Binance's signed `POST /api/v3/order` (`docs/trading.md`).
     Rest,
+    /// Binance's WebSocket API `order.place` (`/ws-api/v3`,
+    /// `docs/trading.md`).
+    WsApi,
 }
 
 /// What the load generator needs of a report, whichever protocol.
@@ -514,13 +518,13 @@ pub fn run(options: Options) -> Result<()> {
         bail!("--first-account plus --connections must stay within accounts 1 to {} (one account each)", options.keys.len());
     }
     let options = Arc::new(options);
-    let (tallies, sending) = if options.protocol == Protocol::Rest {
+    let (tallies, sending) = if matches!(options.protocol, Protocol::Rest | Protocol::WsApi) {
         rest::drive(&options, &options.secrets)?
     } else {
         let mut streams: Vec<(TcpStream, Box<dyn Wire + Send>)> = Vec::new();
         for index in 0..options.connections {
             streams.push(match options.protocol {
-                Protocol::Binary | Protocol::Rest => {
+                Protocol::Binary | Protocol::Rest | Protocol::WsApi => {
                     let account = options.first_account + index;
                     (connect(&options.address, account, &options.keys[account as usize - 1])?, Box::new(BinaryWire))
                 }
@@ -568,6 +572,7 @@ pub fn run(options: Options) -> Result<()> {
             Protocol::Binary => "binary",
             Protocol::Fix => "fix",
             Protocol::Rest => "rest",
+            Protocol::WsApi => "ws-api",
         },
         "connections": options.connections,
         "workload": WORKLOADS[0],

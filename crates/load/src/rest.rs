@@ -1,7 +1,10 @@
-//! `crossbook load --protocol rest`: the same orders as the binary and FIX
-//! modes, as Binance's signed `POST /api/v3/order` over keep-alive HTTP/1.1
-//! connections (one per session, each on a thread of its own: HTTP/1.1 has
-//! one request in flight per connection). Closed loop: each session sends
+//! `crossbook load --protocol rest` and `--protocol ws-api`: the same
+//! orders as the binary and FIX modes, as Binance's signed `POST
+//! /api/v3/order` over keep-alive HTTP/1.1 connections, or as its
+//! WebSocket API's `order.place` (`/ws-api/v3`); one connection per
+//! session, each on a thread of its own, one request in flight (HTTP/1.1
+//! has one; the WebSocket API answers a connection's requests in order,
+//! one at a time). Closed loop: each session sends
 //! its next order when the last is answered. Open loop (`--rate`): each
 //! session's orders are due on a fixed schedule and latency is measured
 //! from the planned send time. The answer of an order is its
@@ -27,31 +30,91 @@ const MAX_RESTING: usize = 1_000;
 /// The longest answer read (bytes).
 const MAX_ANSWER: usize = 1 << 20;
 
-/// One keep-alive connection, signing as one account.
+/// One connection, signing as one account.
 struct Session {
     stream: TcpStream,
     host: String,
     key: String,
     secret: Vec<u8>,
     buffer: Vec<u8>,
+    /// The WebSocket API instead of HTTP (over `stream`'s clone), and the
+    /// next request id.
+    ws: Option<tungstenite::WebSocket<TcpStream>>,
+    next_id: u64,
+}
+
+fn now_ms() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis())
+}
+
+fn hex_hmac(secret: &[u8], payload: &str) -> Result<String> {
+    let Ok(mut mac) = Hmac::<sha2::Sha256>::new_from_slice(secret) else { bail!("no HMAC key") };
+    mac.update(payload.as_bytes());
+    Ok(mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 impl Session {
-    fn connect(address: &str, key: &str, secret: &str) -> Result<Session> {
+    fn connect(address: &str, key: &str, secret: &str, ws: bool) -> Result<Session> {
         let stream = TcpStream::connect(address).with_context(|| format!("connecting to {address}"))?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        Ok(Session { stream, host: address.to_string(), key: key.to_string(), secret: secret.as_bytes().to_vec(), buffer: Vec::with_capacity(4096) })
+        let ws = if ws {
+            let (socket, _) = tungstenite::client(format!("ws://{address}/ws-api/v3"), stream.try_clone()?).map_err(|e| anyhow::anyhow!("WebSocket API handshake with {address}: {e}"))?;
+            Some(socket)
+        } else {
+            None
+        };
+        Ok(Session { stream, host: address.to_string(), key: key.to_string(), secret: secret.as_bytes().to_vec(), buffer: Vec::with_capacity(4096), ws, next_id: 1 })
     }
 
-    /// A signed request (`timestamp` and `signature` added to `params`,
-    /// sent as a form body); the status and the body of the answer.
-    fn signed(&mut self, method: &str, path: &str, params: &str) -> Result<(u16, Vec<u8>)> {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
-        let payload = format!("{params}&timestamp={now}");
-        let Ok(mut mac) = Hmac::<sha2::Sha256>::new_from_slice(&self.secret) else { bail!("no HMAC key") };
-        mac.update(payload.as_bytes());
-        let signature: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    /// A signed request: over HTTP `method` `path` with `params` (a query
+    /// string; `timestamp` and `signature` added, sent as a form body),
+    /// or over the WebSocket API `ws_method` with the same parameters
+    /// (`apiKey` and `timestamp` added, sorted, signed). The status and
+    /// the body (the WebSocket API's `result`, or its `error`).
+    fn signed(&mut self, method: &str, path: &str, ws_method: &str, params: &str) -> Result<(u16, serde_json::Value)> {
+        if self.ws.is_some() {
+            return self.ws_signed(ws_method, params);
+        }
+        let (status, body) = self.http_signed(method, path, params)?;
+        Ok((status, serde_json::from_slice(&body).unwrap_or_default()))
+    }
+
+    fn ws_signed(&mut self, method: &str, params: &str) -> Result<(u16, serde_json::Value)> {
+        let mut pairs: Vec<(String, String)> = params.split('&').filter_map(|p| p.split_once('=')).map(|(n, v)| (n.to_string(), v.to_string())).collect();
+        pairs.push(("apiKey".into(), self.key.clone()));
+        pairs.push(("timestamp".into(), now_ms().to_string()));
+        pairs.sort();
+        let payload = pairs.iter().map(|(n, v)| format!("{n}={v}")).collect::<Vec<_>>().join("&");
+        let signature = hex_hmac(&self.secret, &payload)?;
+        pairs.push(("signature".into(), signature));
+        let id = self.next_id;
+        self.next_id += 1;
+        let params: serde_json::Map<String, serde_json::Value> = pairs.into_iter().map(|(n, v)| (n, serde_json::Value::String(v))).collect();
+        let request = serde_json::json!({"id": id, "method": method, "params": params, }).to_string();
+        let Some(socket) = self.ws.as_mut() else { bail!("no WebSocket") };
+        socket.send(tungstenite::Message::Text(request.into()))?;
+        loop {
+            match socket.read()? {
+                tungstenite::Message::Text(text) => {
+                    let mut answer: serde_json::Value = serde_json::from_str(text.as_str()).context("an answer that is not JSON")?;
+                    if answer["id"] != id {
+                        continue;
+                    }
+                    let status = answer["status"].as_u64().unwrap_or(0) as u16;
+                    let body = if status == 200 { answer["result"].take() } else { answer["error"].take() };
+                    return Ok((status, body));
+                }
+                tungstenite::Message::Close(frame) => bail!("the server closed the connection: {frame:?}"),
+                _ => {}
+            }
+        }
+    }
+
+    /// A signed HTTP request; the status and the body of the answer.
+    fn http_signed(&mut self, method: &str, path: &str, params: &str) -> Result<(u16, Vec<u8>)> {
+        let payload = format!("{params}&timestamp={}", now_ms());
+        let signature = hex_hmac(&self.secret, &payload)?;
         let body = format!("{payload}&signature={signature}");
         let request = format!(
             "{method} {path} HTTP/1.1\r\nHost: {}\r\nX-MBX-APIKEY: {}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
@@ -128,13 +191,12 @@ fn session(mut http: Session, index: u64, options: &Options, start: Instant, end
             new_order.price
         );
         tally.sent += 1;
-        let answer = http.signed("POST", "/api/v3/order", &params);
+        let answer = http.signed("POST", "/api/v3/order", "order.place", &params);
         let nanos = (planned.elapsed().as_nanos() as u64).max(1);
         match answer {
-            Ok((200, body)) => {
+            Ok((200, value)) => {
                 tally.ack.saturating_record(nanos);
                 tally.acked += 1;
-                let value: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
                 let fills = value["fills"].as_array().map_or(0, Vec::len) as u64;
                 if fills > 0 {
                     tally.fills += fills;
@@ -163,7 +225,7 @@ fn session(mut http: Session, index: u64, options: &Options, start: Instant, end
         while resting.len() > MAX_RESTING {
             let Some(oldest) = resting.pop_front() else { break };
             tally.cancels += 1;
-            if http.signed("DELETE", "/api/v3/order", &format!("symbol=BTCUSD&orderId={oldest}")).is_err() {
+            if http.signed("DELETE", "/api/v3/order", "order.cancel", &format!("symbol=BTCUSD&orderId={oldest}")).is_err() {
                 tally.errors += 1;
                 return tally;
             }
@@ -177,12 +239,12 @@ fn session(mut http: Session, index: u64, options: &Options, start: Instant, end
 /// sending lasted.
 pub(crate) fn drive(options: &Options, secrets: &[String]) -> Result<(Vec<Tally>, Duration)> {
     if secrets.len() < (options.first_account + options.connections - 1) as usize {
-        bail!("--protocol rest needs the secret of each of the {} accounts", options.connections);
+        bail!("--protocol rest and ws-api need the secret of each of the {} accounts", options.connections);
     }
     let mut sessions = Vec::new();
     for index in 0..options.connections as usize {
         let account = options.first_account as usize + index - 1;
-        sessions.push(Session::connect(&options.address, &options.keys[account], &secrets[account])?);
+        sessions.push(Session::connect(&options.address, &options.keys[account], &secrets[account], options.protocol == crate::Protocol::WsApi)?);
     }
     let interval = options.rate.map(|rate| Duration::from_secs_f64(options.connections as f64 / rate));
     let quota = options.count.map_or(u64::MAX, |count| count.div_ceil(options.connections.max(1)));

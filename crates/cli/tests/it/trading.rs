@@ -663,6 +663,30 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     let rest_account = ok(alice(&server, "GET", "/api/v3/account", &[]));
     assert_eq!(account["result"]["balances"], rest_account["balances"], "account.status and GET /api/v3/account");
 
+    // Requests with a known key are paid for with its request weight, not
+    // the connection's ten messages a second; others are not.
+    for n in 0..30 {
+        let status = ws_api_answer(&mut socket, &signed_request(100 + n, "order.status", &[("symbol", "BTCUSD"), ("orderId", &order_id)], "alice", "alice-secret"), 100 + n, &mut events);
+        assert_eq!(status["status"], 200, "{status}");
+    }
+    let mut pinger = listen(market, "/ws-api/v3");
+    // The eleventh in a second closes it (one more, unread, could make
+    // the close a reset).
+    for n in 0..11 {
+        let _ = pinger.send(tungstenite::Message::Text(format!(r#"{{"id":{n},"method":"ping"}}"#).into()));
+    }
+    let mut closed = None;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while closed.is_none() && Instant::now() < deadline {
+        match pinger.read() {
+            Ok(tungstenite::Message::Close(frame)) => closed = frame.map(|f| (u16::from(f.code), f.reason.to_string())),
+            Ok(_) => {}
+            Err(tungstenite::Error::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(closed.map(|(code, _)| code), Some(1008), "a flood of unsigned requests closes the connection");
+
     // Bob's key closed over REST: his subscription ends with
     // eventStreamTerminated.
     let bob_key = ok(http(market, "POST", "/api/v3/userDataStream", &[("X-MBX-APIKEY", "bob")], ""))["listenKey"].as_str().unwrap().to_string();

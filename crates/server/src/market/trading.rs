@@ -456,6 +456,11 @@ impl Trading {
     pub(crate) fn max_weight(&self) -> u32 {
         self.max_weight
     }
+
+    /// Whether `key` is an account's API key (one with a secret).
+    pub(crate) fn knows_key(&self, key: &str) -> bool {
+        self.keys.get(key).is_some_and(|credentials| !credentials.secret.is_empty())
+    }
 }
 
 /// Who signed a request, and how: a REST request's headers, query string

@@ -189,10 +189,18 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
             message = incoming.next() => match message {
                 Some(Ok(Message::Text(text))) => {
                     last_heard = Instant::now();
-                    if let Some(reason) = session.count_message(hub) {
-                        break Some(reason);
-                    }
-                    let answer = if session.api { session.api_request(hub, text.as_str()).await } else { session.request(hub, text.as_str()) };
+                    let answer = if session.api {
+                        let (answer, keyed) = session.api_request(hub, text.as_str()).await;
+                        if !keyed && let Some(reason) = session.count_message(hub) {
+                            break Some(reason);
+                        }
+                        answer
+                    } else {
+                        if let Some(reason) = session.count_message(hub) {
+                            break Some(reason);
+                        }
+                        session.request(hub, text.as_str())
+                    };
                     if let Err(reason) = send_all(&mut sink, vec![Message::Text(answer.to_string().into())], hub, &connection).await {
                         break reason;
                     }
@@ -275,28 +283,38 @@ impl Session {
     /// Answers one WebSocket API request (`docs/trading.md`, "The
     /// WebSocket API"): `{"id", "status", "result", "rateLimits"}` or
     /// `{"id", "status", "error": {"code", "msg"}}`.
-    async fn api_request(&mut self, hub: &Hub, text: &str) -> Value {
+    ///
+    /// Also whether the request named a known API key: such a request is
+    /// paid for with that key's request weight; any other counts against
+    /// the connection's `max_messages_per_s`.
+    async fn api_request(&mut self, hub: &Hub, text: &str) -> (Value, bool) {
         let request: Value = match serde_json::from_str(text) {
             Ok(Value::Object(request)) => Value::Object(request),
-            Ok(_) => return api_error(&Value::Null, &ApiError::bad(-1000, "Malformed request: a JSON object is expected.")),
-            Err(e) => return api_error(&Value::Null, &ApiError::bad(-1000, format!("Malformed request: {e}."))),
+            Ok(_) => return (api_error(&Value::Null, &ApiError::bad(-1000, "Malformed request: a JSON object is expected.")), false),
+            Err(e) => return (api_error(&Value::Null, &ApiError::bad(-1000, format!("Malformed request: {e}."))), false),
         };
         let id = request.get("id").cloned().unwrap_or(Value::Null);
         if !(id.is_null() || id.is_i64() || id.is_u64() || id.as_str().is_some_and(|s| s.len() <= 36)) {
-            return api_error(&Value::Null, &ApiError::bad(-1000, "Malformed request: 'id' must be an integer, a string of 36 characters at most, or null."));
+            return (api_error(&Value::Null, &ApiError::bad(-1000, "Malformed request: 'id' must be an integer, a string of 36 characters at most, or null.")), false);
         }
         let Some(method) = request.get("method").and_then(Value::as_str) else {
-            return api_error(&id, &ApiError::mandatory("method"));
+            return (api_error(&id, &ApiError::mandatory("method")), false);
         };
         let empty = serde_json::Map::new();
         let params = match request.get("params") {
             None | Some(Value::Null) => &empty,
             Some(Value::Object(params)) => params,
-            Some(_) => return api_error(&id, &ApiError::bad(-1000, "Malformed request: 'params' must be an object.")),
+            Some(_) => return (api_error(&id, &ApiError::bad(-1000, "Malformed request: 'params' must be an object.")), false),
         };
         let Some(trading) = &hub.trading else {
-            return api_error(&id, &ApiError::new(StatusCode::NOT_FOUND, -1020, "The trading API is off on this venue."));
+            return (api_error(&id, &ApiError::new(StatusCode::NOT_FOUND, -1020, "The trading API is off on this venue.")), false);
         };
+        let keyed = params.get("apiKey").and_then(Value::as_str).is_some_and(|key| trading.knows_key(key));
+        (self.api_answer(hub, trading, &id, method, params).await, keyed)
+    }
+
+    /// The answer to a well-formed WebSocket API request.
+    async fn api_answer(&mut self, hub: &Hub, trading: &trading::Trading, id: &Value, method: &str, params: &serde_json::Map<String, Value>) -> Value {
         let limits = |used: u32| json!([{"rateLimitType": "REQUEST_WEIGHT", "interval": "MINUTE", "intervalNum": 1, "limit": trading.max_weight(), "count": used}]);
         // `returnRateLimits: false` leaves them out of the answer.
         let with_limits = |mut answer: Value, used: u32| {
@@ -309,17 +327,17 @@ impl Session {
             "userDataStream.subscribe.signature" => {
                 let (account, _, used) = match trading.signed(&Auth::Ws(params), &[], |_| 2, false) {
                     Ok(checked) => checked,
-                    Err(e) => return api_error(&id, &e),
+                    Err(e) => return api_error(id, &e),
                 };
                 if self.subscriptions.iter().any(|(_, a, _)| *a == account) {
-                    return api_error(&id, &ApiError::bad(-1020, "This account already has a subscription on this connection."));
+                    return api_error(id, &ApiError::bad(-1020, "This account already has a subscription on this connection."));
                 }
                 if self.subscriptions.len() >= MAX_SUBSCRIPTIONS {
-                    return api_error(&id, &ApiError::bad(-1020, format!("Too many subscriptions: at most {MAX_SUBSCRIPTIONS} per connection.")));
+                    return api_error(id, &ApiError::bad(-1020, format!("Too many subscriptions: at most {MAX_SUBSCRIPTIONS} per connection.")));
                 }
                 let key = match trading.streams.open(account) {
                     Ok(key) => key,
-                    Err(e) => return api_error(&id, &ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, -1000, format!("No user data stream: {e}."))),
+                    Err(e) => return api_error(id, &ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, -1000, format!("No user data stream: {e}."))),
                 };
                 let subscription = self.next_subscription;
                 self.next_subscription += 1;
@@ -332,16 +350,16 @@ impl Session {
             }
             "userDataStream.unsubscribe" => {
                 if params.keys().any(|name| name != "subscriptionId") {
-                    return api_error(&id, &ApiError::bad(-1103, "An unknown parameter was sent."));
+                    return api_error(id, &ApiError::bad(-1103, "An unknown parameter was sent."));
                 }
                 let ended: Vec<(u64, AccountId, String)> = match params.get("subscriptionId") {
                     None => std::mem::take(&mut self.subscriptions),
                     Some(wanted) => {
                         let Some(wanted) = wanted.as_u64().or_else(|| wanted.as_str().and_then(|s| s.parse().ok())) else {
-                            return api_error(&id, &ApiError::illegal("subscriptionId", "0-65535"));
+                            return api_error(id, &ApiError::illegal("subscriptionId", "0-65535"));
                         };
                         let Some(at) = self.subscriptions.iter().position(|(s, _, _)| *s == wanted) else {
-                            return api_error(&id, &ApiError::bad(-2035, "User Data Stream subscription not active."));
+                            return api_error(id, &ApiError::bad(-2035, "User Data Stream subscription not active."));
                         };
                         vec![self.subscriptions.remove(at)]
                     }
@@ -364,7 +382,7 @@ impl Session {
                 let auth = Auth::Ws(params);
                 let changes = matches!(method, "order.place" | "order.cancel" | "openOrders.cancelAll");
                 if changes && let Err(e) = trading::follower(hub, "/ws-api/v3", None) {
-                    return api_error(&id, &e);
+                    return api_error(id, &e);
                 }
                 let done = match method {
                     "order.place" => trading::new_order_core(hub, &auth).await,
@@ -379,10 +397,10 @@ impl Session {
                 };
                 match done {
                     Ok((result, used)) => with_limits(json!({"id": id, "status": 200, "result": result}), used),
-                    Err(e) => api_error(&id, &e),
+                    Err(e) => api_error(id, &e),
                 }
             }
-            other => api_error(&id, &ApiError::bad(-1020, format!("Unsupported method: '{other}' (docs/trading.md lists this venue's WebSocket API methods)."))),
+            other => api_error(id, &ApiError::bad(-1020, format!("Unsupported method: '{other}' (docs/trading.md lists this venue's WebSocket API methods)."))),
         }
     }
 
