@@ -5,12 +5,11 @@
 //! WebSocket API's user data stream subscriptions (`/ws-api/v3`,
 //! `docs/trading.md`).
 
-use crossbook_engine::AccountId;
-
 use super::http::ApiError;
 use super::trading::{self, Auth};
 use super::{Connection, Hub, Wrap};
 use crate::log;
+use crossbook_engine::AccountId;
 use axum::extract::WebSocketUpgrade;
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use axum::http::StatusCode;
@@ -245,9 +244,8 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
             }
             _ = pings.tick() => {
                 // The listen keys behind the connection's subscriptions
-                // live as long as it does.
-                // A subscription whose key was ended (closed over REST)
-                // has had its eventStreamTerminated: it is gone.
+                // live as long as it does; one whose key was ended (closed
+                // over REST) has had its eventStreamTerminated and is gone.
                 if let Some(trading) = &hub.trading {
                     session.subscriptions.retain(|(_, account, key)| trading.streams.keep(*account, key));
                 }
@@ -329,6 +327,8 @@ impl Session {
                     Ok(checked) => checked,
                     Err(e) => return api_error(id, &e),
                 };
+                // Those whose key was ended since are gone already.
+                self.subscriptions.retain(|(_, _, key)| trading.streams.is_live(key));
                 if self.subscriptions.iter().any(|(_, a, _)| *a == account) {
                     return api_error(id, &ApiError::bad(-1020, "This account already has a subscription on this connection."));
                 }
