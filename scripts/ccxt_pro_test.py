@@ -8,7 +8,9 @@ Starts `crossbook serve` on free ports with a fresh data directory, has
 (`watch_order_book`: ccxt's own implementation of Binance's procedure, a
 REST snapshot plus the `@depth@100ms` diffs), every trade
 (`watch_trades`: `@trade`), the 24-hour ticker (`watch_ticker`:
-`@miniTicker`) and the one-minute candles (`watch_ohlcv`: `@kline_1m`).
+`@miniTicker`; `watch_tickers`, every symbol's: `!miniTicker@arr`), the
+best bid and ask (`watch_bids_asks`: `@bookTicker`) and the one-minute
+candles (`watch_ohlcv`: `@kline_1m`).
 Once trading has stopped and the feeds are quiet, each must equal what
 the REST API says: the whole book and its update id, every trade id from
 the first to the last once with the price, amount, side and time of
@@ -155,6 +157,8 @@ async def run(checks, binary, binary_address, market):
             asyncio.create_task(follow(exchange, seen, "trades", watch_trades)),
             asyncio.create_task(follow(exchange, seen, "ticker", lambda: exchange.watch_ticker(SYMBOL))),
             asyncio.create_task(follow(exchange, seen, "ohlcv", lambda: exchange.watch_ohlcv(SYMBOL, "1m"))),
+            asyncio.create_task(follow(exchange, seen, "tickers", lambda: exchange.watch_tickers())),
+            asyncio.create_task(follow(exchange, seen, "bids_asks", lambda: exchange.watch_bids_asks([SYMBOL]))),
         ]
         await asyncio.sleep(1.0)
         # Trades made before (by the private streams' part) are not watched.
@@ -164,7 +168,7 @@ async def run(checks, binary, binary_address, market):
         checks.equal("crossbook load ends with status 0", await load.wait(), 0)
         while time.monotonic() - seen["last_message"] < QUIET_S and not any(task.done() for task in tasks):
             await asyncio.sleep(0.2)
-        for name, task in zip(["watch_order_book", "watch_trades", "watch_ticker", "watch_ohlcv"], tasks):
+        for name, task in zip(["watch_order_book", "watch_trades", "watch_ticker", "watch_ohlcv", "watch_tickers", "watch_bids_asks"], tasks):
             if task.done():
                 checks.check(f"{name} keeps running", False, repr(task.exception())[:300])
             task.cancel()
@@ -197,6 +201,14 @@ async def run(checks, binary, binary_address, market):
         mini = seen.get("ticker") or {}
         checks.equal("watch_ticker: last price and volume are GET /api/v3/ticker/24hr's",
                      (mini.get("last"), mini.get("baseVolume")), (float(ticker["lastPrice"]), float(ticker["volume"])))
+        every = (seen.get("tickers") or {}).get(SYMBOL) or {}
+        checks.equal("watch_tickers (every symbol): last price and volume are GET /api/v3/ticker/24hr's",
+                     (every.get("last"), every.get("baseVolume")), (float(ticker["lastPrice"]), float(ticker["volume"])))
+        top = get(market, "/api/v3/ticker/bookTicker?symbol=BTCUSD")
+        quote = (seen.get("bids_asks") or {}).get(SYMBOL) or {}
+        checks.equal("watch_bids_asks: the best bid and ask are GET /api/v3/ticker/bookTicker's",
+                     (quote.get("bid"), quote.get("bidVolume"), quote.get("ask"), quote.get("askVolume")),
+                     (float(top["bidPrice"]), float(top["bidQty"]), float(top["askPrice"]), float(top["askQty"])))
         kline = get(market, "/api/v3/klines?symbol=BTCUSD&interval=1m&limit=1")[-1]
         candles = seen.get("ohlcv") or [[None]]
         checks.equal("watch_ohlcv: the last candle is GET /api/v3/klines's",

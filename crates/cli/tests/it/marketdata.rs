@@ -311,8 +311,9 @@ fn a_local_book_kept_from_the_feed_equals_rest_and_the_engine_and_so_do_trades_a
 /// The streams sent on a clock (`docs/marketdata.md`, "Streams"): while
 /// `crossbook load` trades, one connection follows `@depth@100ms` and
 /// `@depth@1000ms` (a local book from each by Binance's procedure),
-/// `@depth5@100ms`, `@trade@100ms`, `@ticker` and `@kline_1m` (and another,
-/// opened as ccxt does at `/ws/0`, `@miniTicker`). Each stream
+/// `@depth5@100ms`, `@trade@100ms`, `@ticker`, `@kline_1m` and
+/// `!miniTicker@arr` (and another, opened as ccxt does at `/ws/0`,
+/// `@miniTicker`). Each stream
 /// sends at most one message an interval (counted against the time the
 /// connection was open, which only a slower machine lengthens), the merged
 /// diffs follow each other without gaps and build the book of `GET
@@ -324,7 +325,7 @@ fn the_streams_on_a_clock_send_an_interval_at_a_time_and_end_on_the_final_state(
     let server = start(&dir.0, None);
     let market = server.market_address.clone();
     let streams = ["depth@100ms", "depth@1000ms", "depth5@100ms", "trade@100ms", "ticker", "kline_1m"];
-    let path = format!("/stream?streams={}", streams.map(|s| format!("btcusd@{s}")).join("/"));
+    let path = format!("/stream?streams={}/!miniTicker@arr", streams.map(|s| format!("btcusd@{s}")).join("/"));
     // `/ws/<n>` (up to four digits) is a connection with no stream yet, as
     // ccxt opens them; it subscribes to `@miniTicker`. Five digits are an
     // unknown stream.
@@ -419,6 +420,10 @@ fn the_streams_on_a_clock_send_an_interval_at_a_time_and_end_on_the_final_state(
         (&serde_json::json!("24hrMiniTicker"), &ticker["lastPrice"], &ticker["openPrice"], &ticker["highPrice"], &ticker["lowPrice"], &ticker["volume"], &ticker["quoteVolume"]),
         "the last @miniTicker"
     );
+    let all = last["!miniTicker@arr"].as_array().expect("!miniTicker@arr is an array");
+    assert_eq!(all.len(), 1, "the one instrument that traded: {all:?}");
+    assert_eq!((&all[0]["s"], &all[0]["c"], &all[0]["v"]), (&serde_json::json!("BTCUSD"), &ticker["lastPrice"], &ticker["volume"]), "the last !miniTicker@arr");
+    assert!(counts["!miniTicker@arr"] <= open_ms / 1000 + 1, "!miniTicker@arr: {} messages in {open_ms} ms", counts["!miniTicker@arr"]);
     let ticked = &last["btcusd@ticker"];
     assert_eq!((ticked["n"].as_u64(), &ticked["c"], &ticked["v"]), (Some(count), &ticker["lastPrice"], &ticker["volume"]), "the last @ticker");
     let kline = json_get(&market, "/api/v3/klines?symbol=BTCUSD&interval=1m&limit=1");

@@ -29,6 +29,9 @@ use crossbook_marketdata::{DepthDiff, InstrumentUpdate, Trade, render};
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
+/// The all-market mini ticker stream's name.
+pub(crate) const ALL_MINI: &str = "!miniTicker@arr";
+
 /// The partial book streams' sizes.
 pub(crate) const PARTIAL_LEVELS: [usize; 3] = [5, 10, 20];
 
@@ -56,13 +59,15 @@ enum Stream {
     /// `@kline_<interval>`, by its index in `INTERVALS`.
     Kline(usize),
     Trades,
+    /// `!miniTicker@arr`: every instrument's that traded, in one message.
+    AllMini,
 }
 
 impl Stream {
     fn every(self) -> Duration {
         match self {
             Stream::Diff(speed) | Stream::Partial(speed) => SPEEDS[speed].1,
-            Stream::Ticker | Stream::MiniTicker => TICKER_EVERY,
+            Stream::Ticker | Stream::MiniTicker | Stream::AllMini => TICKER_EVERY,
             Stream::Kline(_) => KLINE_EVERY,
             Stream::Trades => TRADES_EVERY,
         }
@@ -84,6 +89,8 @@ struct Slot {
     /// there were.
     trades: VecDeque<Trade>,
     count: u64,
+    /// `AllMini`: the instruments that traded since the last message.
+    traded: std::collections::BTreeSet<usize>,
     /// When the last message went out.
     sent: Option<Instant>,
 }
@@ -130,6 +137,10 @@ impl Throttle {
         }
         if followed(format!("{symbol}@miniTicker")) {
             self.owe(index, time_ms, Stream::MiniTicker);
+        }
+        if followed(ALL_MINI.to_string()) {
+            // One slot for all instruments (kept under index 0).
+            self.owe(0, time_ms, Stream::AllMini).traded.insert(index);
         }
         for (interval, (name, _)) in INTERVALS.iter().enumerate() {
             if followed(format!("{symbol}@kline_{name}")) {
@@ -200,6 +211,10 @@ impl Throttle {
                 }
                 Stream::Ticker => send(format!("{symbol}@ticker"), &|| vec![render::ticker_update(&state, index, time_ms).to_string()]),
                 Stream::MiniTicker => send(format!("{symbol}@miniTicker"), &|| vec![render::mini_ticker_update(&state, index, time_ms).to_string()]),
+                Stream::AllMini => {
+                    let traded = std::mem::take(&mut slot.traded);
+                    send(ALL_MINI.to_string(), &|| vec![serde_json::Value::Array(traded.iter().map(|&i| render::mini_ticker_update(&state, i, time_ms)).collect()).to_string()]);
+                }
                 Stream::Kline(interval) => {
                     let first = std::mem::take(&mut slot.first_trade);
                     send(format!("{symbol}@kline_{}", INTERVALS[interval].0), &|| render::kline_updates(data, interval, first, time_ms).iter().map(ToString::to_string).collect());

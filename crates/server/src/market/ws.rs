@@ -36,6 +36,9 @@ pub(crate) fn stream_name(hub: &Hub, name: &str) -> Option<String> {
     if !name.contains('@') {
         return hub.trading.as_ref().filter(|t| t.streams.is_live(name)).map(|_| name.to_string());
     }
+    if name == super::throttle::ALL_MINI {
+        return Some(name.to_string());
+    }
     let (symbol, kind) = name.split_once('@')?;
     let upper = symbol.to_ascii_uppercase();
     hub.read().index_of_symbol(&upper)?;
