@@ -451,7 +451,7 @@ fn drive(mut clients: Vec<Client>, options: &Options, start: Instant) -> (Vec<Ta
 /// ppoll(2) on `fds` for at most `timeout`: a high-resolution timer (a
 /// socket timeout, or epoll's milliseconds, would be rounded up to the
 /// scheduler tick, which would swamp the latencies being measured).
-fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> i32 {
+pub(crate) fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> i32 {
     let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32) };
     // SAFETY: `fds` is a valid slice of pollfd, `ts` a valid timespec, no
     // signal mask.

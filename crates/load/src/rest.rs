@@ -2,10 +2,11 @@
 //! orders as the binary and FIX modes, as Binance's signed `POST
 //! /api/v3/order` over keep-alive HTTP/1.1 connections, or as its
 //! WebSocket API's `order.place` (`/ws-api/v3`); one connection per
-//! session, each on a thread of its own, one request in flight (HTTP/1.1
-//! has one; the WebSocket API answers a connection's requests in order,
-//! one at a time). Closed loop: each session sends
-//! its next order when the last is answered. Open loop (`--rate`): each
+//! session, each on a thread of its own. HTTP/1.1 has one request in
+//! flight per connection; the WebSocket API up to `--window` (the server
+//! takes a connection's requests in order and answers them in order).
+//! Closed loop: each session sends its next order when an answer frees
+//! its window. Open loop (`--rate`): each
 //! session's orders are due on a fixed schedule and latency is measured
 //! from the planned send time. The answer of an order is its
 //! acknowledgement, and for an IOC order that crossed, its fill report
@@ -60,6 +61,10 @@ impl Session {
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
         let ws = if ws {
             let (socket, _) = tungstenite::client(format!("ws://{address}/ws-api/v3"), stream.try_clone()?).map_err(|e| anyhow::anyhow!("WebSocket API handshake with {address}: {e}"))?;
+            // Non-blocking from here: answers are waited for with ppoll
+            // (a socket time-out would be rounded up to the scheduler
+            // tick, and an open loop's orders would leave late).
+            stream.set_nonblocking(true)?;
             Some(socket)
         } else {
             None
@@ -67,20 +72,15 @@ impl Session {
         Ok(Session { stream, host: address.to_string(), key: key.to_string(), secret: secret.as_bytes().to_vec(), buffer: Vec::with_capacity(4096), ws, next_id: 1 })
     }
 
-    /// A signed request: over HTTP `method` `path` with `params` (a query
-    /// string; `timestamp` and `signature` added, sent as a form body),
-    /// or over the WebSocket API `ws_method` with the same parameters
-    /// (`apiKey` and `timestamp` added, sorted, signed). The status and
-    /// the body (the WebSocket API's `result`, or its `error`).
-    fn signed(&mut self, method: &str, path: &str, ws_method: &str, params: &str) -> Result<(u16, serde_json::Value)> {
-        if self.ws.is_some() {
-            return self.ws_signed(ws_method, params);
-        }
+    /// A signed HTTP request (`timestamp` and `signature` added to
+    /// `params`, sent as a form body); the status and the body.
+    fn signed(&mut self, method: &str, path: &str, params: &str) -> Result<(u16, serde_json::Value)> {
         let (status, body) = self.http_signed(method, path, params)?;
         Ok((status, serde_json::from_slice(&body).unwrap_or_default()))
     }
 
-    fn ws_signed(&mut self, method: &str, params: &str) -> Result<(u16, serde_json::Value)> {
+    /// Sends a signed WebSocket API request without waiting; its id.
+    fn ws_send(&mut self, method: &str, params: &str) -> Result<u64> {
         let mut pairs: Vec<(String, String)> = params.split('&').filter_map(|p| p.split_once('=')).map(|(n, v)| (n.to_string(), v.to_string())).collect();
         pairs.push(("apiKey".into(), self.key.clone()));
         pairs.push(("timestamp".into(), now_ms().to_string()));
@@ -91,22 +91,48 @@ impl Session {
         let id = self.next_id;
         self.next_id += 1;
         let params: serde_json::Map<String, serde_json::Value> = pairs.into_iter().map(|(n, v)| (n, serde_json::Value::String(v))).collect();
-        let request = serde_json::json!({"id": id, "method": method, "params": params, }).to_string();
+        let request = serde_json::json!({"id": id, "method": method, "params": params}).to_string();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.stream);
         let Some(socket) = self.ws.as_mut() else { bail!("no WebSocket") };
-        socket.send(tungstenite::Message::Text(request.into()))?;
+        let mut sent = socket.send(tungstenite::Message::Text(request.into()));
+        // A full socket buffer: the frame waits in the WebSocket's own
+        // buffer; flushed as the socket takes it.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while matches!(&sent, Err(tungstenite::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock) {
+            if Instant::now() > deadline {
+                bail!("the server takes no more requests");
+            }
+            crate::poll(&mut [libc::pollfd { fd, events: libc::POLLOUT, revents: 0 }], Duration::from_millis(100));
+            sent = socket.flush();
+        }
+        sent?;
+        Ok(id)
+    }
+
+    /// Waits (ppoll) until the WebSocket has something to read, at most
+    /// `timeout`.
+    fn ws_wait(&self, timeout: Duration) {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.stream);
+        crate::poll(&mut [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }], timeout);
+    }
+
+    /// The next WebSocket API answer: its id, status and body (`result`,
+    /// or `error`); `None` if none has come whole yet.
+    fn ws_answer(&mut self) -> Result<Option<(u64, u16, serde_json::Value)>> {
+        let Some(socket) = self.ws.as_mut() else { bail!("no WebSocket") };
         loop {
-            match socket.read()? {
-                tungstenite::Message::Text(text) => {
+            match socket.read() {
+                Ok(tungstenite::Message::Text(text)) => {
                     let mut answer: serde_json::Value = serde_json::from_str(text.as_str()).context("an answer that is not JSON")?;
-                    if answer["id"] != id {
-                        continue;
-                    }
+                    let Some(id) = answer["id"].as_u64() else { continue };
                     let status = answer["status"].as_u64().unwrap_or(0) as u16;
                     let body = if status == 200 { answer["result"].take() } else { answer["error"].take() };
-                    return Ok((status, body));
+                    return Ok(Some((id, status, body)));
                 }
-                tungstenite::Message::Close(frame) => bail!("the server closed the connection: {frame:?}"),
-                _ => {}
+                Ok(tungstenite::Message::Close(frame)) => bail!("the server closed the connection: {frame:?}"),
+                Ok(_) => {}
+                Err(tungstenite::Error::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => return Ok(None),
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -183,15 +209,9 @@ fn session(mut http: Session, index: u64, options: &Options, start: Instant, end
         }
         next += 1;
         let new_order = order(next, &mut rng);
-        let params = format!(
-            "symbol=BTCUSD&side={}&type=LIMIT&timeInForce={}&quantity={}&price={}&selfTradePreventionMode=EXPIRE_TAKER",
-            if new_order.side == Side::Buy { "BUY" } else { "SELL" },
-            if new_order.tif == TimeInForce::Ioc { "IOC" } else { "GTC" },
-            new_order.qty,
-            new_order.price
-        );
+        let params = order_params(&new_order);
         tally.sent += 1;
-        let answer = http.signed("POST", "/api/v3/order", "order.place", &params);
+        let answer = http.signed("POST", "/api/v3/order", &params);
         let nanos = (planned.elapsed().as_nanos() as u64).max(1);
         match answer {
             Ok((200, value)) => {
@@ -225,13 +245,139 @@ fn session(mut http: Session, index: u64, options: &Options, start: Instant, end
         while resting.len() > MAX_RESTING {
             let Some(oldest) = resting.pop_front() else { break };
             tally.cancels += 1;
-            if http.signed("DELETE", "/api/v3/order", "order.cancel", &format!("symbol=BTCUSD&orderId={oldest}")).is_err() {
+            if http.signed("DELETE", "/api/v3/order", &format!("symbol=BTCUSD&orderId={oldest}")).is_err() {
                 tally.errors += 1;
                 return tally;
             }
         }
     }
     let _ = options;
+    tally
+}
+
+/// An order's parameters, as both ways in take them.
+fn order_params(new_order: &crossbook_protocol::NewOrder) -> String {
+    format!(
+        "symbol=BTCUSD&side={}&type=LIMIT&timeInForce={}&quantity={}&price={}&selfTradePreventionMode=EXPIRE_TAKER",
+        if new_order.side == Side::Buy { "BUY" } else { "SELL" },
+        if new_order.tif == TimeInForce::Ioc { "IOC" } else { "GTC" },
+        new_order.qty,
+        new_order.price
+    )
+}
+
+/// One WebSocket API session's run: up to `--window` requests in flight
+/// (the server answers them in order), orders sent when due (open loop)
+/// or as answers free the window (closed loop).
+fn ws_session(mut ws: Session, index: u64, options: &Options, start: Instant, end: Instant, interval: Option<Duration>, quota: u64) -> Tally {
+    let mut tally = Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, fills: 0, last_seq: 0, cancels: 0, errors: 0, unanswered: 0, accepted: Vec::new() };
+    let mut rng = crossbook_workload::Rng::new(0xC0FFEE + index);
+    let mut resting: VecDeque<u64> = VecDeque::new();
+    // In flight: id, and for an order its planned time and whether it is
+    // an IOC (a cancel is not timed).
+    let mut in_flight: VecDeque<(u64, Option<(Instant, bool)>)> = VecDeque::new();
+    let window = options.window.max(1) as usize;
+    let mut next = 0u64;
+    let mut sending = true;
+    let drain_until = end + Duration::from_secs(2);
+    if interval.is_some() {
+        // As in the binary mode's open loop: a wait until the next order
+        // is due ends within 1 us of it, not the default 50 us.
+        // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects
+        // only the calling thread.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
+    }
+    loop {
+        let now = Instant::now();
+        // Whatever is due, within the window.
+        while sending && in_flight.len() < window {
+            if next >= quota {
+                sending = false;
+                break;
+            }
+            let planned = interval.map_or(now, |interval| start + interval.mul_f64(next as f64));
+            if planned >= end || now >= end {
+                sending = false;
+                break;
+            }
+            if planned > now {
+                break;
+            }
+            next += 1;
+            let new_order = order(next, &mut rng);
+            match ws.ws_send("order.place", &order_params(&new_order)) {
+                Ok(id) => {
+                    tally.sent += 1;
+                    in_flight.push_back((id, Some((planned, new_order.tif == TimeInForce::Ioc))));
+                }
+                Err(_) => {
+                    tally.errors += 1;
+                    return tally;
+                }
+            }
+        }
+        if !sending && in_flight.is_empty() {
+            break;
+        }
+        if Instant::now() > drain_until {
+            tally.unanswered += in_flight.iter().filter(|(_, order)| order.is_some()).count() as u64;
+            break;
+        }
+        let answer = match ws.ws_answer() {
+            Ok(Some(answer)) => answer,
+            Ok(None) => {
+                // Nothing to read: wait for an answer, in an open loop no
+                // longer than until the next order is due.
+                let wait = match (sending, interval) {
+                    (true, Some(interval)) if in_flight.len() < window => (start + interval.mul_f64(next as f64)).saturating_duration_since(Instant::now()),
+                    _ => Duration::from_millis(200),
+                };
+                ws.ws_wait(wait);
+                continue;
+            }
+            Err(_) => {
+                tally.errors += 1;
+                tally.unanswered += in_flight.iter().filter(|(_, order)| order.is_some()).count() as u64;
+                return tally;
+            }
+        };
+        let (id, status, body) = answer;
+        let Some(position) = in_flight.iter().position(|(sent, _)| *sent == id) else { continue };
+        let Some((_, order)) = in_flight.remove(position) else { continue };
+        let Some((planned, ioc)) = order else { continue };
+        let nanos = (planned.elapsed().as_nanos() as u64).max(1);
+        tally.ack.saturating_record(nanos);
+        if status != 200 {
+            tally.rejected += 1;
+            continue;
+        }
+        tally.acked += 1;
+        let fills = body["fills"].as_array().map_or(0, Vec::len) as u64;
+        if fills > 0 {
+            tally.fills += fills;
+            if ioc {
+                tally.fill.saturating_record(nanos);
+            }
+        }
+        if matches!(body["status"].as_str(), Some("NEW" | "PARTIALLY_FILLED"))
+            && let Some(order_id) = body["orderId"].as_u64()
+        {
+            resting.push_back(order_id);
+        }
+        // The book keeps a fixed depth: past MAX_RESTING, the oldest is
+        // cancelled (not timed; gone already, filled: its answer says so).
+        while resting.len() > MAX_RESTING {
+            let Some(oldest) = resting.pop_front() else { break };
+            tally.cancels += 1;
+            match ws.ws_send("order.cancel", &format!("symbol=BTCUSD&orderId={oldest}")) {
+                Ok(id) => in_flight.push_back((id, None)),
+                Err(_) => {
+                    tally.errors += 1;
+                    return tally;
+                }
+            }
+        }
+    }
     tally
 }
 
@@ -251,7 +397,19 @@ pub(crate) fn drive(options: &Options, secrets: &[String]) -> Result<(Vec<Tally>
     let start = Instant::now();
     let end = start + options.duration;
     let tallies = std::thread::scope(|scope| {
-        let handles: Vec<_> = sessions.into_iter().enumerate().map(|(index, http)| scope.spawn(move || session(http, index as u64, options, start, end, interval, quota))).collect();
+        let handles: Vec<_> = sessions
+            .into_iter()
+            .enumerate()
+            .map(|(index, connection)| {
+                scope.spawn(move || {
+                    if connection.ws.is_some() {
+                        ws_session(connection, index as u64, options, start, end, interval, quota)
+                    } else {
+                        session(connection, index as u64, options, start, end, interval, quota)
+                    }
+                })
+            })
+            .collect();
         handles.into_iter().filter_map(|h| h.join().ok()).collect::<Vec<Tally>>()
     });
     Ok((tallies, start.elapsed().min(options.duration.max(Duration::from_millis(1)))))

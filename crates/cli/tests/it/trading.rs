@@ -663,6 +663,31 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     let rest_account = ok(alice(&server, "GET", "/api/v3/account", &[]));
     assert_eq!(account["result"]["balances"], rest_account["balances"], "account.status and GET /api/v3/account");
 
+    // Requests in flight together: sequenced and answered in the order
+    // they were sent (a ping among them too).
+    let burst: Vec<String> = (0..20u64)
+        .map(|n| {
+            if n == 7 {
+                return r#"{"id":207,"method":"ping"}"#.to_string();
+            }
+            let price = (5000 + 1000 * n).to_string();
+            signed_request(200 + n, "order.place", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", &price)], "alice", "alice-secret")
+        })
+        .collect();
+    for request in &burst {
+        socket.send(tungstenite::Message::Text(request.as_str().into())).unwrap();
+    }
+    let mut answers = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while answers.len() < burst.len() && Instant::now() < deadline {
+        answers.extend(messages(&mut socket, Duration::from_millis(100)).into_iter().filter(|m| m.get("id").is_some_and(|id| id.as_u64().is_some_and(|id| id >= 200))));
+    }
+    assert_eq!(answers.iter().map(|a| a["id"].as_u64().unwrap()).collect::<Vec<_>>(), (200..220).collect::<Vec<_>>(), "answered in order");
+    let ids: Vec<u64> = answers.iter().filter(|a| a["id"] != 207).map(|a| a["result"]["orderId"].as_u64().unwrap_or_else(|| panic!("{a}"))).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "sequenced in the order sent: {ids:?}");
+    let prices: Vec<&str> = answers.iter().filter(|a| a["id"] != 207).map(|a| a["result"]["price"].as_str().unwrap()).collect();
+    assert_eq!(prices, (0..20u64).filter(|n| *n != 7).map(|n| (5000 + 1000 * n).to_string()).collect::<Vec<_>>().iter().map(String::as_str).collect::<Vec<_>>());
+
     // Requests with a known key are paid for with its request weight, not
     // the connection's ten messages a second; others are not.
     for n in 0..30 {

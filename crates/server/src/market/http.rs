@@ -430,6 +430,12 @@ pub(crate) fn start(hub: Arc<Hub>) -> Result<Running, ServeError> {
                 }
                 let mut done = stopping.clone();
                 let hub_for_stop = hub.clone();
+                // No Nagle: a small answer or message goes out at once, not
+                // when the client's next segment acknowledges the last one
+                // (a pipelining client waited a whole request interval).
+                let listener = axum::serve::ListenerExt::tap_io(listener, |tcp: &mut tokio::net::TcpStream| {
+                    let _ = tcp.set_nodelay(true);
+                });
                 let server = axum::serve(listener, app).with_graceful_shutdown(async move {
                     let _ = done.wait_for(|stop| *stop).await;
                     ws::close_all(&hub_for_stop);

@@ -14,6 +14,7 @@ use axum::extract::WebSocketUpgrade;
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use futures_util::stream::FuturesOrdered;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -186,15 +187,38 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
     let every = Duration::from_secs(hub.config.ping_interval_s.max(1));
     let mut pings = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     let mut last_heard = Instant::now();
+    // The WebSocket API's answers still waiting for the sequencer, in
+    // the order of their requests.
+    let mut pending: FuturesOrdered<std::pin::Pin<Box<dyn std::future::Future<Output = Value> + Send>>> = FuturesOrdered::new();
     let closing: Option<(u16, String)> = loop {
         tokio::select! {
-            message = incoming.next() => match message {
+            message = incoming.next(), if pending.len() < MAX_IN_FLIGHT => match message {
                 Some(Ok(Message::Text(text))) => {
                     last_heard = Instant::now();
                     let answer = if session.api {
-                        let (answer, keyed) = session.api_request(hub, text.as_str()).await;
+                        let (reply, keyed) = session.api_request(hub, text.as_str());
                         if !keyed && let Some(reason) = session.count_message(hub) {
                             break Some(reason);
+                        }
+                        let answer = match reply {
+                            Reply::Now(answer) => answer,
+                            Reply::Later(mut later) => {
+                                // Its first poll hands it to the sequencer,
+                                // now, before the next request is read.
+                                let mut context = std::task::Context::from_waker(futures_util::task::noop_waker_ref());
+                                match later.as_mut().poll(&mut context) {
+                                    std::task::Poll::Ready(answer) => answer,
+                                    std::task::Poll::Pending => {
+                                        pending.push_back(later);
+                                        continue;
+                                    }
+                                }
+                            }
+                        };
+                        // Behind the answers still waiting, in order.
+                        if !pending.is_empty() {
+                            pending.push_back(Box::pin(std::future::ready(answer)));
+                            continue;
                         }
                         answer
                     } else {
@@ -222,6 +246,11 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => last_heard = Instant::now(),
                 Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break None,
             },
+            Some(answer) = pending.next(), if !pending.is_empty() => {
+                if let Err(reason) = send_all(&mut sink, vec![Message::Text(answer.to_string().into())], hub, &connection).await {
+                    break reason;
+                }
+            }
             messages = queued.recv() => match messages {
                 Some(first) => {
                     // Everything queued goes out in one write.
@@ -288,42 +317,38 @@ impl Session {
     /// Also whether the request named a known API key: such a request is
     /// paid for with that key's request weight; any other counts against
     /// the connection's `max_messages_per_s`.
-    async fn api_request(&mut self, hub: &Hub, text: &str) -> (Value, bool) {
+    fn api_request(&mut self, hub: &Arc<Hub>, text: &str) -> (Reply, bool) {
         let request: Value = match serde_json::from_str(text) {
             Ok(Value::Object(request)) => Value::Object(request),
-            Ok(_) => return (api_error(&Value::Null, &ApiError::bad(-1000, "Malformed request: a JSON object is expected.")), false),
-            Err(e) => return (api_error(&Value::Null, &ApiError::bad(-1000, format!("Malformed request: {e}."))), false),
+            Ok(_) => return (Reply::Now(api_error(&Value::Null, &ApiError::bad(-1000, "Malformed request: a JSON object is expected."))), false),
+            Err(e) => return (Reply::Now(api_error(&Value::Null, &ApiError::bad(-1000, format!("Malformed request: {e}.")))), false),
         };
         let id = request.get("id").cloned().unwrap_or(Value::Null);
         if !(id.is_null() || id.is_i64() || id.is_u64() || id.as_str().is_some_and(|s| s.len() <= 36)) {
-            return (api_error(&Value::Null, &ApiError::bad(-1000, "Malformed request: 'id' must be an integer, a string of 36 characters at most, or null.")), false);
+            return (Reply::Now(api_error(&Value::Null, &ApiError::bad(-1000, "Malformed request: 'id' must be an integer, a string of 36 characters at most, or null."))), false);
         }
         let Some(method) = request.get("method").and_then(Value::as_str) else {
-            return (api_error(&id, &ApiError::mandatory("method")), false);
+            return (Reply::Now(api_error(&id, &ApiError::mandatory("method"))), false);
         };
         let empty = serde_json::Map::new();
         let params = match request.get("params") {
             None | Some(Value::Null) => &empty,
             Some(Value::Object(params)) => params,
-            Some(_) => return (api_error(&id, &ApiError::bad(-1000, "Malformed request: 'params' must be an object.")), false),
+            Some(_) => return (Reply::Now(api_error(&id, &ApiError::bad(-1000, "Malformed request: 'params' must be an object."))), false),
         };
         let Some(trading) = &hub.trading else {
-            return (api_error(&id, &ApiError::new(StatusCode::NOT_FOUND, -1020, "The trading API is off on this venue.")), false);
+            return (Reply::Now(api_error(&id, &ApiError::new(StatusCode::NOT_FOUND, -1020, "The trading API is off on this venue."))), false);
         };
         let keyed = params.get("apiKey").and_then(Value::as_str).is_some_and(|key| trading.knows_key(key));
-        (self.api_answer(hub, trading, &id, method, params).await, keyed)
+        if TRADING_METHODS.contains(&method) {
+            return (Reply::Later(Box::pin(api_trading(hub.clone(), id, method.to_string(), params.clone()))), keyed);
+        }
+        (Reply::Now(self.api_answer(hub, trading, &id, method, params)), keyed)
     }
 
-    /// The answer to a well-formed WebSocket API request.
-    async fn api_answer(&mut self, hub: &Hub, trading: &trading::Trading, id: &Value, method: &str, params: &serde_json::Map<String, Value>) -> Value {
-        let limits = |used: u32| json!([{"rateLimitType": "REQUEST_WEIGHT", "interval": "MINUTE", "intervalNum": 1, "limit": trading.max_weight(), "count": used}]);
-        // `returnRateLimits: false` leaves them out of the answer.
-        let with_limits = |mut answer: Value, used: u32| {
-            if params.get("returnRateLimits") != Some(&Value::Bool(false)) {
-                answer["rateLimits"] = limits(used);
-            }
-            answer
-        };
+    /// The answer to a well-formed WebSocket API request that is not one
+    /// of `TRADING_METHODS`.
+    fn api_answer(&mut self, hub: &Hub, trading: &trading::Trading, id: &Value, method: &str, params: &serde_json::Map<String, Value>) -> Value {
         match method {
             "userDataStream.subscribe.signature" => {
                 let (account, _, used) = match trading.signed(&Auth::Ws(params), &[], |_| 2, false) {
@@ -349,7 +374,7 @@ impl Session {
                     self.streams.push(key.clone());
                 }
                 self.subscriptions.push((subscription, account, key));
-                with_limits(json!({"id": id, "status": 200, "result": {"subscriptionId": subscription}}), used)
+                with_limits(trading, params, json!({"id": id, "status": 200, "result": {"subscriptionId": subscription}}), used)
             }
             "userDataStream.unsubscribe" => {
                 if params.keys().any(|name| name != "subscriptionId") {
@@ -379,30 +404,6 @@ impl Session {
             }
             "ping" => json!({"id": id, "status": 200, "result": {}}),
             "time" => json!({"id": id, "status": 200, "result": {"serverTime": crate::now_ms()}}),
-            // The REST endpoints' work, signed the WebSocket API's way;
-            // the result is the REST answer's body.
-            "order.place" | "order.cancel" | "openOrders.cancelAll" | "order.status" | "openOrders.status" | "allOrders" | "myTrades" | "account.status" | "account.commission" => {
-                let auth = Auth::Ws(params);
-                let changes = matches!(method, "order.place" | "order.cancel" | "openOrders.cancelAll");
-                if changes && let Err(e) = trading::follower(hub, "/ws-api/v3", None) {
-                    return api_error(id, &e);
-                }
-                let done = match method {
-                    "order.place" => trading::new_order_core(hub, &auth).await,
-                    "order.cancel" => trading::cancel_order_core(hub, &auth).await,
-                    "openOrders.cancelAll" => trading::cancel_open_orders_core(hub, &auth).await,
-                    "order.status" => trading::query_order_core(hub, &auth).await,
-                    "openOrders.status" => trading::open_orders_core(hub, &auth).await,
-                    "allOrders" => trading::all_orders_core(hub, &auth).await,
-                    "myTrades" => trading::my_trades_core(hub, &auth).await,
-                    "account.status" => trading::account_core(hub, &auth).await,
-                    _ => trading::commission_core(hub, &auth).await,
-                };
-                match done {
-                    Ok((result, used)) => with_limits(json!({"id": id, "status": 200, "result": result}), used),
-                    Err(e) => api_error(id, &e),
-                }
-            }
             other => api_error(id, &ApiError::bad(-1020, format!("Unsupported method: '{other}' (docs/trading.md lists this venue's WebSocket API methods)."))),
         }
     }
@@ -487,4 +488,59 @@ impl Session {
 /// A WebSocket API error answer.
 fn api_error(id: &Value, error: &ApiError) -> Value {
     json!({"id": id, "status": error.status.as_u16(), "error": {"code": error.code, "msg": error.msg}})
+}
+
+/// The WebSocket API methods that do a REST endpoint's work (signed the
+/// WebSocket API's way; the result is the REST answer's body). Several may
+/// be in flight on one connection; each is sent to the sequencer in the
+/// order the requests came, and answered in that order.
+const TRADING_METHODS: [&str; 9] = ["order.place", "order.cancel", "openOrders.cancelAll", "order.status", "openOrders.status", "allOrders", "myTrades", "account.status", "account.commission"];
+
+/// The requests a WebSocket API connection has in flight at most; past
+/// it, the next one is read once the oldest is answered.
+const MAX_IN_FLIGHT: usize = 64;
+
+/// A WebSocket API answer: ready, or waiting for the sequencer.
+enum Reply {
+    Now(Value),
+    Later(std::pin::Pin<Box<dyn std::future::Future<Output = Value> + Send>>),
+}
+
+/// `rateLimits` added to a successful answer, unless `returnRateLimits`
+/// is `false`.
+fn with_limits(trading: &trading::Trading, params: &serde_json::Map<String, Value>, mut answer: Value, used: u32) -> Value {
+    if params.get("returnRateLimits") != Some(&Value::Bool(false)) {
+        answer["rateLimits"] = json!([{"rateLimitType": "REQUEST_WEIGHT", "interval": "MINUTE", "intervalNum": 1, "limit": trading.max_weight(), "count": used}]);
+    }
+    answer
+}
+
+/// One of `TRADING_METHODS`: the REST endpoint's work. Everything up to
+/// the hand-over to the sequencer happens at the first poll (the checks
+/// and the reading of the state are synchronous), so polling requests'
+/// futures once each as they come keeps their order.
+async fn api_trading(hub: Arc<Hub>, id: Value, method: String, params: serde_json::Map<String, Value>) -> Value {
+    let Some(trading) = hub.trading.as_deref() else {
+        return api_error(&id, &ApiError::new(StatusCode::NOT_FOUND, -1020, "The trading API is off on this venue."));
+    };
+    let auth = Auth::Ws(&params);
+    let changes = matches!(method.as_str(), "order.place" | "order.cancel" | "openOrders.cancelAll");
+    if changes && let Err(e) = trading::follower(&hub, "/ws-api/v3", None) {
+        return api_error(&id, &e);
+    }
+    let done = match method.as_str() {
+        "order.place" => trading::new_order_core(&hub, &auth).await,
+        "order.cancel" => trading::cancel_order_core(&hub, &auth).await,
+        "openOrders.cancelAll" => trading::cancel_open_orders_core(&hub, &auth).await,
+        "order.status" => trading::query_order_core(&hub, &auth).await,
+        "openOrders.status" => trading::open_orders_core(&hub, &auth).await,
+        "allOrders" => trading::all_orders_core(&hub, &auth).await,
+        "myTrades" => trading::my_trades_core(&hub, &auth).await,
+        "account.status" => trading::account_core(&hub, &auth).await,
+        _ => trading::commission_core(&hub, &auth).await,
+    };
+    match done {
+        Ok((result, used)) => with_limits(trading, &params, json!({"id": id, "status": 200, "result": result}), used),
+        Err(e) => api_error(&id, &e),
+    }
 }
