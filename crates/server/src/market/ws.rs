@@ -2,8 +2,9 @@
 //! combined (`/stream?streams=a/b`) endpoints, the `SUBSCRIBE`,
 //! `UNSUBSCRIBE`, `LIST_SUBSCRIPTIONS`, `SET_PROPERTY` and `GET_PROPERTY`
 //! requests, pings, and the limits (`docs/marketdata.md`); and the
-//! WebSocket API's user data stream subscriptions (`/ws-api/v3`,
-//! `docs/trading.md`).
+//! WebSocket API (`/ws-api/v3`, `docs/trading.md`): the REST endpoints'
+//! work for orders, queries and balances, up to `MAX_IN_FLIGHT` requests
+//! at once per connection, and user data stream subscriptions.
 
 use super::http::ApiError;
 use super::trading::{self, Auth};
