@@ -6,6 +6,7 @@ a script's own folder on the import path, so `import servetest` finds it).
 """
 
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -13,6 +14,15 @@ import time
 
 class OutOfTime(BaseException):
     """Raised by the alarm; not an Exception, so no check swallows it."""
+
+
+def time_limit(seconds):
+    """Raises OutOfTime in the main thread after `seconds` (SIGALRM);
+    `signal.alarm(0)` cancels it."""
+    def out_of_time(signum, frame):
+        raise OutOfTime()
+    signal.signal(signal.SIGALRM, out_of_time)
+    signal.alarm(seconds)
 
 
 class Checks:

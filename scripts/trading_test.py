@@ -33,7 +33,7 @@ import ccxt
 from binance.client import Client
 from binance.exceptions import BinanceAPIException
 
-from servetest import Checks, OutOfTime, start_server
+from servetest import Checks, OutOfTime, start_server, time_limit
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYMBOL = "BTC/USD"          # ccxt's symbol of the default venue's BTC-USD
@@ -530,10 +530,7 @@ def main():
     args = parser.parse_args()
     checks = Checks()
 
-    def out_of_time(signum, frame):
-        raise OutOfTime()
-    signal.signal(signal.SIGALRM, out_of_time)
-    signal.alarm(TIME_LIMIT_S)
+    time_limit(TIME_LIMIT_S)
 
     data = tempfile.mkdtemp(prefix="crossbook-trading-")
     server, _, market = start_server(args.binary, data)

@@ -111,6 +111,16 @@ fn a_checkpoint_restores_the_same_market_data() {
     }
 }
 
+/// A diff applied to a book: each level's new total, 0 for gone.
+fn apply_diff(book: &mut Book, diff: &DepthDiff) {
+    for (price, qty) in &diff.bids {
+        if *qty == 0 { book.bids.remove(price) } else { book.bids.insert(*price, *qty) };
+    }
+    for (price, qty) in &diff.asks {
+        if *qty == 0 { book.asks.remove(price) } else { book.asks.insert(*price, *qty) };
+    }
+}
+
 /// Binance's procedure: buffer diffs, take a snapshot (`lastUpdateId`),
 /// drop diffs with `u <= lastUpdateId`, the first kept one must have
 /// `U <= lastUpdateId + 1 <= u`, then each `U` is the previous `u + 1`.
@@ -145,12 +155,7 @@ fn a_local_book_from_a_snapshot_and_diffs_equals_the_book() {
                 if applied > 0 {
                     assert_eq!(diff.first, *last_update_id + 1, "diffs follow each other without gaps or overlaps");
                 }
-                for (price, qty) in &diff.bids {
-                    if *qty == 0 { book.bids.remove(price) } else { book.bids.insert(*price, *qty) };
-                }
-                for (price, qty) in &diff.asks {
-                    if *qty == 0 { book.asks.remove(price) } else { book.asks.insert(*price, *qty) };
-                }
+                apply_diff(book, &diff);
                 *last_update_id = diff.last;
                 applied += 1;
             }
@@ -175,14 +180,6 @@ fn merged_diffs_build_the_same_book_as_the_diffs_one_by_one() {
     let (mut one_by_one, mut merged_book) = (Book::default(), Book::default());
     let mut pending: Option<DepthDiff> = None;
     let (mut through, mut merges, mut sent) = (0u64, 0, 0);
-    let apply = |book: &mut Book, diff: &DepthDiff| {
-        for (price, qty) in &diff.bids {
-            if *qty == 0 { book.bids.remove(price) } else { book.bids.insert(*price, *qty) };
-        }
-        for (price, qty) in &diff.asks {
-            if *qty == 0 { book.asks.remove(price) } else { book.asks.insert(*price, *qty) };
-        }
-    };
     for (index, chunk) in commands.chunks(23).enumerate() {
         for command in chunk {
             events.clear();
@@ -190,7 +187,7 @@ fn merged_diffs_build_the_same_book_as_the_diffs_one_by_one() {
             market.apply(engine.seq(), 0, &events);
         }
         for diff in market.take_updates().instruments.into_iter().filter(|u| u.index == instrument).filter_map(|u| u.depth) {
-            apply(&mut one_by_one, &diff);
+            apply_diff(&mut one_by_one, &diff);
             match pending.as_mut() {
                 Some(p) => {
                     p.merge(&diff);
@@ -208,7 +205,7 @@ fn merged_diffs_build_the_same_book_as_the_diffs_one_by_one() {
             }
             assert!(diff.bids.windows(2).all(|w| w[0].0 > w[1].0), "bids best first, each price once: {:?}", diff.bids);
             assert!(diff.asks.windows(2).all(|w| w[0].0 < w[1].0), "asks best first, each price once: {:?}", diff.asks);
-            apply(&mut merged_book, &diff);
+            apply_diff(&mut merged_book, &diff);
             through = diff.last;
             sent += 1;
             assert_eq!(merged_book, one_by_one, "after the merged diff ending at {through}");

@@ -345,6 +345,11 @@ impl Trading {
             return Err(ApiError::new(StatusCode::UNAUTHORIZED, -2014, "API-key format invalid."));
         };
         let key = value.to_str().map_err(|_| ApiError::new(StatusCode::UNAUTHORIZED, -2014, "API-key format invalid."))?;
+        self.credentials(key)
+    }
+
+    /// The account behind API key `key` (one with a secret), or -2015.
+    fn credentials(&self, key: &str) -> Result<(&str, &Credentials), ApiError> {
         match self.keys.get_key_value(key) {
             Some((key, credentials)) if !credentials.secret.is_empty() => Ok((key.as_str(), credentials)),
             _ => Err(ApiError::new(StatusCode::UNAUTHORIZED, -2015, "Invalid API-key, IP, or permissions for action.")),
@@ -414,11 +419,10 @@ impl Trading {
                 (key, credentials, checked)
             }
             Auth::Ws(params) => {
-                let (key, credentials) = match params.get("apiKey").and_then(serde_json::Value::as_str).map(|key| self.keys.get_key_value(key)) {
-                    None => return Err(ApiError::new(StatusCode::UNAUTHORIZED, -2014, "API-key format invalid.")),
-                    Some(Some((key, credentials))) if !credentials.secret.is_empty() => (key.as_str(), credentials),
-                    Some(_) => return Err(ApiError::new(StatusCode::UNAUTHORIZED, -2015, "Invalid API-key, IP, or permissions for action.")),
+                let Some(key) = params.get("apiKey").and_then(serde_json::Value::as_str) else {
+                    return Err(ApiError::new(StatusCode::UNAUTHORIZED, -2014, "API-key format invalid."));
                 };
+                let (key, credentials) = self.credentials(key)?;
                 let checked = ws_params(params, known).and_then(|params| {
                     let signature = params.get("signature").ok_or_else(|| ApiError::mandatory("signature"))?;
                     let payload = params.all().iter().filter(|(name, _)| name != "signature").map(|(name, value)| format!("{name}={value}")).collect::<Vec<_>>().join("&");
@@ -459,7 +463,7 @@ impl Trading {
 
     /// Whether `key` is an account's API key (one with a secret).
     pub(crate) fn knows_key(&self, key: &str) -> bool {
-        self.keys.get(key).is_some_and(|credentials| !credentials.secret.is_empty())
+        self.credentials(key).is_ok()
     }
 }
 
