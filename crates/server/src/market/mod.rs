@@ -224,29 +224,24 @@ impl Hub {
     /// Sends `messages` to every subscriber of stream `name` (a user data
     /// stream's listen key).
     pub(crate) fn send_to_stream(&self, name: &str, messages: Vec<String>) {
-        let outgoing: Vec<(Arc<Connection>, Vec<Utf8Bytes>)> = {
-            let subscribers = self.subscribers();
-            let Some(list) = subscribers.get(name) else { return };
-            list.iter().map(|s| (s.connection.clone(), messages.iter().map(|data| s.wrap.frame(name, data)).collect())).collect()
-        };
-        for (connection, messages) in outgoing {
-            self.deliver(&connection, messages);
-        }
+        self.send_framed(name, |_| &messages);
     }
 
     /// Sends the last message of stream `name` (an ended listen key):
     /// `message` to its subscribers over `/ws` and `/stream`, `event`
     /// (wrapped) to those over the WebSocket API.
-    pub(crate) fn send_ending(&self, name: &str, message: &str, event: &str) {
+    pub(crate) fn send_ending(&self, name: &str, message: String, event: String) {
+        let (message, event) = ([message], [event]);
+        self.send_framed(name, |wrap| if matches!(wrap, Wrap::Event(_)) { &event } else { &message });
+    }
+
+    /// Sends each subscriber of stream `name` the messages `payloads`
+    /// gives for its framing, framed.
+    fn send_framed<'a>(&self, name: &str, payloads: impl Fn(Wrap) -> &'a [String]) {
         let outgoing: Vec<(Arc<Connection>, Vec<Utf8Bytes>)> = {
             let subscribers = self.subscribers();
             let Some(list) = subscribers.get(name) else { return };
-            list.iter()
-                .map(|s| {
-                    let data = if matches!(s.wrap, Wrap::Event(_)) { event } else { message };
-                    (s.connection.clone(), vec![s.wrap.frame(name, data)])
-                })
-                .collect()
+            list.iter().map(|s| (s.connection.clone(), payloads(s.wrap).iter().map(|data| s.wrap.frame(name, data)).collect())).collect()
         };
         for (connection, messages) in outgoing {
             self.deliver(&connection, messages);

@@ -357,6 +357,6 @@ pub(crate) fn expired(hub: &Hub, key: &str) {
     let now = now_ms();
     let message = json!({"e": "listenKeyExpired", "E": now, "listenKey": key});
     let event = json!({"e": "eventStreamTerminated", "E": now});
-    hub.send_ending(key, &message.to_string(), &event.to_string());
+    hub.send_ending(key, message.to_string(), event.to_string());
     hub.drop_stream(key);
 }
