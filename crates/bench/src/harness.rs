@@ -5,6 +5,7 @@
 
 use anyhow::{Context, Result, bail};
 use crossbook_engine::{Command, Engine, Event};
+use crossbook_marketdata::{CommandContext, InstrumentInfo, MarketData};
 use crossbook_workload::{Workload, generate};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -109,6 +110,13 @@ pub struct Stages {
     /// Deriving the `balance` lines (`BalanceLines`) and writing every
     /// event as text (the event file format).
     pub event_encoding: f64,
+    /// Following the engine's events in market data as `crossbook
+    /// serve`'s market-data thread does (`MarketData::apply_command`:
+    /// books, trades, candles, every account's orders and trades), timed
+    /// alone over events recorded beforehand. Absent from reports older
+    /// than this figure.
+    #[serde(default)]
+    pub market_data: f64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -243,6 +251,16 @@ pub fn measure(options: &Options) -> Result<(Report, Vec<Command>)> {
     let encode_seconds = started.elapsed().as_secs_f64();
     let events_sha256 = digest.finalize().iter().map(|b| format!("{b:02x}")).collect();
 
+    // Pass 4: market data following the events of every command, timed
+    // alone over events recorded beforehand.
+    let market_ns = {
+        let recorded = Recorded::of(&commands);
+        let mut market = MarketData::new(InstrumentInfo::of_commands(&commands), 0);
+        let started = Instant::now();
+        follow_market(&mut market, &commands, &recorded);
+        started.elapsed().as_secs_f64() * 1e9 / count as f64
+    };
+
     let orders = commands.iter().filter(|c| matches!(c, Command::Place(_))).count();
     let engine_ns = seconds * 1e9 / count as f64;
     let (git_commit, git_dirty) = git_state();
@@ -270,6 +288,7 @@ pub fn measure(options: &Options) -> Result<(Report, Vec<Command>)> {
                 matching: share(Stage::Matching),
                 settlement: share(Stage::Settlement),
                 event_encoding: (encode_seconds * 1e9 / count as f64 - engine_ns).max(0.0),
+                market_data: market_ns,
             }
         },
         events_sha256,
@@ -318,12 +337,12 @@ fn print_text(r: &Report) {
     let st = &r.stages_ns_per_command;
     match (st.risk_check, st.matching, st.settlement) {
         (Some(risk), Some(matching), Some(settlement)) => println!(
-            "stages_ns_per_command engine {:.1} (risk_check {risk:.1} matching {matching:.1} settlement {settlement:.1}) event_encoding {:.1}",
-            st.engine, st.event_encoding
+            "stages_ns_per_command engine {:.1} (risk_check {risk:.1} matching {matching:.1} settlement {settlement:.1}) event_encoding {:.1} market_data {:.1}",
+            st.engine, st.event_encoding, st.market_data
         ),
         _ => println!(
-            "stages_ns_per_command engine {:.1} event_encoding {:.1} (build with --features stage-clock to split the engine)",
-            st.engine, st.event_encoding
+            "stages_ns_per_command engine {:.1} event_encoding {:.1} market_data {:.1} (build with --features stage-clock to split the engine)",
+            st.engine, st.event_encoding, st.market_data
         ),
     }
     if let Some(warm) = &r.warm {
@@ -467,6 +486,51 @@ pub fn replay(engine: &mut Engine, commands: &[Command], events: &mut Vec<Event>
         engine.apply(command, events);
     }
     engine.trades() - trades_before
+}
+
+/// Every command's events, recorded from an engine run: the input of
+/// market data's pass.
+pub struct Recorded {
+    events: Vec<Event>,
+    /// Where each command's events end in `events`.
+    ends: Vec<usize>,
+}
+
+impl Recorded {
+    pub fn of(commands: &[Command]) -> Recorded {
+        let mut engine = Engine::new();
+        let mut recorded = Recorded { events: Vec::with_capacity(commands.len() * 2), ends: Vec::with_capacity(commands.len()) };
+        for command in commands {
+            engine.apply(command, &mut recorded.events);
+            recorded.ends.push(recorded.events.len());
+        }
+        recorded
+    }
+}
+
+/// Commands per batch in market data's pass: the server hands its
+/// market-data thread a released batch at a time, and takes the batch's
+/// updates (depth diffs, trades) once per batch.
+pub const MARKET_BATCH: usize = 64;
+
+/// Applies every command's recorded events to `market`, with the command
+/// itself, as the server's market-data thread does, taking the updates
+/// every [`MARKET_BATCH`] commands. Kept out of line so that
+/// `scripts/instructions` can count exactly this loop
+/// (`STAGE=market-data`).
+#[inline(never)]
+pub fn follow_market(market: &mut MarketData, commands: &[Command], recorded: &Recorded) {
+    let mut start = 0;
+    for (index, (command, &end)) in commands.iter().zip(&recorded.ends).enumerate() {
+        let seq = index as u64 + 1;
+        let context = CommandContext { command, client_id: None, gateway: false };
+        market.apply_command(seq, seq / 1024, Some(context), &recorded.events[start..end]);
+        if (index + 1) % MARKET_BATCH == 0 || index + 1 == commands.len() {
+            market.advance(seq, seq / 1024);
+            std::hint::black_box(market.take_updates());
+        }
+        start = end;
+    }
 }
 
 /// The journal figures of `crossbook bench --journal DIR`: in rounds, the

@@ -13,7 +13,9 @@
 
 use crossbook_engine::codec::{side_code, stp_code, tif_code};
 use crossbook_engine::{AccountId, CancelReason, ClientOrderId, OrderId, OrderType, SelfTradePrevention, Side, TimeInForce};
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use compact_str::{CompactString, ToCompactString};
+use foldhash::HashMap;
+use std::collections::{BTreeSet, VecDeque};
 
 /// Orders that ended, kept per account.
 pub const ORDERS_KEPT: usize = 10_000;
@@ -70,7 +72,7 @@ pub struct OrderRecord {
     /// Its instrument's index in [`crate::MarketData::instruments`].
     pub instrument: u32,
     /// Binance's `clientOrderId`.
-    pub client_id: String,
+    pub client_id: CompactString,
     pub cid: ClientOrderId,
     pub side: Side,
     pub order_type: OrderType,
@@ -128,7 +130,7 @@ pub struct Accounts {
     pub orders: HashMap<OrderId, OrderRecord>,
     pub accounts: HashMap<AccountId, AccountData>,
     /// (account, client id) of every open order.
-    open_client_ids: HashMap<(AccountId, String), OrderId>,
+    open_client_ids: HashMap<(AccountId, CompactString), OrderId>,
     /// The largest engine client id seen in `gateway_cids` (a gateway that
     /// numbers its orders goes on after it).
     pub largest_gateway_cid: u64,
@@ -157,7 +159,7 @@ impl Accounts {
 
     /// An account's open order by client id.
     pub fn open_by_client_id(&self, account: AccountId, client_id: &str) -> Option<&OrderRecord> {
-        self.open_client_ids.get(&(account, client_id.to_string())).and_then(|id| self.orders.get(id))
+        self.open_client_ids.get(&(account, CompactString::from(client_id))).and_then(|id| self.orders.get(id))
     }
 
     /// An account's order (open, or ended and still kept) by client id:
@@ -177,7 +179,7 @@ impl Accounts {
     /// An order accepted by the engine.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn accepted(&mut self, id: OrderId, account: AccountId, instrument: u32, cid: ClientOrderId, side: Side, order_type: OrderType, tif: TimeInForce, price: i64, qty: u64, time_ms: u64, details: Option<PlaceDetails<'_>>) {
-        let client_id = details.and_then(|d| d.client_id).map_or_else(|| cid.to_string(), str::to_string);
+        let client_id = details.and_then(|d| d.client_id).map_or_else(|| cid.to_compact_string(), CompactString::from);
         // Only the gateway's own orders: a binary client's cid in that
         // range does not move its numbering.
         if details.is_some_and(|d| d.gateway) && self.gateway_cids.contains(&cid) {
@@ -275,12 +277,12 @@ impl Accounts {
         if let Some(new) = client_id
             && new != record.client_id
         {
-            let old = std::mem::replace(&mut record.client_id, new.to_string());
-            let account = record.account;
-            if self.open_client_ids.get(&(account, old.clone())) == Some(&order) {
-                self.open_client_ids.remove(&(account, old));
+            let new = CompactString::from(new);
+            let key = (record.account, std::mem::replace(&mut record.client_id, new.clone()));
+            if self.open_client_ids.get(&key) == Some(&order) {
+                self.open_client_ids.remove(&key);
             }
-            self.open_client_ids.entry((account, new.to_string())).or_insert(order);
+            self.open_client_ids.entry((key.0, new)).or_insert(order);
         }
     }
 
@@ -293,9 +295,10 @@ impl Accounts {
         }
         record.status = status;
         record.update_ms = time_ms;
-        let (account, client_id) = (record.account, record.client_id.clone());
-        if self.open_client_ids.get(&(account, client_id.clone())) == Some(&order) {
-            self.open_client_ids.remove(&(account, client_id));
+        let account = record.account;
+        let key = (account, record.client_id.clone());
+        if self.open_client_ids.get(&key) == Some(&order) {
+            self.open_client_ids.remove(&key);
         }
         let data = self.accounts.entry(account).or_default();
         data.open.remove(&order);
@@ -395,7 +398,7 @@ impl Accounts {
             let index = instrument(r.u32()?)?;
             let cid = r.u64()?;
             let len = usize::from(r.u8()?);
-            let client_id = String::from_utf8(r.take(len)?.to_vec()).map_err(|_| CodecError(format!("order {id}: client id is not UTF-8")))?;
+            let client_id = CompactString::from_utf8(r.take(len)?).map_err(|_| CodecError(format!("order {id}: client id is not UTF-8")))?;
             let side = side_of(r.u8()?).ok_or_else(|| CodecError(format!("order {id}: bad side")))?;
             let order_type = if r.u8()? == 1 { OrderType::Market } else { OrderType::Limit };
             let tif = tif_of(r.u8()?).ok_or_else(|| CodecError(format!("order {id}: bad time in force")))?;

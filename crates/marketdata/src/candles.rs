@@ -95,6 +95,18 @@ impl Candles {
     /// stamped before the newest candle (a clock set back across a
     /// restart) counts in the newest.
     pub fn add(&mut self, time_ms: u64, price: i64, qty: u64, buyer_took: bool, trade_id: u64) {
+        // Every interval is a whole number of minutes from the epoch, so a
+        // trade in the newest one-minute candle is in the newest candle of
+        // every interval: no division for it.
+        if let Some(minute) = self.series[0].back()
+            && time_ms < minute.open_ms + INTERVALS[0].1
+            && self.series.iter().all(|series| !series.is_empty())
+        {
+            for last in self.series.iter_mut().filter_map(VecDeque::back_mut) {
+                last.add(price, qty, buyer_took, trade_id);
+            }
+            return;
+        }
         for (index, (_, length)) in INTERVALS.iter().enumerate() {
             let series = &mut self.series[index];
             let open_ms = time_ms - time_ms % length;

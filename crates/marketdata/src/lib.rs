@@ -23,7 +23,8 @@ pub mod render;
 use accounts::{Accounts, PlaceDetails};
 use candles::Candles;
 use crossbook_engine::{CancelReason, Command, Event, EventKind, InstrumentId, OrderId, OrderType, RejectReason, Side, TimeInForce};
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use foldhash::HashMap;
+use std::collections::{BTreeMap, VecDeque};
 
 /// Trades kept per instrument for `GET /api/v3/trades` (Binance's largest
 /// `limit`).
@@ -63,6 +64,43 @@ pub struct InstrumentInfo {
     /// Fees in basis points (negative: a rebate).
     pub maker_bps: i64,
     pub taker_bps: i64,
+}
+
+impl InstrumentInfo {
+    /// What market data knows of an instrument from its engine
+    /// definition alone: units of one tick and one lot, assets named `B`
+    /// and `Q` (the tests' and the bench's instruments).
+    pub fn of_spec(spec: &crossbook_engine::InstrumentSpec) -> InstrumentInfo {
+        InstrumentInfo {
+            id: spec.id,
+            symbol: spec.symbol.as_str().to_string(),
+            binance: binance_symbol(spec.symbol.as_str()),
+            base_asset: "B".into(),
+            quote_asset: "Q".into(),
+            price_unit: Unit::ONE,
+            qty_unit: Unit::ONE,
+            min_price: spec.min_price,
+            max_price: spec.max_price,
+            min_qty: spec.min_qty,
+            max_qty: spec.max_qty,
+            quote_asset_unit: Unit::ONE,
+            maker_bps: spec.maker_bps,
+            taker_bps: spec.taker_bps,
+        }
+    }
+
+    /// The instruments a command stream adds (the first of each id: the
+    /// mixed workload also tries duplicates, which the engine refuses).
+    pub fn of_commands(commands: &[Command]) -> Vec<InstrumentInfo> {
+        let mut seen = std::collections::BTreeSet::new();
+        commands
+            .iter()
+            .filter_map(|c| match c {
+                Command::AddInstrument(spec) if seen.insert(spec.id) => Some(InstrumentInfo::of_spec(spec)),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 /// Binance writes a symbol as its letters and digits, upper case:
@@ -162,10 +200,17 @@ pub struct InstrumentData {
     /// one more).
     pub diffs_through: u64,
     /// Changes since the last [`MarketData::take_updates`].
-    changed_bids: BTreeSet<i64>,
-    changed_asks: BTreeSet<i64>,
-    new_trades: usize,
+    /// Prices touched, in the order touched (sorted and deduplicated when
+    /// the updates are taken; kept as vectors so that a batch allocates
+    /// nothing for them).
+    changed_bids: Vec<i64>,
+    changed_asks: Vec<i64>,
+    /// Its trades since then (all of them: a batch may trade more than
+    /// `TRADES_KEPT`).
+    new_trades: Vec<Trade>,
     top_before: Option<Top>,
+    /// In [`MarketData::dirty`].
+    dirty: bool,
 }
 
 impl InstrumentData {
@@ -177,10 +222,11 @@ impl InstrumentData {
             next_trade_id: 1,
             candles: Candles::default(),
             diffs_through: start_seq,
-            changed_bids: BTreeSet::new(),
-            changed_asks: BTreeSet::new(),
-            new_trades: 0,
+            changed_bids: Vec::new(),
+            changed_asks: Vec::new(),
+            new_trades: Vec::new(),
             top_before: None,
+            dirty: false,
         }
     }
 
@@ -188,10 +234,13 @@ impl InstrumentData {
         if self.top_before.is_none() {
             self.top_before = Some(self.book.top());
         }
-        match side {
-            Side::Buy => self.changed_bids.insert(price),
-            Side::Sell => self.changed_asks.insert(price),
+        let changed = match side {
+            Side::Buy => &mut self.changed_bids,
+            Side::Sell => &mut self.changed_asks,
         };
+        if changed.last() != Some(&price) {
+            changed.push(price);
+        }
     }
 }
 
@@ -296,7 +345,7 @@ pub struct MarketData {
     pub time_ms: u64,
     pub counters: Counters,
     /// Instruments with changes since the last `take_updates`.
-    dirty: BTreeSet<u32>,
+    dirty: Vec<u32>,
     /// Each account's orders and trades.
     pub accounts: Accounts,
 }
@@ -312,12 +361,12 @@ impl MarketData {
             instruments: instruments.into_iter().map(|info| InstrumentData::new(info, start_seq)).collect(),
             by_id,
             by_symbol,
-            orders: HashMap::new(),
+            orders: HashMap::default(),
             takers: Vec::new(),
             seq: start_seq,
             time_ms: 0,
             counters: Counters::default(),
-            dirty: BTreeSet::new(),
+            dirty: Vec::new(),
             accounts: Accounts::default(),
         }
     }
@@ -347,7 +396,8 @@ impl MarketData {
             self.event(&event.kind, context);
         }
         // What is left of this command's takers rests, if it may.
-        for order in std::mem::take(&mut self.takers) {
+        for index in 0..self.takers.len() {
+            let order = self.takers[index];
             let Some(live) = self.orders.get_mut(&order) else { continue };
             if live.resting {
                 continue;
@@ -358,11 +408,12 @@ impl MarketData {
                 let data = &mut self.instruments[live.instrument as usize];
                 data.touch(live.side, live.price);
                 data.book.add(live.side, live.price, live.remaining);
-                self.dirty.insert(live.instrument);
+                self.mark_dirty(live.instrument);
             } else {
                 self.orders.remove(&order);
             }
         }
+        self.takers.clear();
     }
 
     fn event(&mut self, kind: &EventKind, context: Option<CommandContext<'_>>) {
@@ -404,8 +455,8 @@ impl MarketData {
                 if data.trades.len() > TRADES_KEPT {
                     data.trades.pop_front();
                 }
-                data.new_trades += 1;
-                self.dirty.insert(index);
+                data.new_trades.push(trade);
+                self.mark_dirty(index);
                 let taker_buys = taker_side == Side::Buy;
                 self.accounts.fill(trade.id, index, maker, maker_account, price, qty, maker_remaining, maker_fee, !taker_buys, true, time_ms, seq);
                 self.accounts.fill(trade.id, index, taker, taker_account, price, qty, taker_remaining, taker_fee, taker_buys, false, time_ms, seq);
@@ -436,7 +487,7 @@ impl MarketData {
                     data.touch(live.side, live.price);
                     debug_assert_eq!(remaining, live.remaining, "order {order} cancelled with what it had left");
                     data.book.take(live.side, live.price, live.remaining);
-                    self.dirty.insert(live.instrument);
+                    self.mark_dirty(live.instrument);
                 }
             }
             EventKind::Replaced { order, price, qty, remaining, priority_kept } => {
@@ -460,7 +511,7 @@ impl MarketData {
                     live.rests = true;
                     self.takers.push(order);
                 }
-                self.dirty.insert(before.instrument);
+                self.mark_dirty(before.instrument);
             }
             _ => {}
         }
@@ -473,28 +524,40 @@ impl MarketData {
         self.time_ms = self.time_ms.max(time_ms);
     }
 
+    fn mark_dirty(&mut self, index: u32) {
+        let data = &mut self.instruments[index as usize];
+        if !data.dirty {
+            data.dirty = true;
+            self.dirty.push(index);
+        }
+    }
+
     /// What changed since the last call, instrument by instrument; depth
     /// diffs cover the commands since the previous diff of their
     /// instrument.
     pub fn take_updates(&mut self) -> Updates {
         let mut instruments = Vec::new();
-        for index in std::mem::take(&mut self.dirty) {
+        // Instrument by instrument in index order, as a set would give them.
+        self.dirty.sort_unstable();
+        for index in self.dirty.drain(..) {
             let data = &mut self.instruments[index as usize];
-            let bids = std::mem::take(&mut data.changed_bids);
-            let asks = std::mem::take(&mut data.changed_asks);
-            let depth = (!bids.is_empty() || !asks.is_empty()).then(|| {
+            data.dirty = false;
+            let depth = (!data.changed_bids.is_empty() || !data.changed_asks.is_empty()).then(|| {
+                for changed in [&mut data.changed_bids, &mut data.changed_asks] {
+                    changed.sort_unstable();
+                    changed.dedup();
+                }
                 // Best first on both sides, as Binance lists them.
                 let diff = DepthDiff {
                     first: data.diffs_through + 1,
                     last: self.seq,
-                    bids: bids.iter().rev().map(|p| (*p, data.book.bids.get(p).copied().unwrap_or(0))).collect(),
-                    asks: asks.iter().map(|p| (*p, data.book.asks.get(p).copied().unwrap_or(0))).collect(),
+                    bids: data.changed_bids.drain(..).rev().map(|p| (p, data.book.bids.get(&p).copied().unwrap_or(0))).collect(),
+                    asks: data.changed_asks.drain(..).map(|p| (p, data.book.asks.get(&p).copied().unwrap_or(0))).collect(),
                 };
                 data.diffs_through = self.seq;
                 diff
             });
-            let trades: Vec<Trade> = data.trades.iter().skip(data.trades.len().saturating_sub(data.new_trades)).copied().collect();
-            data.new_trades = 0;
+            let trades = std::mem::take(&mut data.new_trades);
             let top_changed = data.top_before.take().is_some_and(|before| before != data.book.top());
             if depth.is_some() || !trades.is_empty() || top_changed {
                 instruments.push(InstrumentUpdate { index: index as usize, depth, trades, top_changed });
@@ -511,8 +574,9 @@ impl MarketData {
             data.diffs_through = seq;
             data.changed_bids.clear();
             data.changed_asks.clear();
-            data.new_trades = 0;
+            data.new_trades.clear();
             data.top_before = None;
+            data.dirty = false;
         }
         self.dirty.clear();
     }

@@ -7,33 +7,8 @@ use super::*;
 use crossbook_engine::{Command, Engine};
 use crossbook_workload::{Workload, generate};
 
-/// The instruments a command stream adds (the first of each id: the
-/// mixed workload also tries duplicates, which the engine refuses).
 fn infos(commands: &[Command]) -> Vec<InstrumentInfo> {
-    let mut seen = std::collections::HashSet::new();
-    commands
-        .iter()
-        .filter_map(|c| match c {
-            Command::AddInstrument(spec) if !seen.insert(spec.id) => None,
-            Command::AddInstrument(spec) => Some(InstrumentInfo {
-                id: spec.id,
-                symbol: spec.symbol.as_str().to_string(),
-                binance: binance_symbol(spec.symbol.as_str()),
-                base_asset: "B".into(),
-                quote_asset: "Q".into(),
-                price_unit: Unit::ONE,
-                qty_unit: Unit::ONE,
-                min_price: spec.min_price,
-                max_price: spec.max_price,
-                min_qty: spec.min_qty,
-                max_qty: spec.max_qty,
-                quote_asset_unit: Unit::ONE,
-                maker_bps: spec.maker_bps,
-                taker_bps: spec.taker_bps,
-            }),
-            _ => None,
-        })
-        .collect()
+    InstrumentInfo::of_commands(commands)
 }
 
 fn engine_levels(engine: &Engine, id: InstrumentId) -> Book {
@@ -311,4 +286,47 @@ fn a_command_that_ends_many_orders_keeps_them_until_the_next() {
     market.apply(engine.seq(), 0, &events);
     assert_eq!(market.accounts.accounts[&7].closed.len(), ORDERS_KEPT);
     assert_eq!(market.accounts.orders.len(), ORDERS_KEPT);
+}
+
+#[test]
+fn a_batch_with_more_trades_than_are_kept_hands_every_one_out() {
+    use crossbook_engine::{InstrumentSpec, PlaceOrder, SelfTradePrevention, Symbol};
+    let symbol = Symbol::new("X-Y").expect("symbol");
+    let spec = InstrumentSpec { id: 1, symbol, base: 1, quote: 2, tick_size: 1, lot_size: 1, min_qty: 1, max_qty: 1_000_000, min_price: 1, max_price: 1_000_000, maker_bps: 0, taker_bps: 0 };
+    let mut commands = vec![
+        Command::AddAsset { id: 1, name: Symbol::new("X").expect("x") },
+        Command::AddAsset { id: 2, name: Symbol::new("Y").expect("y") },
+        Command::AddInstrument(spec),
+        Command::OpenAccount { account: 7 },
+        Command::Deposit { account: 7, asset: 1, amount: 1_000_000 },
+        Command::OpenAccount { account: 8 },
+        Command::Deposit { account: 8, asset: 2, amount: 1_000_000_000 },
+    ];
+    // One command sweeps half again as many resting orders as the
+    // instrument's trade window keeps.
+    let resting = TRADES_KEPT + TRADES_KEPT / 2;
+    for cid in 0..resting as u64 {
+        commands.push(Command::Place(PlaceOrder { account: 7, instrument: 1, cid, side: Side::Sell, order_type: OrderType::Limit, tif: TimeInForce::Gtc, price: 100 + cid as i64 % 7, qty: 1, post_only: false, stp: SelfTradePrevention::None, budget: None }));
+    }
+    let mut engine = Engine::new();
+    let mut market = MarketData::new(infos(&commands), 0);
+    let mut events = Vec::new();
+    for command in &commands {
+        events.clear();
+        engine.apply(command, &mut events);
+        market.apply(engine.seq(), 0, &events);
+    }
+    let before = market.take_updates();
+    assert_eq!(before.instruments[0].depth.as_ref().map(|d| d.asks.len()), Some(7));
+    let sweep = Command::Place(PlaceOrder { account: 8, instrument: 1, cid: 1, side: Side::Buy, order_type: OrderType::Limit, tif: TimeInForce::Ioc, price: 1_000, qty: resting as u64, post_only: false, stp: SelfTradePrevention::None, budget: None });
+    events.clear();
+    engine.apply(&sweep, &mut events);
+    market.apply(engine.seq(), 0, &events);
+    let updates = market.take_updates();
+    let trades = &updates.instruments[0].trades;
+    assert_eq!(trades.len(), resting, "every trade of the batch goes to the @trade stream");
+    assert!(trades.iter().enumerate().all(|(i, t)| t.id == i as u64 + 1), "ids without gaps from 1");
+    assert_eq!(market.instruments[0].trades.len(), TRADES_KEPT, "the window for GET /api/v3/trades stays bounded");
+    let depth = updates.instruments[0].depth.as_ref().expect("the sweep emptied the asks");
+    assert_eq!(depth.asks, (100..107).map(|p| (p, 0)).collect::<Vec<_>>(), "each emptied level once, best first");
 }

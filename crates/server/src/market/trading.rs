@@ -271,7 +271,7 @@ impl Trading {
         if annex.request == 0 {
             return;
         }
-        let Some(cmd) = command.command.as_ref() else { return };
+        let Some(cmd) = command.command else { return };
         let reject = command.events.iter().find_map(|e| match e.kind {
             EventKind::Rejected { reason } => Some(reason),
             _ => None,

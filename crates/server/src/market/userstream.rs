@@ -155,7 +155,7 @@ impl Streams {
 /// The accounts a command's events are about.
 fn accounts_of(market: &MarketData, command: &FeedCommand) -> Vec<AccountId> {
     let mut accounts = Vec::new();
-    for event in &command.events {
+    for event in command.events {
         match event.kind {
             EventKind::Accepted { account, .. } | EventKind::Cancelled { account, .. } => accounts.push(account),
             EventKind::Trade { maker_account, taker_account, .. } => accounts.extend([maker_account, taker_account]),
@@ -183,14 +183,14 @@ pub(crate) fn after_command(trading: &Trading, market: &MarketData, command: &Fe
     // Each order's filled lots and notional before this command: what it
     // has now less this command's fills.
     let mut running: HashMap<OrderId, (u64, u128)> = HashMap::new();
-    for event in &command.events {
+    for event in command.events {
         if let EventKind::Trade { maker, taker, .. } = event.kind {
             for order in [maker, taker] {
                 running.entry(order).or_insert_with(|| market.accounts.orders.get(&order).map_or((0, 0), |o| (o.filled, o.quote_filled)));
             }
         }
     }
-    for event in &command.events {
+    for event in command.events {
         if let EventKind::Trade { maker, taker, price, qty, .. } = event.kind {
             for order in [maker, taker] {
                 if let Some(entry) = running.get_mut(&order) {
