@@ -137,8 +137,9 @@ pub struct Accounts {
     /// The range of engine client ids a gateway gives its orders (the
     /// REST gateway's), tracked in `largest_gateway_cid`.
     pub gateway_cids: std::ops::Range<u64>,
-    /// Accounts past a window, trimmed before the next command.
-    over: BTreeSet<AccountId>,
+    /// Accounts past a window, trimmed before the next command (an
+    /// account may be here more than once).
+    over: Vec<AccountId>,
 }
 
 /// The part of a place command that its events do not carry.
@@ -226,22 +227,22 @@ impl Accounts {
     /// One fill of `order` (either side).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn fill(&mut self, trade_id: u64, instrument: u32, order: OrderId, account: AccountId, price: i64, qty: u64, remaining: u64, fee: i64, is_buyer: bool, is_maker: bool, time_ms: u64, seq: u64) {
+        let data = self.accounts.entry(account).or_default();
+        data.update_ms = time_ms;
+        data.trades.push_back(AccountTrade { id: trade_id, instrument, order, price, qty, fee, is_buyer, is_maker, time_ms, seq });
+        let over = data.trades.len() > TRADES_KEPT_PER_ACCOUNT;
         if let Some(record) = self.orders.get_mut(&order) {
             record.filled += qty;
             record.quote_filled += u128::from(qty) * price.unsigned_abs() as u128;
             record.update_ms = time_ms;
             if remaining > 0 {
                 record.status = OrderStatus::PartiallyFilled;
+            } else {
+                end_record(record, OrderStatus::Filled, time_ms, data, &mut self.open_client_ids);
             }
         }
-        let data = self.accounts.entry(account).or_default();
-        data.update_ms = time_ms;
-        data.trades.push_back(AccountTrade { id: trade_id, instrument, order, price, qty, fee, is_buyer, is_maker, time_ms, seq });
-        if data.trades.len() > TRADES_KEPT_PER_ACCOUNT {
-            self.over.insert(account);
-        }
-        if remaining == 0 {
-            self.end(order, OrderStatus::Filled, time_ms);
+        if over || data.closed.len() > ORDERS_KEPT {
+            self.mark_over(account);
         }
     }
 
@@ -290,22 +291,18 @@ impl Accounts {
     /// account's window of ended orders (the oldest beyond it forgotten).
     fn end(&mut self, order: OrderId, status: OrderStatus, time_ms: u64) {
         let Some(record) = self.orders.get_mut(&order) else { return };
-        if !record.status.is_open() {
-            return;
-        }
-        record.status = status;
-        record.update_ms = time_ms;
-        let account = record.account;
-        let key = (account, record.client_id.clone());
-        if self.open_client_ids.get(&key) == Some(&order) {
-            self.open_client_ids.remove(&key);
-        }
-        let data = self.accounts.entry(account).or_default();
-        data.open.remove(&order);
-        data.update_ms = time_ms;
-        data.closed.push_back(order);
+        let data = self.accounts.entry(record.account).or_default();
+        end_record(record, status, time_ms, data, &mut self.open_client_ids);
         if data.closed.len() > ORDERS_KEPT || data.trades.len() > TRADES_KEPT_PER_ACCOUNT {
-            self.over.insert(account);
+            let account = record.account;
+            self.mark_over(account);
+        }
+    }
+
+    /// Has `account` trimmed before the next command.
+    fn mark_over(&mut self, account: AccountId) {
+        if self.over.last() != Some(&account) {
+            self.over.push(account);
         }
     }
 
@@ -314,7 +311,7 @@ impl Accounts {
     /// the orders and trades of the command just applied are all there for
     /// whoever reads them right after it (a REST answer, a user stream).
     pub(crate) fn trim(&mut self) {
-        for account in std::mem::take(&mut self.over) {
+        for account in self.over.drain(..) {
             let Some(data) = self.accounts.get_mut(&account) else { continue };
             while data.closed.len() > ORDERS_KEPT {
                 if let Some(old) = data.closed.pop_front() {
@@ -436,8 +433,33 @@ impl Accounts {
                 data.trades.push_back(AccountTrade { id, instrument: index, order, price, qty, fee, is_buyer: flags & 1 == 1, is_maker: flags & 2 == 2, time_ms, seq });
             }
         }
+        // A checkpoint taken right after a command that filled a window
+        // past its size: trimmed before the next command, as it would
+        // have been without the restart.
+        self.over.clear();
+        let mut over: Vec<AccountId> = self.accounts.iter().filter(|(_, d)| d.closed.len() > ORDERS_KEPT || d.trades.len() > TRADES_KEPT_PER_ACCOUNT).map(|(a, _)| *a).collect();
+        over.sort_unstable();
+        self.over = over;
         Ok(())
     }
+}
+
+/// Ends an open order's `record` with `status`: out of its account's
+/// open orders (`data`) and the open client ids, into its ended ones.
+fn end_record(record: &mut OrderRecord, status: OrderStatus, time_ms: u64, data: &mut AccountData, open_client_ids: &mut HashMap<(AccountId, CompactString), OrderId>) {
+    if !record.status.is_open() {
+        return;
+    }
+    record.status = status;
+    record.update_ms = time_ms;
+    if let std::collections::hash_map::Entry::Occupied(entry) = open_client_ids.entry((record.account, record.client_id.clone()))
+        && *entry.get() == record.id
+    {
+        entry.remove();
+    }
+    data.open.remove(&record.id);
+    data.update_ms = time_ms;
+    data.closed.push_back(record.id);
 }
 
 fn put32(out: &mut Vec<u8>, value: u32) {

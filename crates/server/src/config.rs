@@ -121,6 +121,10 @@ pub struct MarketDataConfig {
     /// Milliseconds an order request waits for the engine's answer (its
     /// durable result) before it is answered "status unknown" (-1007).
     pub answer_timeout_ms: u64,
+    /// The market-data thread's nice value (0 to 19, Linux): above 0, the
+    /// sequencer and the gateways go first where cores are short, and the
+    /// feeds and the REST answers wait their turn.
+    pub nice: i32,
 }
 
 impl Default for MarketDataConfig {
@@ -138,6 +142,7 @@ impl Default for MarketDataConfig {
             max_orders_per_10s: 1000,
             max_body: 8192,
             answer_timeout_ms: 10_000,
+            nice: 0,
         }
     }
 }
@@ -365,6 +370,8 @@ pub enum ConfigError {
     SharedApiKey { first: AccountId, second: AccountId },
     /// A setting replication cannot work with.
     BadReplication(String),
+    /// `market_data.nice` outside 0 to 19.
+    BadNice(i32),
 }
 
 /// The smallest `segment_bytes` accepted.
@@ -386,6 +393,7 @@ impl std::fmt::Display for ConfigError {
             ConfigError::SymbolClash { symbol, binance } => write!(f, "instrument {symbol}: another instrument's symbol is also written {binance} (letters and digits only), as market data names it"),
             ConfigError::BadAddress { key, value } => write!(f, "{key} {value:?} is not an address (host:port)"),
             ConfigError::BadReplication(why) => write!(f, "replication: {why}"),
+            ConfigError::BadNice(nice) => write!(f, "market_data.nice must be 0 to 19, not {nice}"),
             ConfigError::SharedApiKey { first, second } => write!(f, "accounts {first} and {second} have the same API key (the REST API names an account by its key)"),
         }
     }
@@ -423,6 +431,9 @@ impl Config {
         }
         if self.segment_bytes < MIN_SEGMENT_BYTES {
             return Err(ConfigError::SegmentTooSmall(self.segment_bytes));
+        }
+        if !(0..=19).contains(&self.market_data.nice) {
+            return Err(ConfigError::BadNice(self.market_data.nice));
         }
         if !matches!(self.fix.application.as_str(), "venue" | "echo") {
             return Err(ConfigError::BadFixApplication(self.fix.application.clone()));
@@ -569,6 +580,17 @@ mod tests {
         assert_eq!(config.unit_warnings().len(), 1);
         config.instruments[0].fix_qty_unit = "0.01".into();
         assert_eq!(config.unit_warnings().len(), 2);
+    }
+
+    #[test]
+    fn a_nice_outside_0_to_19_is_refused_by_name() {
+        let config = Config::from_toml("[market_data]\nnice = 10").unwrap();
+        assert!(config.check().is_ok());
+        for nice in [-1, 20] {
+            let config = Config::from_toml(&format!("[market_data]\nnice = {nice}")).unwrap();
+            let refused = config.check().expect_err("refused");
+            assert_eq!(refused.to_string(), format!("market_data.nice must be 0 to 19, not {nice}"));
+        }
     }
 
     #[test]

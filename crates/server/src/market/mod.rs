@@ -501,18 +501,14 @@ fn finish_batch(hub: &Hub, batch: FeedBatch, updates: &Updates, out: Vec<(String
     hub.publish(updates, throttle);
 }
 
-/// The market-data thread's nice value. It follows the sequencer, and on
-/// a machine with fewer cores than busy threads it must not take the
-/// sequencer's or the gateways' turn: measured with `crossbook load`
-/// (4 sessions, async) on 2 cores, the venue took 535k orders/s with this
-/// thread at the sequencer's priority and 610k at 10, acks at p50 333 us
-/// against 284 us. It only waits its turn, never a command: the feed
-/// queue ([`FEED_QUEUE`]) holds what it has not applied yet, and past that
-/// the sequencer waits for it.
-const FEED_NICE: libc::c_int = 10;
-
 fn feed_loop(hub: &Hub, receiver: Receiver<Feed>) {
-    lower_priority(FEED_NICE);
+    // `market_data.nice`: measured with `crossbook load` on 2 cores, 10
+    // made the venue take 15% more orders/s in a closed loop and made the
+    // `@trade` p99 at 50,000 orders/s 20 to 32 ms instead of 7
+    // (docs/benchmarks.md): a choice for the operator, 0 by default.
+    if hub.config.nice > 0 {
+        lower_priority(hub.config.nice);
+    }
     let mut throttle = Throttle::default();
     loop {
         // Waits for the next batch, or until the next `@100ms` or
