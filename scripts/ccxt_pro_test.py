@@ -21,7 +21,8 @@ user data stream subscription: `watch_orders`, `watch_my_trades` and
 `watch_balance` of an account whose order another account fills in part),
 then orders, queries and balances over it (`create_order_ws`,
 `fetch_order_ws`, `fetch_open_orders_ws`, `fetch_my_trades_ws`,
-`fetch_balance_ws`, `cancel_order_ws`), each against the REST answer.
+`fetch_balance_ws`, `edit_order_ws`, `cancel_order_ws`), each against the
+REST answer.
 Ends with "N passed, M failed".
 
     scripts/ccxt-pro-test [--binary target/release/crossbook]
@@ -123,8 +124,14 @@ async def private(checks, market):
         # against Binance itself): compared by the answer it got.
         checks.equal("fetch_balance_ws: the balances of fetch_balance's answer",
                      balance_ws["info"]["balances"], balance["info"]["balances"])
-        cancelled = await seller.cancel_order_ws(ws_order["id"], SYMBOL)
-        checks.equal("cancel_order_ws: cancelled with 1 of 3 filled", (cancelled["status"], cancelled["filled"]), ("canceled", 1.0))
+        edited = await seller.edit_order_ws(ws_order["id"], SYMBOL, "limit", "sell", 2, 10060)
+        checks.equal("edit_order_ws (order.cancelReplace): a new order 2 @ 10060 in the old one's stead",
+                     (edited["status"], edited["amount"], edited["price"], edited["id"] != ws_order["id"]), ("open", 2.0, 10060.0, True))
+        old = await seller.fetch_order(ws_order["id"], SYMBOL)
+        checks.equal("edit_order_ws: the old order cancelled with 1 of 3 filled", (old["status"], old["filled"]), ("canceled", 1.0))
+        checks.equal("fetch_open_orders_ws: the new order alone", [o["id"] for o in await seller.fetch_open_orders_ws(SYMBOL)], [edited["id"]])
+        cancelled = await seller.cancel_order_ws(edited["id"], SYMBOL)
+        checks.equal("cancel_order_ws: cancelled, nothing filled", (cancelled["status"], cancelled["filled"]), ("canceled", 0.0))
         checks.equal("fetch_open_orders_ws: none left", await seller.fetch_open_orders_ws(SYMBOL), [])
     finally:
         await seller.close()

@@ -5,7 +5,7 @@ trades on it with ccxt's `binance` class, configured the way a user points
 it at a Binance-compatible host (its `urls['api']` replaced by the venue's),
 as accounts 3 and 4 trading with each other: limit orders that rest, market
 orders by quantity and by cost, a limit order that crosses, post-only,
-cancels, open orders, order queries, balances and own trades, the book, the
+cancels, edit_order (cancel-replace), open orders, order queries, balances and own trades, the book, the
 ticker, candles and public trades afterwards. Every answer is checked
 against what the venue's rules say it must be (prices, quantities, fees and
 their rounding, order states, locks, balance changes), and the error
@@ -415,6 +415,36 @@ def ccxt_part(checks, market, state):
                      [(t["id"], t["price"], t["amount"], t["timestamp"]) for t in public],
                      [(t["id"], t["price"], t["amount"], t["timestamp"]) for t in sorted(by_id.values(), key=lambda t: int(t["id"]))])
     checks.run("fetch_ohlcv and fetch_trades", candles_and_trades)
+
+    # edit_order: Binance's cancel-replace (POST /api/v3/order/cancelReplace):
+    # B's bid cancelled and a new one placed in its stead.
+    def edit():
+        o = b.edit_order(ids["B4"], SYMBOL, "limit", "buy", 2, 18500)
+        ids["B5"] = o["id"]
+        check_order(checks, "edit_order: B's bid 1 @ 19000 becomes a new order 2 @ 18500", o, symbol=SYMBOL, type="limit", side="buy",
+                    price=18500, amount=2, filled=0, remaining=2, status="open")
+        checks.check("edit_order: the new order has an id of its own", o["id"] not in (None, ids["B4"]), f"got {o['id']}")
+        check_order(checks, "fetch_order: the edited bid is cancelled", b.fetch_order(ids["B4"], SYMBOL), status="canceled", filled=0)
+        checks.equal("fetch_open_orders: B's only open order is the new bid",
+                     [(o["id"], o["price"], o["amount"]) for o in b.fetch_open_orders(SYMBOL)], [(ids["B5"], 18500, 2)])
+        checks.equal("fetch_order_book: the new bid in the old one's stead", a.fetch_order_book(SYMBOL)["bids"], [[18500, 2]])
+        lock = unit_lock(18500) * 2
+        checks.equal(f"fetch_balance: B's lock is the new bid's {lock} USD", balance_of(b)["USD"]["used"], lock)
+        def refused(name, order_id):
+            # ccxt raises ExchangeError for -2022 on spot; the body says
+            # which half failed.
+            try:
+                b.edit_order(order_id, SYMBOL, "limit", "buy", 1, 18000)
+                checks.check(name, False, "no error")
+            except ccxt.ExchangeError as e:
+                text = str(e)
+                checks.check(name, '"code":-2022' in text and '"cancelResult":"FAILURE"' in text and '"newOrderResult":"NOT_ATTEMPTED"' in text, text)
+        refused("edit_order of the cancelled bid: -2022, the cancel failed, nothing placed", ids["B4"])
+        refused("edit_order of the other account's order: -2022, unknown to B, nothing placed", ids["A2"])
+        checks.equal("fetch_open_orders: still only the new bid", [o["id"] for o in b.fetch_open_orders(SYMBOL)], [ids["B5"]])
+        check_order(checks, "fetch_order: A's order untouched", a.fetch_order(ids["A2"], SYMBOL), status="open", remaining=1)
+        state["final_balance"][B] = balance_of(b)
+    checks.run("edit_order", edit)
 
 
 # ---------------------------------------------------------------------------

@@ -369,6 +369,67 @@ fn rest_orders_are_commands_like_any_other() {
     refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "50050")]), 400, -1013);
 }
 
+/// `POST /api/v3/order/cancelReplace`: both halves done; the cancel
+/// failing stops the new order (`STOP_ON_FAILURE`) or not
+/// (`ALLOW_FAILURE`); the new order failing after the cancel; a malformed
+/// new order doing nothing; another account's order unknown.
+#[test]
+fn cancel_replace_cancels_then_places_and_says_which_half_failed() {
+    let dir = TempDir::new("trading-cancel-replace");
+    let server = start(&dir);
+    let limit = |price: &'static str, qty: &'static str| [("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", qty), ("price", price)];
+    let first = ok(alice(&server, "POST", "/api/v3/order", &[&limit("60000", "0.010")[..], &[("newClientOrderId", "old-1")]].concat()));
+    let first_id = first["orderId"].as_u64().unwrap().to_string();
+    let open = |key: &str| -> Vec<String> {
+        let orders = ok(signed(&server.market_address, "GET", "/api/v3/openOrders", &[("symbol", "BTCUSD")], key, &format!("{key}-secret")));
+        orders.as_array().unwrap().iter().map(|o| format!("{}@{}", o["clientOrderId"].as_str().unwrap(), o["price"].as_str().unwrap())).collect()
+    };
+    // Both halves: the old order cancelled, a new one (a new id) at the new price.
+    let mut params = limit("61000", "0.008").to_vec();
+    params.extend([("cancelReplaceMode", "STOP_ON_FAILURE"), ("cancelOrderId", first_id.as_str()), ("newClientOrderId", "new-1")]);
+    let both = ok(alice(&server, "POST", "/api/v3/order/cancelReplace", &params));
+    assert_eq!((both["cancelResult"].as_str(), both["newOrderResult"].as_str()), (Some("SUCCESS"), Some("SUCCESS")), "{both}");
+    assert_eq!((both["cancelResponse"]["status"].as_str(), both["cancelResponse"]["clientOrderId"].as_str()), (Some("CANCELED"), Some("old-1")));
+    assert_eq!((both["newOrderResponse"]["status"].as_str(), both["newOrderResponse"]["price"].as_str(), both["newOrderResponse"]["clientOrderId"].as_str()), (Some("NEW"), Some("61000"), Some("new-1")));
+    assert_ne!(both["newOrderResponse"]["orderId"], first["orderId"]);
+    assert_eq!(open("alice"), ["new-1@61000"]);
+    // The old order again: the cancel fails and nothing is placed.
+    let stopped = refused(alice(&server, "POST", "/api/v3/order/cancelReplace", &params), 400, -2022);
+    let data = &stopped.body["data"];
+    assert_eq!((data["cancelResult"].as_str(), data["newOrderResult"].as_str(), data["cancelResponse"]["code"].as_i64(), data["newOrderResponse"].is_null()), (Some("FAILURE"), Some("NOT_ATTEMPTED"), Some(-2011), true), "{}", stopped.body);
+    assert_eq!(open("alice"), ["new-1@61000"]);
+    // ALLOW_FAILURE places it all the same: 409, one half done.
+    let mut allow = limit("62000", "0.001").to_vec();
+    allow.extend([("cancelReplaceMode", "ALLOW_FAILURE"), ("cancelOrigClientOrderId", "old-1"), ("newClientOrderId", "new-2")]);
+    let partly = refused(alice(&server, "POST", "/api/v3/order/cancelReplace", &allow), 409, -2021);
+    let data = &partly.body["data"];
+    assert_eq!((data["cancelResult"].as_str(), data["newOrderResult"].as_str(), data["newOrderResponse"]["clientOrderId"].as_str()), (Some("FAILURE"), Some("SUCCESS"), Some("new-2")), "{}", partly.body);
+    assert_eq!(open("alice"), ["new-1@61000", "new-2@62000"]);
+    // The cancel done, the new order refused by the engine (more than she
+    // holds): 409, the old order gone.
+    let mut broke = limit("63000", "99.995").to_vec();
+    broke.extend([("cancelReplaceMode", "STOP_ON_FAILURE"), ("cancelOrigClientOrderId", "new-2")]);
+    let half = refused(alice(&server, "POST", "/api/v3/order/cancelReplace", &broke), 409, -2021);
+    let data = &half.body["data"];
+    assert_eq!((data["cancelResult"].as_str(), data["newOrderResult"].as_str(), data["newOrderResponse"]["code"].as_i64()), (Some("SUCCESS"), Some("FAILURE"), Some(-2010)), "{}", half.body);
+    assert_eq!(open("alice"), ["new-1@61000"]);
+    // A malformed new order (off the price grid), or no mode: nothing is done.
+    let mut off_grid = limit("61000.5", "0.001").to_vec();
+    off_grid.extend([("cancelReplaceMode", "STOP_ON_FAILURE"), ("cancelOrigClientOrderId", "new-1")]);
+    refused(alice(&server, "POST", "/api/v3/order/cancelReplace", &off_grid), 400, -1013);
+    let mut no_mode = limit("61000", "0.001").to_vec();
+    no_mode.push(("cancelOrigClientOrderId", "new-1"));
+    refused(alice(&server, "POST", "/api/v3/order/cancelReplace", &no_mode), 400, -1102);
+    assert_eq!(open("alice"), ["new-1@61000"]);
+    // Bob cannot name her order: unknown to him, and nothing of his is placed.
+    let mut bobs = limit("64000", "0.001").to_vec();
+    bobs.extend([("cancelReplaceMode", "STOP_ON_FAILURE"), ("cancelOrigClientOrderId", "new-1")]);
+    let theirs = refused(bob(&server, "POST", "/api/v3/order/cancelReplace", &bobs), 400, -2022);
+    assert_eq!(theirs.body["data"]["cancelResponse"]["code"], -2011);
+    assert!(open("bob").is_empty());
+    assert_eq!(open("alice"), ["new-1@61000"]);
+}
+
 #[test]
 fn every_bad_request_is_refused_with_its_binance_code() {
     let dir = TempDir::new("trading-refusals");
@@ -657,6 +718,13 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     assert_eq!(error(&ws_api_answer(&mut socket, &no_price, 23, &mut events)), (Some(400), Some(-1102)));
     let bobs_cancel = signed_request(24, "order.cancel", &[("symbol", "BTCUSD"), ("orderId", &order_id)], "bob", "bob-secret");
     assert_eq!(error(&ws_api_answer(&mut socket, &bobs_cancel, 24, &mut events)), (Some(400), Some(-2011)), "another account's order");
+    // A cancel-replace of hers by Bob: nothing done, each half in `error.data`.
+    let mut replace = sell[..6].to_vec();
+    replace.extend([("cancelReplaceMode", "STOP_ON_FAILURE"), ("cancelOrderId", order_id.as_str())]);
+    let bobs_replace = ws_api_answer(&mut socket, &signed_request(124, "order.cancelReplace", &replace, "bob", "bob-secret"), 124, &mut events);
+    assert_eq!(error(&bobs_replace), (Some(400), Some(-2022)), "{bobs_replace}");
+    let data = &bobs_replace["error"]["data"];
+    assert_eq!((data["cancelResult"].as_str(), data["newOrderResult"].as_str(), data["cancelResponse"]["code"].as_i64()), (Some("FAILURE"), Some("NOT_ATTEMPTED"), Some(-2011)), "{bobs_replace}");
     let cancelled = ws_api_answer(&mut socket, &signed_request(25, "order.cancel", &[("symbol", "BTCUSD"), ("orderId", &order_id)], "alice", "alice-secret"), 25, &mut events);
     assert_eq!(cancelled["result"]["status"].as_str(), Some("CANCELED"), "{cancelled}");
     let account = ws_api_answer(&mut socket, &signed_request(26, "account.status", &[], "alice", "alice-secret"), 26, &mut events);

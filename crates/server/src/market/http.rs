@@ -49,11 +49,14 @@ pub(crate) struct ApiError {
     pub(crate) retry_after: Option<u64>,
     /// A `Location` header (a follower's 307 to the leader).
     pub(crate) location: Option<String>,
+    /// What was done before the error (`order/cancelReplace`: each half's
+    /// result), as Binance's `data`.
+    pub(crate) data: Option<Value>,
 }
 
 impl ApiError {
     pub(crate) fn new(status: StatusCode, code: i32, msg: impl Into<String>) -> ApiError {
-        ApiError { status, code, msg: msg.into(), retry_after: None, location: None }
+        ApiError { status, code, msg: msg.into(), retry_after: None, location: None, data: None }
     }
 
     pub(crate) fn bad(code: i32, msg: impl Into<String>) -> ApiError {
@@ -75,7 +78,11 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response = (self.status, json_response(json!({"code": self.code, "msg": self.msg}))).into_response();
+        let body = match self.data {
+            Some(data) => json!({"code": self.code, "msg": self.msg, "data": data}),
+            None => json!({"code": self.code, "msg": self.msg}),
+        };
+        let mut response = (self.status, json_response(body)).into_response();
         if let Some(seconds) = self.retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
@@ -382,6 +389,7 @@ fn router(hub: Arc<Hub>) -> Router {
         .route("/api/v3/ticker/bookTicker", get(book_ticker))
         .route("/api/v3/aggTrades", get(super::trading::agg_trades))
         .route("/api/v3/order", post(super::trading::new_order).delete(super::trading::cancel_order).get(super::trading::query_order))
+        .route("/api/v3/order/cancelReplace", post(super::trading::cancel_replace))
         .route("/api/v3/openOrders", get(super::trading::open_orders).delete(super::trading::cancel_open_orders))
         .route("/api/v3/allOrders", get(super::trading::all_orders))
         .route("/api/v3/myTrades", get(super::trading::my_trades))

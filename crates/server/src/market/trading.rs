@@ -26,7 +26,7 @@ use crate::sink::{Answer, Query, QueryKind, REST};
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
-use crossbook_engine::{AccountId, AssetId, Command, EventKind, OrderType, PlaceOrder, RejectReason, SelfTradePrevention, Side, TimeInForce};
+use crossbook_engine::{AccountId, AssetId, Command, EventKind, OrderId, OrderType, PlaceOrder, RejectReason, SelfTradePrevention, Side, TimeInForce};
 use crossbook_fix::decimal::Decimal;
 use crossbook_marketdata::accounts::{AccountTrade, OrderRecord};
 use crossbook_marketdata::{MarketData, Unit, render};
@@ -643,112 +643,149 @@ pub(crate) async fn new_order(State(hub): State<Arc<Hub>>, headers: HeaderMap, R
     Ok(answer(value, used))
 }
 
-/// The work of [`new_order`], for REST and the WebSocket API: the answer's
-/// body and the weight used this minute.
-pub(crate) async fn new_order_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value, u32), ApiError> {
-    let trading = trading(hub)?;
-    let known = [
-        "symbol", "side", "type", "timeInForce", "quantity", "quoteOrderQty", "price", "newClientOrderId", "newOrderRespType", "selfTradePreventionMode", "stopPrice", "trailingDelta", "icebergQty", "strategyId", "strategyType", "pegPriceType", "pegOffsetValue", "pegOffsetType",
-    ];
-    let (account, params, used) = trading.signed(auth, &known, |_| 1, true)?;
-    for unsupported in ["stopPrice", "trailingDelta", "icebergQty", "strategyId", "strategyType", "pegPriceType", "pegOffsetValue", "pegOffsetType"] {
-        if params.get(unsupported).is_some() {
-            return Err(ApiError::bad(-1106, format!("Parameter '{unsupported}' sent when not required.")));
-        }
+/// The parameters of `POST /api/v3/order` besides the instrument's.
+const NEW_ORDER_PARAMS: [&str; 18] = [
+    "symbol", "side", "type", "timeInForce", "quantity", "quoteOrderQty", "price", "newClientOrderId", "newOrderRespType", "selfTradePreventionMode", "stopPrice", "trailingDelta", "icebergQty", "strategyId", "strategyType", "pegPriceType", "pegOffsetValue", "pegOffsetType",
+];
+
+/// Binance parameters of a new order this venue does not take (stop,
+/// trailing, iceberg and pegged orders; strategy tags): refused, never
+/// half-done.
+fn refuse_unsupported(params: &Params, names: &[&str]) -> Result<(), ApiError> {
+    match names.iter().find(|name| params.get(name).is_some()) {
+        Some(name) => Err(ApiError::bad(-1106, format!("Parameter '{name}' sent when not required."))),
+        None => Ok(()),
     }
-    let (place, client_id, response, index) = {
-        let market = hub.read();
-        let index = params.instrument(&market)?;
-        let info = &market.instruments[index].info;
-        let side = side(&params)?;
-        let kind = params.get("type").ok_or_else(|| ApiError::mandatory("type"))?;
-        let (order_type, post_only) = match kind {
-            "LIMIT" => (OrderType::Limit, false),
-            "LIMIT_MAKER" => (OrderType::Limit, true),
-            "MARKET" => (OrderType::Market, false),
-            _ => return Err(ApiError::bad(-1116, "Invalid orderType.")),
-        };
-        let tif = match (kind, params.get("timeInForce")) {
-            ("LIMIT", None) => return Err(ApiError::mandatory("timeInForce")),
-            ("LIMIT", Some("GTC")) | ("LIMIT_MAKER", None) => TimeInForce::Gtc,
-            ("LIMIT", Some("IOC")) => TimeInForce::Ioc,
-            ("LIMIT", Some("FOK")) => TimeInForce::Fok,
-            ("LIMIT", Some(_)) => return Err(ApiError::bad(-1115, "Invalid timeInForce.")),
-            ("MARKET", None | Some("IOC")) => TimeInForce::Ioc,
-            ("MARKET", Some("FOK")) => TimeInForce::Fok,
-            (_, Some(_)) => return Err(ApiError::bad(-1114, "TimeInForce parameter sent when not required.")),
-            (_, None) => TimeInForce::Ioc,
-        };
-        let qty = units(&params, "quantity", info.qty_unit, "LOT_SIZE")?;
-        let budget = units(&params, "quoteOrderQty", info.quote_asset_unit, "NOTIONAL")?;
-        let price = units(&params, "price", info.price_unit, "PRICE_FILTER")?;
-        let (qty, budget, price) = match order_type {
-            OrderType::Limit => {
-                if budget.is_some() {
-                    return Err(ApiError::bad(-1106, "Parameter 'quoteOrderQty' sent when not required."));
-                }
-                let price = price.ok_or_else(|| ApiError::mandatory("price"))?;
-                (qty.ok_or_else(|| ApiError::mandatory("quantity"))?, None, price)
-            }
-            OrderType::Market => {
-                if price.is_some() {
-                    return Err(ApiError::bad(-1106, "Parameter 'price' sent when not required."));
-                }
-                match (qty, budget) {
-                    (Some(_), Some(_)) | (None, None) => return Err(ApiError::bad(-1102, "Param 'quantity' or 'quoteOrderQty' must be sent, but both were empty/null!")),
-                    (Some(qty), None) => (qty, None, 0),
-                    // A budget alone: as many lots as it buys (sells)
-                    // within the instrument's largest quantity.
-                    (None, Some(budget)) => {
-                        if side == Side::Sell {
-                            return Err(ApiError::bad(-2010, "Quote order qty market sell orders are not supported: give quantity."));
-                        }
-                        (info.max_qty, Some(budget), 0)
-                    }
-                }
-            }
-        };
-        let price = i64::try_from(price).map_err(|_| ApiError::bad(-1013, "Filter failure: PRICE_FILTER"))?;
-        let stp = stp(&params)?;
-        let response = match params.get("newOrderRespType") {
-            None if order_type == OrderType::Market || !post_only => "FULL",
-            None => "ACK",
-            Some(kind @ ("ACK" | "RESULT" | "FULL")) => kind,
-            Some(_) => return Err(ApiError::illegal("newOrderRespType", "ACK, RESULT, FULL")),
-        };
-        // After every REST order the log holds (a node that took the lead
-        // in this run numbers on after its predecessor's).
-        trading.next_cid.fetch_max(market.accounts.largest_gateway_cid + 1, Ordering::Relaxed);
-        let cid = trading.next_cid.fetch_add(1, Ordering::Relaxed);
-        // Without one, the order is named after its engine client id
-        // (unique for ever: the numbering goes on after the journal's).
-        let client_id = client_id(&params, "newClientOrderId")?.unwrap_or_else(|| format!("crossbook-{}", cid - REST_CID_BASE));
-        trading.reserve(&market, account, &client_id)?;
-        let place = PlaceOrder { account, instrument: info.id, cid, side, order_type, tif, price, qty, post_only, stp, budget };
-        (place, client_id, response, index)
+}
+
+/// A new order, checked against its instrument and numbered, not sent yet.
+struct NewOrder {
+    place: PlaceOrder,
+    client_id: String,
+    /// `newOrderRespType`.
+    response: &'static str,
+    /// Its instrument's index in market data.
+    index: usize,
+}
+
+/// Reads and checks a new order's parameters (type, time in force,
+/// quantities and price on the instrument's grid) and gives it the next
+/// engine client id; its client id is not reserved yet.
+fn parse_new_order(trading: &Trading, market: &MarketData, account: AccountId, params: &Params) -> Result<NewOrder, ApiError> {
+    let index = params.instrument(market)?;
+    let info = &market.instruments[index].info;
+    let side = side(params)?;
+    let kind = params.get("type").ok_or_else(|| ApiError::mandatory("type"))?;
+    let (order_type, post_only) = match kind {
+        "LIMIT" => (OrderType::Limit, false),
+        "LIMIT_MAKER" => (OrderType::Limit, true),
+        "MARKET" => (OrderType::Market, false),
+        _ => return Err(ApiError::bad(-1116, "Invalid orderType.")),
     };
+    let tif = match (kind, params.get("timeInForce")) {
+        ("LIMIT", None) => return Err(ApiError::mandatory("timeInForce")),
+        ("LIMIT", Some("GTC")) | ("LIMIT_MAKER", None) => TimeInForce::Gtc,
+        ("LIMIT", Some("IOC")) => TimeInForce::Ioc,
+        ("LIMIT", Some("FOK")) => TimeInForce::Fok,
+        ("LIMIT", Some(_)) => return Err(ApiError::bad(-1115, "Invalid timeInForce.")),
+        ("MARKET", None | Some("IOC")) => TimeInForce::Ioc,
+        ("MARKET", Some("FOK")) => TimeInForce::Fok,
+        (_, Some(_)) => return Err(ApiError::bad(-1114, "TimeInForce parameter sent when not required.")),
+        (_, None) => TimeInForce::Ioc,
+    };
+    let qty = units(params, "quantity", info.qty_unit, "LOT_SIZE")?;
+    let budget = units(params, "quoteOrderQty", info.quote_asset_unit, "NOTIONAL")?;
+    let price = units(params, "price", info.price_unit, "PRICE_FILTER")?;
+    let (qty, budget, price) = match order_type {
+        OrderType::Limit => {
+            if budget.is_some() {
+                return Err(ApiError::bad(-1106, "Parameter 'quoteOrderQty' sent when not required."));
+            }
+            let price = price.ok_or_else(|| ApiError::mandatory("price"))?;
+            (qty.ok_or_else(|| ApiError::mandatory("quantity"))?, None, price)
+        }
+        OrderType::Market => {
+            if price.is_some() {
+                return Err(ApiError::bad(-1106, "Parameter 'price' sent when not required."));
+            }
+            match (qty, budget) {
+                (Some(_), Some(_)) | (None, None) => return Err(ApiError::bad(-1102, "Param 'quantity' or 'quoteOrderQty' must be sent, but both were empty/null!")),
+                (Some(qty), None) => (qty, None, 0),
+                // A budget alone: as many lots as it buys (sells)
+                // within the instrument's largest quantity.
+                (None, Some(budget)) => {
+                    if side == Side::Sell {
+                        return Err(ApiError::bad(-2010, "Quote order qty market sell orders are not supported: give quantity."));
+                    }
+                    (info.max_qty, Some(budget), 0)
+                }
+            }
+        }
+    };
+    let price = i64::try_from(price).map_err(|_| ApiError::bad(-1013, "Filter failure: PRICE_FILTER"))?;
+    let stp = stp(params)?;
+    let response = match params.get("newOrderRespType") {
+        None if order_type == OrderType::Market || !post_only => "FULL",
+        None => "ACK",
+        Some("ACK") => "ACK",
+        Some("RESULT") => "RESULT",
+        Some("FULL") => "FULL",
+        Some(_) => return Err(ApiError::illegal("newOrderRespType", "ACK, RESULT, FULL")),
+    };
+    // After every REST order the log holds (a node that took the lead
+    // in this run numbers on after its predecessor's).
+    trading.next_cid.fetch_max(market.accounts.largest_gateway_cid + 1, Ordering::Relaxed);
+    let cid = trading.next_cid.fetch_add(1, Ordering::Relaxed);
+    // Without one, the order is named after its engine client id
+    // (unique for ever: the numbering goes on after the journal's).
+    let client_id = client_id(params, "newClientOrderId")?.unwrap_or_else(|| format!("crossbook-{}", cid - REST_CID_BASE));
+    let place = PlaceOrder { account, instrument: info.id, cid, side, order_type, tif, price, qty, post_only, stp, budget };
+    Ok(NewOrder { place, client_id, response, index })
+}
+
+/// Sends a checked new order whose client id is reserved, and answers it
+/// once the engine has applied it (or refused it).
+async fn submit_new_order(hub: &Hub, trading: &Trading, order: NewOrder) -> Result<Value, ApiError> {
+    let NewOrder { place, client_id, response, index } = order;
     let request = trading.next_request.fetch_add(1, Ordering::Relaxed);
-    let reserved = (account, client_id.clone());
+    let reserved = (place.account, client_id.clone());
     let outcome = trading.ask(Request::Command(Command::Place(place)), Some(RestAnnex { request, client_id }), Some(reserved)).await?;
     let market = hub.read();
     let data = &market.instruments[index];
     match outcome {
         Outcome::Refused => Err(ApiError::bad(-1013, "Filter failure: MAX_NUM_ORDERS")),
-        Outcome::Applied { reject: Some(RejectReason::FokCannotFill), order: Some(order), time_ms, .. } => Ok((render::new_order(data, &order, time_ms, response, &[]), used)),
+        Outcome::Applied { reject: Some(RejectReason::FokCannotFill), order: Some(order), time_ms, .. } => Ok(render::new_order(data, &order, time_ms, response, &[])),
         Outcome::Applied { reject: Some(reason), .. } => Err(order_reject(reason)),
-        Outcome::Applied { order: Some(order), time_ms, fills, .. } => Ok((render::new_order(data, &order, time_ms, response, &fills), used)),
+        Outcome::Applied { order: Some(order), time_ms, fills, .. } => Ok(render::new_order(data, &order, time_ms, response, &fills)),
         Outcome::Applied { order: None, seq, .. } => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, -1000, format!("Order {seq} was applied but is not in the account's records."))),
         Outcome::Answered(_) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, -1000, "Unexpected answer.")),
     }
 }
 
+/// The work of [`new_order`], for REST and the WebSocket API: the answer's
+/// body and the weight used this minute.
+pub(crate) async fn new_order_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value, u32), ApiError> {
+    let trading = trading(hub)?;
+    let (account, params, used) = trading.signed(auth, &NEW_ORDER_PARAMS, |_| 1, true)?;
+    refuse_unsupported(&params, &NEW_ORDER_PARAMS[10..])?;
+    let order = {
+        let market = hub.read();
+        let order = parse_new_order(trading, &market, account, &params)?;
+        trading.reserve(&market, account, &order.client_id)?;
+        order
+    };
+    Ok((submit_new_order(hub, trading, order).await?, used))
+}
+
 /// The account's order named by `orderId` or `origClientOrderId` (in
-/// `symbol`): another account's, or one long gone, is not found.
-fn find_order<'a>(market: &'a MarketData, account: AccountId, index: usize, params: &Params) -> Result<Option<&'a OrderRecord>, ApiError> {
-    let found = match (params.number("orderId", 0..=u64::MAX)?, params.get("origClientOrderId")) {
+/// `symbol`; `names` gives the two parameters' names): another
+/// account's, or one long gone, is not found.
+fn find_order<'a>(market: &'a MarketData, account: AccountId, index: usize, params: &Params, names: [&str; 2]) -> Result<Option<&'a OrderRecord>, ApiError> {
+    let [by_id, by_client_id] = names;
+    let found = match (params.number(by_id, 0..=u64::MAX)?, params.get(by_client_id)) {
         (Some(id), _) => market.accounts.order_of(account, id),
         (None, Some(client_id)) => market.accounts.by_client_id(account, client_id),
-        (None, None) => return Err(ApiError::bad(-1102, "Param 'origClientOrderId' or 'orderId' must be sent, but both were empty/null!")),
+        (None, None) => return Err(ApiError::bad(-1102, format!("Param '{by_client_id}' or '{by_id}' must be sent, but both were empty/null!"))),
     };
     Ok(found.filter(|o| o.instrument as usize == index))
 }
@@ -762,26 +799,104 @@ pub(crate) async fn cancel_order(State(hub): State<Arc<Hub>>, headers: HeaderMap
     Ok(answer(value, used))
 }
 
+/// Sends a cancel of the account's open `order` and answers it once the
+/// engine has applied it.
+async fn submit_cancel(hub: &Hub, trading: &Trading, account: AccountId, order: OrderId, index: usize) -> Result<Value, ApiError> {
+    let request = trading.next_request.fetch_add(1, Ordering::Relaxed);
+    let outcome = trading.ask(Request::Command(Command::Cancel { account, order }), Some(RestAnnex { request, client_id: String::new() }), None).await?;
+    let market = hub.read();
+    match outcome {
+        Outcome::Applied { reject: None, order: Some(order), time_ms, .. } => Ok(render::cancelled_order(&market.instruments[index], &order, time_ms)),
+        _ => Err(unknown_order()),
+    }
+}
+
+fn unknown_order() -> ApiError {
+    ApiError::bad(-2011, "Unknown order sent.")
+}
+
 /// The work of [`cancel_order`], for REST and the WebSocket API: the answer's
 /// body and the weight used this minute.
 pub(crate) async fn cancel_order_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value, u32), ApiError> {
     let trading = trading(hub)?;
     let (account, params, used) = trading.signed(auth, &["symbol", "orderId", "origClientOrderId", "newClientOrderId", "cancelRestrictions"], |_| 1, false)?;
-    if params.get("cancelRestrictions").is_some() {
-        return Err(ApiError::bad(-1106, "Parameter 'cancelRestrictions' sent when not required."));
-    }
+    refuse_unsupported(&params, &["cancelRestrictions"])?;
     let (order, index) = {
         let market = hub.read();
         let index = params.instrument(&market)?;
-        let order = find_order(&market, account, index, &params)?.filter(|o| o.status.is_open()).map(|o| o.id);
-        (order.ok_or_else(|| ApiError::bad(-2011, "Unknown order sent."))?, index)
+        let order = find_order(&market, account, index, &params, ["orderId", "origClientOrderId"])?.filter(|o| o.status.is_open()).map(|o| o.id);
+        (order.ok_or_else(unknown_order)?, index)
     };
-    let request = trading.next_request.fetch_add(1, Ordering::Relaxed);
-    let outcome = trading.ask(Request::Command(Command::Cancel { account, order }), Some(RestAnnex { request, client_id: String::new() }), None).await?;
-    let market = hub.read();
-    match outcome {
-        Outcome::Applied { reject: None, order: Some(order), time_ms, .. } => Ok((render::cancelled_order(&market.instruments[index], &order, time_ms), used)),
-        _ => Err(ApiError::bad(-2011, "Unknown order sent.")),
+    Ok((submit_cancel(hub, trading, account, order, index).await?, used))
+}
+
+/// `POST /api/v3/order/cancelReplace`.
+pub(crate) async fn cancel_replace(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
+    trading(&hub)?;
+    follower(&hub, "/api/v3/order/cancelReplace", query.as_deref())?;
+    let body = body_text(body, &hub)?;
+    let (value, used) = cancel_replace_core(&hub, &Auth::Rest { headers: &headers, query: query.as_deref(), body: &body }).await?;
+    Ok(answer(value, used))
+}
+
+/// The work of [`cancel_replace`], for REST and the WebSocket API: an
+/// open order cancelled, then a new one placed, as two commands one after
+/// the other (another command may come between them). The new order is
+/// checked before anything is sent: a request whose new order is
+/// malformed does nothing. `cancelReplaceMode` `STOP_ON_FAILURE` places
+/// nothing when the cancel fails; `ALLOW_FAILURE` places it all the same.
+/// Either half failing is answered as Binance does: 400 `-2022` when
+/// nothing was done, 409 `-2021` when one half was, each half's result in
+/// `data`.
+pub(crate) async fn cancel_replace_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value, u32), ApiError> {
+    let trading = trading(hub)?;
+    let mut known: Vec<&str> = NEW_ORDER_PARAMS.to_vec();
+    known.extend(["cancelReplaceMode", "cancelOrderId", "cancelOrigClientOrderId", "cancelNewClientOrderId", "cancelRestrictions", "orderRateLimitExceededMode"]);
+    let (account, params, used) = trading.signed(auth, &known, |_| 1, true)?;
+    refuse_unsupported(&params, &NEW_ORDER_PARAMS[10..])?;
+    refuse_unsupported(&params, &["cancelRestrictions"])?;
+    if params.get("orderRateLimitExceededMode").is_some_and(|mode| mode != "DO_NOTHING") {
+        return Err(ApiError::illegal("orderRateLimitExceededMode", "DO_NOTHING"));
+    }
+    let stop_on_failure = match params.get("cancelReplaceMode") {
+        Some("STOP_ON_FAILURE") => true,
+        Some("ALLOW_FAILURE") => false,
+        Some(_) => return Err(ApiError::illegal("cancelReplaceMode", "STOP_ON_FAILURE, ALLOW_FAILURE")),
+        None => return Err(ApiError::mandatory("cancelReplaceMode")),
+    };
+    let (order, target) = {
+        let market = hub.read();
+        let order = parse_new_order(trading, &market, account, &params)?;
+        let target = find_order(&market, account, order.index, &params, ["cancelOrderId", "cancelOrigClientOrderId"])?.filter(|o| o.status.is_open()).map(|o| o.id);
+        (order, target)
+    };
+    let cancelled = match target {
+        Some(target) => submit_cancel(hub, trading, account, target, order.index).await,
+        None => Err(unknown_order()),
+    };
+    let placed = if cancelled.is_err() && stop_on_failure {
+        None
+    } else {
+        let reserved = trading.reserve(&hub.read(), account, &order.client_id);
+        Some(match reserved {
+            Ok(()) => submit_new_order(hub, trading, order).await,
+            Err(e) => Err(e),
+        })
+    };
+    let half = |result: &Result<Value, ApiError>| match result {
+        Ok(value) => ("SUCCESS", value.clone()),
+        Err(e) => ("FAILURE", json!({"code": e.code, "msg": e.msg})),
+    };
+    let (cancel_result, cancel_response) = half(&cancelled);
+    let (new_result, new_response) = match &placed {
+        Some(result) => half(result),
+        None => ("NOT_ATTEMPTED", Value::Null),
+    };
+    let data = json!({"cancelResult": cancel_result, "newOrderResult": new_result, "cancelResponse": cancel_response, "newOrderResponse": new_response});
+    match (cancelled.is_ok(), placed.as_ref().is_some_and(Result::is_ok)) {
+        (true, true) => Ok((data, used)),
+        (false, false) => Err(ApiError { data: Some(data), ..ApiError::bad(-2022, "Order cancel-replace failed.") }),
+        _ => Err(ApiError { data: Some(data), ..ApiError::new(StatusCode::CONFLICT, -2021, "Order cancel-replace partially failed.") }),
     }
 }
 
@@ -830,7 +945,7 @@ pub(crate) async fn query_order_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Valu
     let (account, params, used) = trading.signed(auth, &["symbol", "orderId", "origClientOrderId"], |_| 4, false)?;
     let market = hub.read();
     let index = params.instrument(&market)?;
-    let order = find_order(&market, account, index, &params)?.ok_or_else(|| ApiError::bad(-2013, "Order does not exist."))?;
+    let order = find_order(&market, account, index, &params, ["orderId", "origClientOrderId"])?.ok_or_else(|| ApiError::bad(-2013, "Order does not exist."))?;
     Ok((render::order(&market.instruments[index], order), used))
 }
 

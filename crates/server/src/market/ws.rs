@@ -488,14 +488,18 @@ impl Session {
 
 /// A WebSocket API error answer.
 fn api_error(id: &Value, error: &ApiError) -> Value {
-    json!({"id": id, "status": error.status.as_u16(), "error": {"code": error.code, "msg": error.msg}})
+    let mut answer = json!({"id": id, "status": error.status.as_u16(), "error": {"code": error.code, "msg": error.msg}});
+    if let Some(data) = &error.data {
+        answer["error"]["data"] = data.clone();
+    }
+    answer
 }
 
 /// The WebSocket API methods that do a REST endpoint's work (signed the
 /// WebSocket API's way; the result is the REST answer's body). Several may
 /// be in flight on one connection; each is sent to the sequencer in the
 /// order the requests came, and answered in that order.
-const TRADING_METHODS: [&str; 9] = ["order.place", "order.cancel", "openOrders.cancelAll", "order.status", "openOrders.status", "allOrders", "myTrades", "account.status", "account.commission"];
+const TRADING_METHODS: [&str; 10] = ["order.place", "order.cancel", "order.cancelReplace", "openOrders.cancelAll", "order.status", "openOrders.status", "allOrders", "myTrades", "account.status", "account.commission"];
 
 /// The requests a WebSocket API connection has in flight at most; past
 /// it, the next one is read once the oldest is answered.
@@ -525,13 +529,14 @@ async fn api_trading(hub: Arc<Hub>, id: Value, method: String, params: serde_jso
         return api_error(&id, &ApiError::new(StatusCode::NOT_FOUND, -1020, "The trading API is off on this venue."));
     };
     let auth = Auth::Ws(&params);
-    let changes = matches!(method.as_str(), "order.place" | "order.cancel" | "openOrders.cancelAll");
+    let changes = matches!(method.as_str(), "order.place" | "order.cancel" | "order.cancelReplace" | "openOrders.cancelAll");
     if changes && let Err(e) = trading::follower(&hub, "/ws-api/v3", None) {
         return api_error(&id, &e);
     }
     let done = match method.as_str() {
         "order.place" => trading::new_order_core(&hub, &auth).await,
         "order.cancel" => trading::cancel_order_core(&hub, &auth).await,
+        "order.cancelReplace" => trading::cancel_replace_core(&hub, &auth).await,
         "openOrders.cancelAll" => trading::cancel_open_orders_core(&hub, &auth).await,
         "order.status" => trading::query_order_core(&hub, &auth).await,
         "openOrders.status" => trading::open_orders_core(&hub, &auth).await,
