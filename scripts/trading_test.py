@@ -439,6 +439,8 @@ def ccxt_part(checks, market, state):
             except ccxt.ExchangeError as e:
                 text = str(e)
                 checks.check(name, '"code":-2022' in text and '"cancelResult":"FAILURE"' in text and '"newOrderResult":"NOT_ATTEMPTED"' in text, text)
+        tested = b.create_order(SYMBOL, "limit", "buy", 1, 18000, {"test": True})
+        checks.check("create_order with test=True (POST /api/v3/order/test) answers without an order", tested.get("id") is None, f"got {tested}")
         refused("edit_order of the cancelled bid: -2022, the cancel failed, nothing placed", ids["B4"])
         refused("edit_order of the other account's order: -2022, unknown to B, nothing placed", ids["A2"])
         checks.equal("fetch_open_orders: still only the new bid", [o["id"] for o in b.fetch_open_orders(SYMBOL)], [ids["B5"]])

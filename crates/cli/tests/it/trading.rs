@@ -430,6 +430,34 @@ fn cancel_replace_cancels_then_places_and_says_which_half_failed() {
     assert_eq!(open("alice"), ["new-1@61000"]);
 }
 
+/// `POST /api/v3/order/test`: checked as a new order is, never sent.
+#[test]
+fn a_test_order_is_checked_and_never_sent() {
+    let dir = TempDir::new("trading-test-order");
+    let server = start(&dir);
+    let order = [("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.002"), ("price", "50000")];
+    let first = alice(&server, "POST", "/api/v3/order/test", &order);
+    let used = |reply: &Reply| reply.headers.get("x-mbx-used-weight-1m").and_then(|w| w.parse::<u64>().ok()).expect("the weight header");
+    let weight = used(&first);
+    assert_eq!(ok(first), serde_json::json!({}));
+    let mut rates = order.to_vec();
+    rates.push(("computeCommissionRates", "true"));
+    let with_rates = alice(&server, "POST", "/api/v3/order/test", &rates);
+    assert_eq!(used(&with_rates), weight + 20, "20 with the rates");
+    let with_rates = ok(with_rates);
+    assert_eq!((with_rates["standardCommissionForOrder"]["maker"].as_str(), with_rates["standardCommissionForOrder"]["taker"].as_str()), (Some("0.0000"), Some("0.0010")), "{with_rates}");
+    // More than she holds passes (the engine's checks are not made); off
+    // the grid and a bad flag do not.
+    ok(alice(&server, "POST", "/api/v3/order/test", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "90"), ("price", "90000")]));
+    refused(alice(&server, "POST", "/api/v3/order/test", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.0005"), ("price", "50000")]), 400, -1013);
+    let mut bad_flag = order.to_vec();
+    bad_flag.push(("computeCommissionRates", "yes"));
+    refused(alice(&server, "POST", "/api/v3/order/test", &bad_flag), 400, -1100);
+    refused(signed(&server.market_address, "POST", "/api/v3/order/test", &order, "alice", "bob-secret"), 400, -1022);
+    // Nothing reached the engine.
+    assert_eq!(ok(alice(&server, "GET", "/api/v3/allOrders", &[("symbol", "BTCUSD")])), serde_json::json!([]));
+}
+
 #[test]
 fn every_bad_request_is_refused_with_its_binance_code() {
     let dir = TempDir::new("trading-refusals");
@@ -725,6 +753,8 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     assert_eq!(error(&bobs_replace), (Some(400), Some(-2022)), "{bobs_replace}");
     let data = &bobs_replace["error"]["data"];
     assert_eq!((data["cancelResult"].as_str(), data["newOrderResult"].as_str(), data["cancelResponse"]["code"].as_i64()), (Some("FAILURE"), Some("NOT_ATTEMPTED"), Some(-2011)), "{bobs_replace}");
+    let tested = ws_api_answer(&mut socket, &signed_request(125, "order.test", &sell[..6], "alice", "alice-secret"), 125, &mut events);
+    assert_eq!((tested["status"].as_u64(), &tested["result"]), (Some(200), &serde_json::json!({})), "{tested}");
     let cancelled = ws_api_answer(&mut socket, &signed_request(25, "order.cancel", &[("symbol", "BTCUSD"), ("orderId", &order_id)], "alice", "alice-secret"), 25, &mut events);
     assert_eq!(cancelled["result"]["status"].as_str(), Some("CANCELED"), "{cancelled}");
     let account = ws_api_answer(&mut socket, &signed_request(26, "account.status", &[], "alice", "alice-secret"), 26, &mut events);

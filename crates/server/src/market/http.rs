@@ -390,6 +390,7 @@ fn router(hub: Arc<Hub>) -> Router {
         .route("/api/v3/aggTrades", get(super::trading::agg_trades))
         .route("/api/v3/order", post(super::trading::new_order).delete(super::trading::cancel_order).get(super::trading::query_order))
         .route("/api/v3/order/cancelReplace", post(super::trading::cancel_replace))
+        .route("/api/v3/order/test", post(super::trading::test_order))
         .route("/api/v3/openOrders", get(super::trading::open_orders).delete(super::trading::cancel_open_orders))
         .route("/api/v3/allOrders", get(super::trading::all_orders))
         .route("/api/v3/myTrades", get(super::trading::my_trades))

@@ -669,9 +669,9 @@ struct NewOrder {
 }
 
 /// Reads and checks a new order's parameters (type, time in force,
-/// quantities and price on the instrument's grid) and gives it the next
-/// engine client id; its client id is not reserved yet.
-fn parse_new_order(trading: &Trading, market: &MarketData, account: AccountId, params: &Params) -> Result<NewOrder, ApiError> {
+/// quantities and price on the instrument's grid); not numbered yet
+/// ([`numbered`]), its client id not reserved.
+fn parse_new_order(market: &MarketData, account: AccountId, params: &Params) -> Result<NewOrder, ApiError> {
     let index = params.instrument(market)?;
     let info = &market.instruments[index].info;
     let side = side(params)?;
@@ -732,15 +732,24 @@ fn parse_new_order(trading: &Trading, market: &MarketData, account: AccountId, p
         Some("FULL") => "FULL",
         Some(_) => return Err(ApiError::illegal("newOrderRespType", "ACK, RESULT, FULL")),
     };
+    let client_id = client_id(params, "newClientOrderId")?.unwrap_or_default();
+    let place = PlaceOrder { account, instrument: info.id, cid: 0, side, order_type, tif, price, qty, post_only, stp, budget };
+    Ok(NewOrder { place, client_id, response, index })
+}
+
+/// Gives a checked new order the next engine client id (and, without a
+/// `newClientOrderId`, the client id named after it).
+fn numbered(trading: &Trading, market: &MarketData, mut order: NewOrder) -> NewOrder {
     // After every REST order the log holds (a node that took the lead
     // in this run numbers on after its predecessor's).
     trading.next_cid.fetch_max(market.accounts.largest_gateway_cid + 1, Ordering::Relaxed);
-    let cid = trading.next_cid.fetch_add(1, Ordering::Relaxed);
+    order.place.cid = trading.next_cid.fetch_add(1, Ordering::Relaxed);
     // Without one, the order is named after its engine client id
     // (unique for ever: the numbering goes on after the journal's).
-    let client_id = client_id(params, "newClientOrderId")?.unwrap_or_else(|| format!("crossbook-{}", cid - REST_CID_BASE));
-    let place = PlaceOrder { account, instrument: info.id, cid, side, order_type, tif, price, qty, post_only, stp, budget };
-    Ok(NewOrder { place, client_id, response, index })
+    if order.client_id.is_empty() {
+        order.client_id = format!("crossbook-{}", order.place.cid - REST_CID_BASE);
+    }
+    order
 }
 
 /// Sends a checked new order whose client id is reserved, and answers it
@@ -770,11 +779,52 @@ pub(crate) async fn new_order_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value,
     refuse_unsupported(&params, &NEW_ORDER_PARAMS[10..])?;
     let order = {
         let market = hub.read();
-        let order = parse_new_order(trading, &market, account, &params)?;
+        let order = numbered(trading, &market, parse_new_order(&market, account, &params)?);
         trading.reserve(&market, account, &order.client_id)?;
         order
     };
     Ok((submit_new_order(hub, trading, order).await?, used))
+}
+
+/// `POST /api/v3/order/test`.
+pub(crate) async fn test_order(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
+    trading(&hub)?;
+    let body = body_text(body, &hub)?;
+    let (value, used) = test_order_core(&hub, &Auth::Rest { headers: &headers, query: query.as_deref(), body: &body }).await?;
+    Ok(answer(value, used))
+}
+
+/// The work of [`test_order`], for REST and the WebSocket API: a new
+/// order checked as `POST /api/v3/order` checks it before the engine (the
+/// signature, the parameters, the instrument's filters), and not sent:
+/// `{}`, or with `computeCommissionRates=true` the rates it would pay.
+/// The engine's own checks (funds, post-only, the open-order limit) are
+/// not made, and nothing counts against `max_orders_per_10s`.
+pub(crate) async fn test_order_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value, u32), ApiError> {
+    let trading = trading(hub)?;
+    let mut known: Vec<&str> = NEW_ORDER_PARAMS.to_vec();
+    known.push("computeCommissionRates");
+    let rates = |params: &Params| params.get("computeCommissionRates") == Some("true");
+    let (account, params, used) = trading.signed(auth, &known, |params| if rates(params) { 20 } else { 1 }, false)?;
+    refuse_unsupported(&params, &NEW_ORDER_PARAMS[10..])?;
+    if !matches!(params.get("computeCommissionRates"), None | Some("true" | "false")) {
+        return Err(ApiError::illegal("computeCommissionRates", "true, false"));
+    }
+    let market = hub.read();
+    let order = parse_new_order(&market, account, &params)?;
+    if !rates(&params) {
+        return Ok((json!({}), used));
+    }
+    let info = &market.instruments[order.index].info;
+    let bps = |value: i64| render::decimal(i128::from(value), Unit { mantissa: 1, scale: 4 });
+    Ok((
+        json!({
+            "standardCommissionForOrder": {"maker": bps(info.maker_bps), "taker": bps(info.taker_bps)},
+            "taxCommissionForOrder": {"maker": "0", "taker": "0"},
+            "discount": {"enabledForAccount": false, "enabledForSymbol": false, "discountAsset": Value::Null, "discount": "0"},
+        }),
+        used,
+    ))
 }
 
 /// The account's order named by `orderId` or `origClientOrderId` (in
@@ -866,7 +916,7 @@ pub(crate) async fn cancel_replace_core(hub: &Hub, auth: &Auth<'_>) -> Result<(V
     };
     let (order, target) = {
         let market = hub.read();
-        let order = parse_new_order(trading, &market, account, &params)?;
+        let order = numbered(trading, &market, parse_new_order(&market, account, &params)?);
         let target = find_order(&market, account, order.index, &params, ["cancelOrderId", "cancelOrigClientOrderId"])?.filter(|o| o.status.is_open()).map(|o| o.id);
         (order, target)
     };

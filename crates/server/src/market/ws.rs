@@ -499,7 +499,7 @@ fn api_error(id: &Value, error: &ApiError) -> Value {
 /// WebSocket API's way; the result is the REST answer's body). Several may
 /// be in flight on one connection; each is sent to the sequencer in the
 /// order the requests came, and answered in that order.
-const TRADING_METHODS: [&str; 10] = ["order.place", "order.cancel", "order.cancelReplace", "openOrders.cancelAll", "order.status", "openOrders.status", "allOrders", "myTrades", "account.status", "account.commission"];
+const TRADING_METHODS: [&str; 11] = ["order.place", "order.test", "order.cancel", "order.cancelReplace", "openOrders.cancelAll", "order.status", "openOrders.status", "allOrders", "myTrades", "account.status", "account.commission"];
 
 /// The requests a WebSocket API connection has in flight at most; past
 /// it, the next one is read once the oldest is answered.
@@ -537,6 +537,7 @@ async fn api_trading(hub: Arc<Hub>, id: Value, method: String, params: serde_jso
         "order.place" => trading::new_order_core(&hub, &auth).await,
         "order.cancel" => trading::cancel_order_core(&hub, &auth).await,
         "order.cancelReplace" => trading::cancel_replace_core(&hub, &auth).await,
+        "order.test" => trading::test_order_core(&hub, &auth).await,
         "openOrders.cancelAll" => trading::cancel_open_orders_core(&hub, &auth).await,
         "order.status" => trading::query_order_core(&hub, &auth).await,
         "openOrders.status" => trading::open_orders_core(&hub, &auth).await,
