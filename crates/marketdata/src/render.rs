@@ -520,6 +520,29 @@ pub fn cancelled_order(data: &InstrumentData, o: &OrderRecord, transact_ms: u64)
     answer
 }
 
+/// The answer to `PUT /api/v3/order/amend/keepPriority`: the order as
+/// its amendment left it (`orig_client_id`: its client id before).
+pub fn amended_order(data: &InstrumentData, o: &OrderRecord, orig_client_id: &str, transact_ms: u64, execution_id: u64) -> Value {
+    let full = order(data, o);
+    let mut amended = json!({
+        "symbol": data.info.binance,
+        "orderId": o.id,
+        "orderListId": -1,
+        "origClientOrderId": orig_client_id,
+        "clientOrderId": o.client_id,
+        "price": full["price"],
+        "qty": full["origQty"],
+        "executedQty": full["executedQty"],
+        "preventedQty": qty(data, 0),
+        "quoteOrderQty": full["origQuoteOrderQty"],
+        "cumulativeQuoteQty": full["cummulativeQuoteQty"],
+    });
+    for key in ["status", "timeInForce", "type", "side", "workingTime", "selfTradePreventionMode"] {
+        amended[key] = full[key].clone();
+    }
+    json!({"transactTime": transact_ms, "executionId": execution_id, "amendedOrder": amended})
+}
+
 /// One of `GET /api/v3/myTrades`.
 pub fn my_trade(data: &InstrumentData, t: &AccountTrade) -> Value {
     json!({

@@ -430,6 +430,49 @@ fn cancel_replace_cancels_then_places_and_says_which_half_failed() {
     assert_eq!(open("alice"), ["new-1@61000"]);
 }
 
+/// `PUT /api/v3/order/amend/keepPriority`: a smaller quantity in place,
+/// the order's id and its place in the queue kept; a larger or equal one,
+/// or another account's order, refused with -2038.
+#[test]
+fn an_amended_order_keeps_its_place_in_the_queue() {
+    let dir = TempDir::new("trading-amend");
+    let server = start(&dir);
+    let sell = |qty: &'static str, id: &'static str| [("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", qty), ("price", "60000"), ("newClientOrderId", id)];
+    let first = ok(alice(&server, "POST", "/api/v3/order", &sell("0.005", "first")));
+    let first_id = first["orderId"].as_u64().unwrap().to_string();
+    ok(alice(&server, "POST", "/api/v3/order", &sell("0.004", "second")));
+    let amend = |params: &[(&str, &str)]| alice(&server, "PUT", "/api/v3/order/amend/keepPriority", params);
+    let amended = ok(amend(&[("symbol", "BTCUSD"), ("orderId", first_id.as_str()), ("newQty", "0.003"), ("newClientOrderId", "first-smaller")]));
+    let order = &amended["amendedOrder"];
+    assert_eq!(
+        (order["orderId"].as_u64(), order["origClientOrderId"].as_str(), order["clientOrderId"].as_str(), order["qty"].as_str(), order["status"].as_str(), order["price"].as_str()),
+        (first["orderId"].as_u64(), Some("first"), Some("first-smaller"), Some("0.003"), Some("NEW"), Some("60000")),
+        "{amended}"
+    );
+    assert!(amended["executionId"].as_u64().is_some() && amended["transactTime"].as_u64().is_some(), "{amended}");
+    // Still first in the queue: a buy of 0.003 takes it all and leaves the second.
+    ok(bob(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "IOC"), ("quantity", "0.003"), ("price", "60000")]));
+    let filled = ok(alice(&server, "GET", "/api/v3/order", &[("symbol", "BTCUSD"), ("origClientOrderId", "first-smaller")]));
+    assert_eq!((filled["status"].as_str(), filled["executedQty"].as_str()), (Some("FILLED"), Some("0.003")), "{filled}");
+    let second = ok(alice(&server, "GET", "/api/v3/order", &[("symbol", "BTCUSD"), ("origClientOrderId", "second")]));
+    assert_eq!((second["status"].as_str(), second["executedQty"].as_str()), (Some("NEW"), Some("0.000")));
+    // Up, the same, zero, a filled order, another account's: refused.
+    let refusal = |reply: Reply, code: i64, msg: &str| {
+        let reply = refused(reply, 400, code);
+        assert_eq!(reply.body["msg"].as_str(), Some(msg), "{}", reply.body);
+    };
+    refusal(amend(&[("symbol", "BTCUSD"), ("origClientOrderId", "second"), ("newQty", "0.005")]), -2038, "Order amend (quantity increase) is not supported.");
+    refusal(amend(&[("symbol", "BTCUSD"), ("origClientOrderId", "second"), ("newQty", "0.004")]), -2038, "The requested action would change no state; rejecting.");
+    refusal(amend(&[("symbol", "BTCUSD"), ("origClientOrderId", "second"), ("newQty", "0")]), -1013, "Filter failure: LOT_SIZE");
+    refusal(amend(&[("symbol", "BTCUSD"), ("origClientOrderId", "first-smaller"), ("newQty", "0.001")]), -2038, "Order does not exist.");
+    refused(amend(&[("symbol", "BTCUSD"), ("origClientOrderId", "second")]), 400, -1102);
+    let theirs = refused(bob(&server, "PUT", "/api/v3/order/amend/keepPriority", &[("symbol", "BTCUSD"), ("origClientOrderId", "second"), ("newQty", "0.001")]), 400, -2038);
+    assert_eq!(theirs.body["msg"], "Order does not exist.");
+    // Without a new client id the order keeps its own.
+    let kept = ok(amend(&[("symbol", "BTCUSD"), ("origClientOrderId", "second"), ("newQty", "0.002")]));
+    assert_eq!((kept["amendedOrder"]["clientOrderId"].as_str(), kept["amendedOrder"]["qty"].as_str()), (Some("second"), Some("0.002")), "{kept}");
+}
+
 /// `POST /api/v3/order/test`: checked as a new order is, never sent.
 #[test]
 fn a_test_order_is_checked_and_never_sent() {
@@ -755,6 +798,8 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     assert_eq!((data["cancelResult"].as_str(), data["newOrderResult"].as_str(), data["cancelResponse"]["code"].as_i64()), (Some("FAILURE"), Some("NOT_ATTEMPTED"), Some(-2011)), "{bobs_replace}");
     let tested = ws_api_answer(&mut socket, &signed_request(125, "order.test", &sell[..6], "alice", "alice-secret"), 125, &mut events);
     assert_eq!((tested["status"].as_u64(), &tested["result"]), (Some(200), &serde_json::json!({})), "{tested}");
+    let amended = ws_api_answer(&mut socket, &signed_request(126, "order.amend.keepPriority", &[("symbol", "BTCUSD"), ("orderId", &order_id), ("newQty", "0.002")], "alice", "alice-secret"), 126, &mut events);
+    assert_eq!((amended["result"]["amendedOrder"]["qty"].as_str(), amended["result"]["amendedOrder"]["clientOrderId"].as_str()), (Some("0.002"), Some("w1")), "{amended}");
     let cancelled = ws_api_answer(&mut socket, &signed_request(25, "order.cancel", &[("symbol", "BTCUSD"), ("orderId", &order_id)], "alice", "alice-secret"), 25, &mut events);
     assert_eq!(cancelled["result"]["status"].as_str(), Some("CANCELED"), "{cancelled}");
     let account = ws_api_answer(&mut socket, &signed_request(26, "account.status", &[], "alice", "alice-secret"), 26, &mut events);

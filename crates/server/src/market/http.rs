@@ -8,7 +8,7 @@ use axum::Router;
 use axum::extract::{Path, RawQuery, State, WebSocketUpgrade};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use crossbook_marketdata::candles::interval;
 use crossbook_marketdata::{MarketData, render};
 use serde_json::{Value, json};
@@ -391,6 +391,7 @@ fn router(hub: Arc<Hub>) -> Router {
         .route("/api/v3/order", post(super::trading::new_order).delete(super::trading::cancel_order).get(super::trading::query_order))
         .route("/api/v3/order/cancelReplace", post(super::trading::cancel_replace))
         .route("/api/v3/order/test", post(super::trading::test_order))
+        .route("/api/v3/order/amend/keepPriority", put(super::trading::amend_order))
         .route("/api/v3/openOrders", get(super::trading::open_orders).delete(super::trading::cancel_open_orders))
         .route("/api/v3/allOrders", get(super::trading::all_orders))
         .route("/api/v3/myTrades", get(super::trading::my_trades))

@@ -309,7 +309,8 @@ impl Trading {
         };
         let outcome = Outcome::Applied { seq: command.seq, time_ms: command.time_ms, reject, order, fills, cancelled };
         let mut waiting = lock(&self.waiting);
-        if matches!(cmd, Command::Place(_)) {
+        // A new order's client id, or the one an amendment gives.
+        if matches!(cmd, Command::Place(_) | Command::Replace { .. }) && !annex.client_id.is_empty() {
             waiting.client_ids.remove(&(account, annex.client_id.clone()));
         }
         if let Some(answer) = waiting.answers.remove(&annex.request) {
@@ -947,6 +948,59 @@ pub(crate) async fn cancel_replace_core(hub: &Hub, auth: &Auth<'_>) -> Result<(V
         (true, true) => Ok((data, used)),
         (false, false) => Err(ApiError { data: Some(data), ..ApiError::bad(-2022, "Order cancel-replace failed.") }),
         _ => Err(ApiError { data: Some(data), ..ApiError::new(StatusCode::CONFLICT, -2021, "Order cancel-replace partially failed.") }),
+    }
+}
+
+/// `PUT /api/v3/order/amend/keepPriority`.
+pub(crate) async fn amend_order(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
+    trading(&hub)?;
+    follower(&hub, "/api/v3/order/amend/keepPriority", query.as_deref())?;
+    let body = body_text(body, &hub)?;
+    let (value, used) = amend_order_core(&hub, &Auth::Rest { headers: &headers, query: query.as_deref(), body: &body }).await?;
+    Ok(answer(value, used))
+}
+
+/// The work of [`amend_order`], for REST and the WebSocket API: an open
+/// order's quantity reduced in place (the engine's replace at the same
+/// price: it keeps its id and its place in the queue), and its client id
+/// changed if `newClientOrderId` says so (without it, it keeps its own).
+pub(crate) async fn amend_order_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value, u32), ApiError> {
+    let trading = trading(hub)?;
+    let (account, params, used) = trading.signed(auth, &["symbol", "orderId", "origClientOrderId", "newClientOrderId", "newQty"], |_| 4, false)?;
+    let rejected = |msg: &str| ApiError::bad(-2038, msg);
+    let (command, annex_client_id, reserved, orig_client_id, index) = {
+        let market = hub.read();
+        let index = params.instrument(&market)?;
+        let info = &market.instruments[index].info;
+        let new_qty = units(&params, "newQty", info.qty_unit, "LOT_SIZE")?.ok_or_else(|| ApiError::mandatory("newQty"))?;
+        let order = find_order(&market, account, index, &params, ["orderId", "origClientOrderId"])?.filter(|o| o.status.is_open()).ok_or_else(|| rejected("Order does not exist."))?;
+        if new_qty == 0 {
+            return Err(ApiError::bad(-1013, "Filter failure: LOT_SIZE"));
+        }
+        if new_qty > order.qty {
+            return Err(rejected("Order amend (quantity increase) is not supported."));
+        }
+        if new_qty == order.qty {
+            return Err(rejected("The requested action would change no state; rejecting."));
+        }
+        if new_qty <= order.filled {
+            return Err(rejected("newQty must be more than the order's executed quantity."));
+        }
+        let renamed = client_id(&params, "newClientOrderId")?.filter(|new| new.as_str() != order.client_id.as_str());
+        if let Some(new) = &renamed {
+            trading.reserve(&market, account, new)?;
+        }
+        let command = Command::Replace { account, order: order.id, price: order.price, qty: new_qty };
+        let reserved = renamed.clone().map(|new| (account, new));
+        (command, renamed.unwrap_or_default(), reserved, order.client_id.to_string(), index)
+    };
+    let request = trading.next_request.fetch_add(1, Ordering::Relaxed);
+    let outcome = trading.ask(Request::Command(command), Some(RestAnnex { request, client_id: annex_client_id }), reserved).await?;
+    let market = hub.read();
+    match outcome {
+        Outcome::Applied { reject: None, order: Some(order), time_ms, seq, .. } => Ok((render::amended_order(&market.instruments[index], &order, &orig_client_id, time_ms, seq), used)),
+        Outcome::Applied { reject: Some(reason), .. } => Err(rejected(&format!("Order amend rejected: {}.", reason.name()))),
+        _ => Err(rejected("Order does not exist.")),
     }
 }
 

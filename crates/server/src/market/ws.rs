@@ -499,7 +499,7 @@ fn api_error(id: &Value, error: &ApiError) -> Value {
 /// WebSocket API's way; the result is the REST answer's body). Several may
 /// be in flight on one connection; each is sent to the sequencer in the
 /// order the requests came, and answered in that order.
-const TRADING_METHODS: [&str; 11] = ["order.place", "order.test", "order.cancel", "order.cancelReplace", "openOrders.cancelAll", "order.status", "openOrders.status", "allOrders", "myTrades", "account.status", "account.commission"];
+const TRADING_METHODS: [&str; 12] = ["order.place", "order.test", "order.cancel", "order.cancelReplace", "order.amend.keepPriority", "openOrders.cancelAll", "order.status", "openOrders.status", "allOrders", "myTrades", "account.status", "account.commission"];
 
 /// The requests a WebSocket API connection has in flight at most; past
 /// it, the next one is read once the oldest is answered.
@@ -529,7 +529,7 @@ async fn api_trading(hub: Arc<Hub>, id: Value, method: String, params: serde_jso
         return api_error(&id, &ApiError::new(StatusCode::NOT_FOUND, -1020, "The trading API is off on this venue."));
     };
     let auth = Auth::Ws(&params);
-    let changes = matches!(method.as_str(), "order.place" | "order.cancel" | "order.cancelReplace" | "openOrders.cancelAll");
+    let changes = matches!(method.as_str(), "order.place" | "order.cancel" | "order.cancelReplace" | "order.amend.keepPriority" | "openOrders.cancelAll");
     if changes && let Err(e) = trading::follower(&hub, "/ws-api/v3", None) {
         return api_error(&id, &e);
     }
@@ -538,6 +538,7 @@ async fn api_trading(hub: Arc<Hub>, id: Value, method: String, params: serde_jso
         "order.cancel" => trading::cancel_order_core(&hub, &auth).await,
         "order.cancelReplace" => trading::cancel_replace_core(&hub, &auth).await,
         "order.test" => trading::test_order_core(&hub, &auth).await,
+        "order.amend.keepPriority" => trading::amend_order_core(&hub, &auth).await,
         "openOrders.cancelAll" => trading::cancel_open_orders_core(&hub, &auth).await,
         "order.status" => trading::query_order_core(&hub, &auth).await,
         "openOrders.status" => trading::open_orders_core(&hub, &auth).await,
