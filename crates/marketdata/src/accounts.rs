@@ -6,10 +6,11 @@
 //! REST order's is the ClOrdID or `newClientOrderId` the gateway journaled
 //! with it).
 //!
-//! **Kept**: every open order; of each account the last [`ORDERS_KEPT`]
-//! orders that ended and the last [`TRADES_KEPT_PER_ACCOUNT`] trades. What
-//! is older is forgotten (`docs/trading.md` says so). Balances are not
-//! here: the engine is their source, asked through the sequencer.
+//! **Kept**: every open order; of each account the last `orders_kept`
+//! orders that ended and the last `trades_kept` trades ([`ORDERS_KEPT`]
+//! and [`TRADES_KEPT_PER_ACCOUNT`] unless the venue sets them). What is
+//! older is forgotten (`docs/trading.md` says so). Balances are not here:
+//! the engine is their source, asked through the sequencer.
 
 use crossbook_engine::codec::{side_code, stp_code, tif_code};
 use crossbook_engine::{AccountId, CancelReason, ClientOrderId, OrderId, OrderType, SelfTradePrevention, Side, TimeInForce};
@@ -17,9 +18,11 @@ use compact_str::{CompactString, ToCompactString};
 use foldhash::HashMap;
 use std::collections::{BTreeSet, VecDeque};
 
-/// Orders that ended, kept per account.
+/// Orders that ended, kept per account, unless the venue says otherwise
+/// (`market_data.orders_kept`).
 pub const ORDERS_KEPT: usize = 10_000;
-/// Trades kept per account.
+/// Trades kept per account, unless the venue says otherwise
+/// (`market_data.trades_kept`).
 pub const TRADES_KEPT_PER_ACCOUNT: usize = 10_000;
 
 /// Where an order stands, in Binance's terms.
@@ -124,7 +127,7 @@ pub struct AccountData {
 }
 
 /// Every account's orders and trades.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Accounts {
     /// Open orders, and the ended ones each account still keeps.
     pub orders: HashMap<OrderId, OrderRecord>,
@@ -140,6 +143,24 @@ pub struct Accounts {
     /// Accounts past a window, trimmed before the next command (an
     /// account may be here more than once).
     over: Vec<AccountId>,
+    /// Each account's windows: ended orders and trades kept.
+    orders_kept: usize,
+    trades_kept: usize,
+}
+
+impl Default for Accounts {
+    fn default() -> Accounts {
+        Accounts {
+            orders: HashMap::default(),
+            accounts: HashMap::default(),
+            open_client_ids: HashMap::default(),
+            largest_gateway_cid: 0,
+            gateway_cids: 0..0,
+            over: Vec::new(),
+            orders_kept: ORDERS_KEPT,
+            trades_kept: TRADES_KEPT_PER_ACCOUNT,
+        }
+    }
 }
 
 /// The part of a place command that its events do not carry.
@@ -156,6 +177,24 @@ pub struct PlaceDetails<'a> {
 impl Accounts {
     pub fn new(gateway_cids: std::ops::Range<u64>) -> Accounts {
         Accounts { gateway_cids, ..Accounts::default() }
+    }
+
+    /// Keeps the last `orders` ended orders and `trades` trades of each
+    /// account: what is past them now goes before the next command. Every
+    /// node of a venue must keep the same (the records are a function of
+    /// the journal and these two numbers).
+    pub fn set_windows(&mut self, orders: usize, trades: usize) {
+        self.orders_kept = orders;
+        self.trades_kept = trades;
+        self.mark_over_full();
+    }
+
+    /// Every account past a window, to be trimmed before the next command.
+    fn mark_over_full(&mut self) {
+        let (orders, trades) = (self.orders_kept, self.trades_kept);
+        let mut over: Vec<AccountId> = self.accounts.iter().filter(|(_, d)| d.closed.len() > orders || d.trades.len() > trades).map(|(a, _)| *a).collect();
+        over.sort_unstable();
+        self.over = over;
     }
 
     /// An account's open order by client id.
@@ -230,7 +269,7 @@ impl Accounts {
         let data = self.accounts.entry(account).or_default();
         data.update_ms = time_ms;
         data.trades.push_back(AccountTrade { id: trade_id, instrument, order, price, qty, fee, is_buyer, is_maker, time_ms, seq });
-        let over = data.trades.len() > TRADES_KEPT_PER_ACCOUNT;
+        let over = data.trades.len() > self.trades_kept;
         if let Some(record) = self.orders.get_mut(&order) {
             record.filled += qty;
             record.quote_filled += u128::from(qty) * price.unsigned_abs() as u128;
@@ -241,7 +280,7 @@ impl Accounts {
                 end_record(record, OrderStatus::Filled, time_ms, data, &mut self.open_client_ids);
             }
         }
-        if over || data.closed.len() > ORDERS_KEPT {
+        if over || data.closed.len() > self.orders_kept {
             self.mark_over(account);
         }
     }
@@ -293,7 +332,7 @@ impl Accounts {
         let Some(record) = self.orders.get_mut(&order) else { return };
         let data = self.accounts.entry(record.account).or_default();
         end_record(record, status, time_ms, data, &mut self.open_client_ids);
-        if data.closed.len() > ORDERS_KEPT || data.trades.len() > TRADES_KEPT_PER_ACCOUNT {
+        if data.closed.len() > self.orders_kept || data.trades.len() > self.trades_kept {
             let account = record.account;
             self.mark_over(account);
         }
@@ -313,12 +352,12 @@ impl Accounts {
     pub(crate) fn trim(&mut self) {
         for account in self.over.drain(..) {
             let Some(data) = self.accounts.get_mut(&account) else { continue };
-            while data.closed.len() > ORDERS_KEPT {
+            while data.closed.len() > self.orders_kept {
                 if let Some(old) = data.closed.pop_front() {
                     self.orders.remove(&old);
                 }
             }
-            while data.trades.len() > TRADES_KEPT_PER_ACCOUNT {
+            while data.trades.len() > self.trades_kept {
                 data.trades.pop_front();
             }
         }
@@ -436,10 +475,7 @@ impl Accounts {
         // A checkpoint taken right after a command that filled a window
         // past its size: trimmed before the next command, as it would
         // have been without the restart.
-        self.over.clear();
-        let mut over: Vec<AccountId> = self.accounts.iter().filter(|(_, d)| d.closed.len() > ORDERS_KEPT || d.trades.len() > TRADES_KEPT_PER_ACCOUNT).map(|(a, _)| *a).collect();
-        over.sort_unstable();
-        self.over = over;
+        self.mark_over_full();
         Ok(())
     }
 }

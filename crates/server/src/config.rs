@@ -125,6 +125,12 @@ pub struct MarketDataConfig {
     /// sequencer and the gateways go first where cores are short, and the
     /// feeds and the REST answers wait their turn.
     pub nice: i32,
+    /// Ended orders and trades each account keeps for the signed
+    /// endpoints (`allOrders`, `myTrades`, `GET /api/v3/order`): 1 to
+    /// 1,000,000 each. Every node of a replicated venue must keep the
+    /// same.
+    pub orders_kept: usize,
+    pub trades_kept: usize,
 }
 
 impl Default for MarketDataConfig {
@@ -143,6 +149,8 @@ impl Default for MarketDataConfig {
             max_body: 8192,
             answer_timeout_ms: 10_000,
             nice: 0,
+            orders_kept: crossbook_marketdata::accounts::ORDERS_KEPT,
+            trades_kept: crossbook_marketdata::accounts::TRADES_KEPT_PER_ACCOUNT,
         }
     }
 }
@@ -372,6 +380,8 @@ pub enum ConfigError {
     BadReplication(String),
     /// `market_data.nice` outside 0 to 19.
     BadNice(i32),
+    /// `market_data.orders_kept` or `trades_kept` outside 1 to 1,000,000.
+    BadWindow { key: &'static str, value: usize },
 }
 
 /// The smallest `segment_bytes` accepted.
@@ -394,6 +404,7 @@ impl std::fmt::Display for ConfigError {
             ConfigError::BadAddress { key, value } => write!(f, "{key} {value:?} is not an address (host:port)"),
             ConfigError::BadReplication(why) => write!(f, "replication: {why}"),
             ConfigError::BadNice(nice) => write!(f, "market_data.nice must be 0 to 19, not {nice}"),
+            ConfigError::BadWindow { key, value } => write!(f, "market_data.{key} must be 1 to 1000000, not {value}"),
             ConfigError::SharedApiKey { first, second } => write!(f, "accounts {first} and {second} have the same API key (the REST API names an account by its key)"),
         }
     }
@@ -434,6 +445,11 @@ impl Config {
         }
         if !(0..=19).contains(&self.market_data.nice) {
             return Err(ConfigError::BadNice(self.market_data.nice));
+        }
+        for (key, value) in [("orders_kept", self.market_data.orders_kept), ("trades_kept", self.market_data.trades_kept)] {
+            if !(1..=1_000_000).contains(&value) {
+                return Err(ConfigError::BadWindow { key, value });
+            }
         }
         if !matches!(self.fix.application.as_str(), "venue" | "echo") {
             return Err(ConfigError::BadFixApplication(self.fix.application.clone()));
@@ -590,6 +606,15 @@ mod tests {
             let config = Config::from_toml(&format!("[market_data]\nnice = {nice}")).unwrap();
             let refused = config.check().expect_err("refused");
             assert_eq!(refused.to_string(), format!("market_data.nice must be 0 to 19, not {nice}"));
+        }
+    }
+
+    #[test]
+    fn windows_outside_1_to_a_million_are_refused_by_name() {
+        assert!(Config::from_toml("[market_data]\norders_kept = 100\ntrades_kept = 1000000").unwrap().check().is_ok());
+        for (key, value) in [("orders_kept", 0), ("trades_kept", 1_000_001)] {
+            let refused = Config::from_toml(&format!("[market_data]\n{key} = {value}")).unwrap().check().expect_err("refused");
+            assert_eq!(refused.to_string(), format!("market_data.{key} must be 1 to 1000000, not {value}"));
         }
     }
 

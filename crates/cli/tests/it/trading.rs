@@ -863,6 +863,40 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     assert!(end.iter().any(|m| m["subscriptionId"] == 0 && m["event"]["e"] == "eventStreamTerminated"), "{end:?}");
 }
 
+/// `market_data.orders_kept` and `trades_kept`: each account's windows,
+/// the same after a kill and a restart from the journal.
+#[test]
+fn an_accounts_windows_are_what_the_venue_sets() {
+    let dir = TempDir::new("trading-windows");
+    let config = dir.0.join("crossbook.toml");
+    std::fs::write(&config, CONFIG.replace("max_orders_per_10s = 50", "max_orders_per_10s = 50\norders_kept = 3\ntrades_kept = 2")).unwrap();
+    let start = || spawn_with(&["--config", config.to_str().unwrap(), "--data", dir.0.join("data").to_str().unwrap()], &[]);
+    let server = start();
+    let ids: Vec<String> = (0..5)
+        .map(|n| {
+            let price = (7000 + 100 * n).to_string();
+            ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", &price)]))["orderId"].to_string()
+        })
+        .collect();
+    // Bob takes all five, one trade each: five ended orders of hers, five trades.
+    ok(bob(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "MARKET"), ("quantity", "0.005")]));
+    // The windows are trimmed before the next command: one more, of Bob's.
+    ok(bob(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "100")]));
+    let kept = |server: &Server| {
+        let orders = ok(alice(server, "GET", "/api/v3/allOrders", &[("symbol", "BTCUSD")]));
+        let trades = ok(alice(server, "GET", "/api/v3/myTrades", &[("symbol", "BTCUSD")]));
+        let ids = |list: &Value, field: &str| list.as_array().unwrap().iter().map(|v| v[field].to_string()).collect::<Vec<_>>();
+        (ids(&orders, "orderId"), ids(&trades, "orderId"))
+    };
+    let (orders, trades) = kept(&server);
+    assert_eq!(orders, ids[2..], "the last 3 ended orders");
+    assert_eq!(trades, ids[3..], "the last 2 trades");
+    refused(alice(&server, "GET", "/api/v3/order", &[("symbol", "BTCUSD"), ("orderId", ids[0].as_str())]), 400, -2013);
+    server.kill();
+    let server = start();
+    assert_eq!(kept(&server), (orders, trades), "the same windows rebuilt from the journal");
+}
+
 #[test]
 fn rest_history_and_numbering_survive_a_kill() {
     let dir = TempDir::new("trading-rest-restart");

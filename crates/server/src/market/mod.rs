@@ -391,7 +391,11 @@ impl Market {
             trading: config.market_data.trading.then(|| Arc::new(Trading::new(config))),
             node,
         });
-        hub.write().accounts.gateway_cids = gateway_cids();
+        {
+            let mut state = hub.write();
+            state.accounts.gateway_cids = gateway_cids();
+            state.accounts.set_windows(config.market_data.orders_kept, config.market_data.trades_kept);
+        }
         Ok(Arc::new(Market { hub, feed: Mutex::new(None), thread: Mutex::new(None), http: Mutex::new(None) }))
     }
 
@@ -655,5 +659,6 @@ impl ReportSink for MarketSink {
         let mut market = self.0.hub.write();
         *market = MarketData::new(market.instruments.iter().map(|d| d.info.clone()).collect(), 0);
         market.accounts.gateway_cids = gateway_cids();
+        market.accounts.set_windows(self.0.hub.config.orders_kept, self.0.hub.config.trades_kept);
     }
 }
