@@ -133,7 +133,8 @@ pub struct Accounts {
     pub orders: HashMap<OrderId, OrderRecord>,
     pub accounts: HashMap<AccountId, AccountData>,
     /// (account, client id) of every open order.
-    open_client_ids: HashMap<(AccountId, CompactString), OrderId>,
+    /// SipHash (std's), not foldhash: its keys are text a client chooses.
+    open_client_ids: std::collections::HashMap<(AccountId, CompactString), OrderId>,
     /// The largest engine client id seen in `gateway_cids` (a gateway that
     /// numbers its orders goes on after it).
     pub largest_gateway_cid: u64,
@@ -153,7 +154,7 @@ impl Default for Accounts {
         Accounts {
             orders: HashMap::default(),
             accounts: HashMap::default(),
-            open_client_ids: HashMap::default(),
+            open_client_ids: std::collections::HashMap::new(),
             largest_gateway_cid: 0,
             gateway_cids: 0..0,
             over: Vec::new(),
@@ -482,7 +483,7 @@ impl Accounts {
 
 /// Ends an open order's `record` with `status`: out of its account's
 /// open orders (`data`) and the open client ids, into its ended ones.
-fn end_record(record: &mut OrderRecord, status: OrderStatus, time_ms: u64, data: &mut AccountData, open_client_ids: &mut HashMap<(AccountId, CompactString), OrderId>) {
+fn end_record(record: &mut OrderRecord, status: OrderStatus, time_ms: u64, data: &mut AccountData, open_client_ids: &mut std::collections::HashMap<(AccountId, CompactString), OrderId>) {
     if !record.status.is_open() {
         return;
     }

@@ -831,6 +831,25 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     let prices: Vec<&str> = answers.iter().filter(|a| a["id"] != 207).map(|a| a["result"]["price"].as_str().unwrap()).collect();
     assert_eq!(prices, (0..20u64).filter(|n| *n != 7).map(|n| (5000 + 1000 * n).to_string()).collect::<Vec<_>>().iter().map(String::as_str).collect::<Vec<_>>());
 
+    // Two amendments of one order in flight together: the second is
+    // refused, not checked against the quantity the first is changing.
+    let placed = ws_api_answer(&mut socket, &signed_request(300, "order.place", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.005"), ("price", "90000")], "alice", "alice-secret"), 300, &mut events);
+    let amended_id = placed["result"]["orderId"].to_string();
+    for (id, qty) in [(301, "0.004"), (302, "0.003")] {
+        let request = signed_request(id, "order.amend.keepPriority", &[("symbol", "BTCUSD"), ("orderId", &amended_id), ("newQty", qty)], "alice", "alice-secret");
+        socket.send(tungstenite::Message::Text(request.as_str().into())).unwrap();
+    }
+    let mut answers = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while answers.len() < 2 && Instant::now() < deadline {
+        answers.extend(messages(&mut socket, Duration::from_millis(100)).into_iter().filter(|m| m.get("id").is_some_and(|id| id == 301 || id == 302)));
+    }
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    assert_eq!(answers[0]["result"]["amendedOrder"]["qty"], "0.004", "{}", answers[0]);
+    assert_eq!(error(&answers[1]), (Some(400), Some(-2038)), "{}", answers[1]);
+    let now = ok(alice(&server, "GET", "/api/v3/order", &[("symbol", "BTCUSD"), ("orderId", amended_id.as_str())]));
+    assert_eq!(now["origQty"], "0.004");
+
     // Requests with a known key are paid for with its request weight, not
     // the connection's ten messages a second; others are not.
     for n in 0..30 {

@@ -119,6 +119,9 @@ struct Waiting {
     /// Client order ids of orders sent and not yet applied: a second
     /// order with the same id is refused as a duplicate meanwhile.
     client_ids: HashSet<(AccountId, String)>,
+    /// Orders with an amendment sent and not answered yet: a second one
+    /// would be checked against the quantity the first is changing.
+    amending: HashSet<OrderId>,
 }
 
 /// An asset as the REST API shows it.
@@ -944,6 +947,12 @@ pub(crate) async fn cancel_replace_core(hub: &Hub, auth: &Auth<'_>) -> Result<(V
         None => ("NOT_ATTEMPTED", Value::Null),
     };
     let data = json!({"cancelResult": cancel_result, "newOrderResult": new_result, "cancelResponse": cancel_response, "newOrderResponse": new_response});
+    // A half whose answer never came (-1007) may still be done: the
+    // request's outcome is unknown, not a failure.
+    let unknown = |result: &Result<Value, ApiError>| result.as_ref().err().is_some_and(|e| e.code == -1007);
+    if unknown(&cancelled) || placed.as_ref().is_some_and(unknown) {
+        return Err(ApiError { data: Some(data), ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, -1007, "Timeout waiting for response from backend server. Send status unknown; execution status unknown.") });
+    }
     match (cancelled.is_ok(), placed.as_ref().is_some_and(Result::is_ok)) {
         (true, true) => Ok((data, used)),
         (false, false) => Err(ApiError { data: Some(data), ..ApiError::bad(-2022, "Order cancel-replace failed.") }),
@@ -973,10 +982,10 @@ pub(crate) async fn amend_order_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Valu
         let index = params.instrument(&market)?;
         let info = &market.instruments[index].info;
         let new_qty = units(&params, "newQty", info.qty_unit, "LOT_SIZE")?.ok_or_else(|| ApiError::mandatory("newQty"))?;
-        let order = find_order(&market, account, index, &params, ["orderId", "origClientOrderId"])?.filter(|o| o.status.is_open()).ok_or_else(|| rejected("Order does not exist."))?;
         if new_qty == 0 {
             return Err(ApiError::bad(-1013, "Filter failure: LOT_SIZE"));
         }
+        let order = find_order(&market, account, index, &params, ["orderId", "origClientOrderId"])?.filter(|o| o.status.is_open()).ok_or_else(|| rejected("Order does not exist."))?;
         if new_qty > order.qty {
             return Err(rejected("Order amend (quantity increase) is not supported."));
         }
@@ -987,15 +996,27 @@ pub(crate) async fn amend_order_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Valu
             return Err(rejected("newQty must be more than the order's executed quantity."));
         }
         let renamed = client_id(&params, "newClientOrderId")?.filter(|new| new.as_str() != order.client_id.as_str());
-        if let Some(new) = &renamed {
-            trading.reserve(&market, account, new)?;
+        if !lock(&trading.waiting).amending.insert(order.id) {
+            return Err(rejected("An amendment of this order is already on its way; send the next once it is answered."));
+        }
+        if let Some(new) = &renamed
+            && let Err(e) = trading.reserve(&market, account, new)
+        {
+            lock(&trading.waiting).amending.remove(&order.id);
+            return Err(e);
         }
         let command = Command::Replace { account, order: order.id, price: order.price, qty: new_qty };
         let reserved = renamed.clone().map(|new| (account, new));
         (command, renamed.unwrap_or_default(), reserved, order.client_id.to_string(), index)
     };
+    let amended = match command {
+        Command::Replace { order, .. } => order,
+        _ => 0,
+    };
     let request = trading.next_request.fetch_add(1, Ordering::Relaxed);
-    let outcome = trading.ask(Request::Command(command), Some(RestAnnex { request, client_id: annex_client_id }), reserved).await?;
+    let outcome = trading.ask(Request::Command(command), Some(RestAnnex { request, client_id: annex_client_id }), reserved).await;
+    lock(&trading.waiting).amending.remove(&amended);
+    let outcome = outcome?;
     let market = hub.read();
     match outcome {
         Outcome::Applied { reject: None, order: Some(order), time_ms, seq, .. } => Ok((render::amended_order(&market.instruments[index], &order, &orig_client_id, time_ms, seq), used)),
