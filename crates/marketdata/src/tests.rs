@@ -330,3 +330,53 @@ fn a_batch_with_more_trades_than_are_kept_hands_every_one_out() {
     let depth = updates.instruments[0].depth.as_ref().expect("the sweep emptied the asks");
     assert_eq!(depth.asks, (100..107).map(|p| (p, 0)).collect::<Vec<_>>(), "each emptied level once, best first");
 }
+
+/// Small windows: every account keeps at most its windows once the next
+/// command has trimmed them, no record outlives its window, and a
+/// checkpoint taken midway restores to the same records (trimmed the same
+/// way) as the node that went on.
+#[test]
+fn small_windows_hold_and_restore_the_same() {
+    let commands = generate(Workload::Mixed, 5, 12_000);
+    let windowed = || {
+        let mut market = MarketData::new(infos(&commands), 0);
+        market.accounts.set_windows(3, 4);
+        market
+    };
+    let mut engine = Engine::new();
+    let mut live = windowed();
+    let mut restored: Option<MarketData> = None;
+    let mut events = Vec::new();
+    for (index, command) in commands.iter().enumerate() {
+        events.clear();
+        engine.apply(command, &mut events);
+        let time = 1_700_000_000_000 + index as u64 * 1_000;
+        let context = CommandContext { command, client_id: None, gateway: false };
+        for market in std::iter::once(&mut live).chain(restored.as_mut()) {
+            market.apply_command(engine.seq(), time, Some(context), &events);
+            let _ = market.take_updates();
+        }
+        if index == 6_000 {
+            let mut copy = windowed();
+            codec::restore(&mut copy, &codec::encode(&live)).expect("a checkpoint restores");
+            restored = Some(copy);
+        }
+    }
+    // One command more trims what the last one left over.
+    let last = crossbook_engine::Command::OpenAccount { account: 999_999 };
+    events.clear();
+    engine.apply(&last, &mut events);
+    let copy = restored.as_mut().expect("restored midway");
+    for market in [&mut live, copy] {
+        market.apply_command(engine.seq(), 1_800_000_000_000, Some(CommandContext { command: &last, client_id: None, gateway: false }), &events);
+    }
+    let copy = restored.expect("restored midway");
+    assert_eq!(codec::encode(&copy), codec::encode(&live), "the restored node trims as the live one does");
+    let mut held = 0;
+    for (account, data) in &live.accounts.accounts {
+        assert!(data.closed.len() <= 3 && data.trades.len() <= 4, "account {account}: {} ended orders, {} trades kept", data.closed.len(), data.trades.len());
+        held += data.open.len() + data.closed.len();
+    }
+    assert_eq!(live.accounts.orders.len(), held, "every record is open or in its account's window");
+    assert!(live.accounts.accounts.values().filter(|d| d.closed.len() == 3).count() > 10, "the windows were reached");
+}
