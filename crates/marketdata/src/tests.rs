@@ -245,35 +245,52 @@ fn accounts_follow_the_engine_order_by_order() {
     }
 }
 
+/// A venue of one instrument, X-Y (tick and lot 1, lots up to
+/// `max_qty`), with account 7 holding 1,000,000 X.
+fn x_y_venue(max_qty: u64) -> Vec<Command> {
+    use crossbook_engine::{InstrumentSpec, Symbol};
+    let symbol = Symbol::new("X-Y").expect("symbol");
+    let spec = InstrumentSpec { id: 1, symbol, base: 1, quote: 2, tick_size: 1, lot_size: 1, min_qty: 1, max_qty, min_price: 1, max_price: 1_000_000, maker_bps: 0, taker_bps: 0 };
+    vec![
+        Command::AddAsset { id: 1, name: Symbol::new("X").expect("x") },
+        Command::AddAsset { id: 2, name: Symbol::new("Y").expect("y") },
+        Command::AddInstrument(spec),
+        Command::OpenAccount { account: 7 },
+        Command::Deposit { account: 7, asset: 1, amount: 1_000_000 },
+    ]
+}
+
+/// Account 7's GTC sell of one lot of X-Y.
+fn resting_sell(cid: u64, price: i64) -> Command {
+    use crossbook_engine::{PlaceOrder, SelfTradePrevention};
+    Command::Place(PlaceOrder { account: 7, instrument: 1, cid, side: Side::Sell, order_type: OrderType::Limit, tif: TimeInForce::Gtc, price, qty: 1, post_only: false, stp: SelfTradePrevention::None, budget: None })
+}
+
+/// An engine and market data that followed `commands`, and the events of
+/// the last one.
+fn followed(commands: &[Command]) -> (Engine, MarketData, Vec<Event>) {
+    let mut engine = Engine::new();
+    let mut market = MarketData::new(infos(commands), 0);
+    let mut events = Vec::new();
+    for command in commands {
+        events.clear();
+        engine.apply(command, &mut events);
+        market.apply(engine.seq(), 0, &events);
+    }
+    (engine, market, events)
+}
+
 /// A command that ends more orders than an account keeps (a cancel-all of
 /// 10,050 open orders) leaves every one of them readable right after it;
 /// the window is trimmed before the next command.
 #[test]
 fn a_command_that_ends_many_orders_keeps_them_until_the_next() {
     use crate::accounts::{ORDERS_KEPT, OrderStatus};
-    use crossbook_engine::{InstrumentSpec, PlaceOrder, SelfTradePrevention, Symbol};
-    let symbol = Symbol::new("X-Y").expect("symbol");
-    let spec = InstrumentSpec { id: 1, symbol, base: 1, quote: 2, tick_size: 1, lot_size: 1, min_qty: 1, max_qty: 1_000, min_price: 1, max_price: 1_000_000, maker_bps: 0, taker_bps: 0 };
-    let mut commands = vec![
-        Command::AddAsset { id: 1, name: Symbol::new("X").expect("x") },
-        Command::AddAsset { id: 2, name: Symbol::new("Y").expect("y") },
-        Command::AddInstrument(spec),
-        Command::OpenAccount { account: 7 },
-        Command::Deposit { account: 7, asset: 1, amount: 1_000_000 },
-    ];
+    let mut commands = x_y_venue(1_000);
     let orders = ORDERS_KEPT + 50;
-    for cid in 0..orders as u64 {
-        commands.push(Command::Place(PlaceOrder { account: 7, instrument: 1, cid, side: Side::Sell, order_type: OrderType::Limit, tif: TimeInForce::Gtc, price: 100 + cid as i64, qty: 1, post_only: false, stp: SelfTradePrevention::None, budget: None }));
-    }
+    commands.extend((0..orders as u64).map(|cid| resting_sell(cid, 100 + cid as i64)));
     commands.push(Command::CancelAll { account: 7, instrument: None });
-    let mut engine = Engine::new();
-    let mut market = MarketData::new(infos(&commands), 0);
-    let mut events = Vec::new();
-    for command in &commands {
-        events.clear();
-        engine.apply(command, &mut events);
-        market.apply(engine.seq(), 0, &events);
-    }
+    let (mut engine, mut market, mut events) = followed(&commands);
     let cancelled = events.iter().filter(|e| matches!(e.kind, EventKind::Cancelled { .. })).count();
     assert_eq!(cancelled, orders);
     for event in &events {
@@ -290,32 +307,14 @@ fn a_command_that_ends_many_orders_keeps_them_until_the_next() {
 
 #[test]
 fn a_batch_with_more_trades_than_are_kept_hands_every_one_out() {
-    use crossbook_engine::{InstrumentSpec, PlaceOrder, SelfTradePrevention, Symbol};
-    let symbol = Symbol::new("X-Y").expect("symbol");
-    let spec = InstrumentSpec { id: 1, symbol, base: 1, quote: 2, tick_size: 1, lot_size: 1, min_qty: 1, max_qty: 1_000_000, min_price: 1, max_price: 1_000_000, maker_bps: 0, taker_bps: 0 };
-    let mut commands = vec![
-        Command::AddAsset { id: 1, name: Symbol::new("X").expect("x") },
-        Command::AddAsset { id: 2, name: Symbol::new("Y").expect("y") },
-        Command::AddInstrument(spec),
-        Command::OpenAccount { account: 7 },
-        Command::Deposit { account: 7, asset: 1, amount: 1_000_000 },
-        Command::OpenAccount { account: 8 },
-        Command::Deposit { account: 8, asset: 2, amount: 1_000_000_000 },
-    ];
+    use crossbook_engine::{PlaceOrder, SelfTradePrevention};
+    let mut commands = x_y_venue(1_000_000);
+    commands.extend([Command::OpenAccount { account: 8 }, Command::Deposit { account: 8, asset: 2, amount: 1_000_000_000 }]);
     // One command sweeps half again as many resting orders as the
     // instrument's trade window keeps.
     let resting = TRADES_KEPT + TRADES_KEPT / 2;
-    for cid in 0..resting as u64 {
-        commands.push(Command::Place(PlaceOrder { account: 7, instrument: 1, cid, side: Side::Sell, order_type: OrderType::Limit, tif: TimeInForce::Gtc, price: 100 + cid as i64 % 7, qty: 1, post_only: false, stp: SelfTradePrevention::None, budget: None }));
-    }
-    let mut engine = Engine::new();
-    let mut market = MarketData::new(infos(&commands), 0);
-    let mut events = Vec::new();
-    for command in &commands {
-        events.clear();
-        engine.apply(command, &mut events);
-        market.apply(engine.seq(), 0, &events);
-    }
+    commands.extend((0..resting as u64).map(|cid| resting_sell(cid, 100 + cid as i64 % 7)));
+    let (mut engine, mut market, mut events) = followed(&commands);
     let before = market.take_updates();
     assert_eq!(before.instruments[0].depth.as_ref().map(|d| d.asks.len()), Some(7));
     let sweep = Command::Place(PlaceOrder { account: 8, instrument: 1, cid: 1, side: Side::Buy, order_type: OrderType::Limit, tif: TimeInForce::Ioc, price: 1_000, qty: resting as u64, post_only: false, stp: SelfTradePrevention::None, budget: None });

@@ -977,7 +977,7 @@ pub(crate) async fn amend_order_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Valu
     let trading = trading(hub)?;
     let (account, params, used) = trading.signed(auth, &["symbol", "orderId", "origClientOrderId", "newClientOrderId", "newQty"], |_| 4, false)?;
     let rejected = |msg: &str| ApiError::bad(-2038, msg);
-    let (command, annex_client_id, reserved, orig_client_id, index) = {
+    let (amended, command, annex_client_id, reserved, orig_client_id, index) = {
         let market = hub.read();
         let index = params.instrument(&market)?;
         let info = &market.instruments[index].info;
@@ -1007,11 +1007,7 @@ pub(crate) async fn amend_order_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Valu
         }
         let command = Command::Replace { account, order: order.id, price: order.price, qty: new_qty };
         let reserved = renamed.clone().map(|new| (account, new));
-        (command, renamed.unwrap_or_default(), reserved, order.client_id.to_string(), index)
-    };
-    let amended = match command {
-        Command::Replace { order, .. } => order,
-        _ => 0,
+        (order.id, command, renamed.unwrap_or_default(), reserved, order.client_id.to_string(), index)
     };
     let request = trading.next_request.fetch_add(1, Ordering::Relaxed);
     let outcome = trading.ask(Request::Command(command), Some(RestAnnex { request, client_id: annex_client_id }), reserved).await;
