@@ -80,6 +80,7 @@ FIELDS = {
     },
     "cancel": {"account": "u64", "order": "u64"},
     "replace": {"account": "u64", "order": "u64", "price": "i64", "qty": "u64"},
+    "amend": {"account": "u64", "order": "u64", "qty": "u64"},
     "cancel_all": {"account": "u64", "instrument": "u32"},
 }
 
@@ -690,6 +691,34 @@ class Engine:
         if order.account != f["account"]:
             return "not_owner"
         self.cancel_resting(order, "user")
+
+    def do_amend(self, f):
+        qty = f["qty"]
+        # 1-3
+        if f["account"] not in self.accounts:
+            return "unknown_account"
+        if f["order"] not in self.orders:
+            return "unknown_order"
+        order = self.orders[f["order"]]
+        if order.account != f["account"]:
+            return "not_owner"
+        # 4
+        if qty <= order.filled:
+            self.cancel_resting(order, "replace")
+            return None
+        # 5: only ever lower, never under the instrument's minimum
+        inst = self.instruments[order.instrument]
+        if qty > order.qty or qty < inst.min_qty:
+            return "invalid_quantity"
+        lock_asset, old_lock = self.resting_lock(order)
+        order.qty = qty
+        order.remaining = qty - order.filled
+        _, new_lock = self.resting_lock(order)
+        self.unlock(order.account, lock_asset, old_lock - new_lock)
+        self.emit("replaced", ("order", order.id), ("price", order.price),
+                  ("qty", qty), ("remaining", order.remaining),
+                  ("priority", "kept"))
+        return None
 
     def do_replace(self, f):
         price, qty = f["price"], f["qty"]

@@ -308,7 +308,7 @@ impl Translator {
                 let view = self.engine.order(order)?;
                 let remaining = view.qty - view.filled;
                 let qty = if c.size >= remaining { view.filled } else { view.qty - c.size };
-                Some(Command::Replace { account: c.uid, order, price: view.price, qty })
+                Some(Command::Amend { account: c.uid, order, qty })
             }
             Kind::Cancel => Some(Command::Cancel { account: c.uid, order: order.unwrap_or(u64::MAX) }),
         }
@@ -322,11 +322,11 @@ impl Translator {
         };
         // The price a reduce is reported at: the order's own.
         let resting_price = match command {
-            Command::Replace { order, .. } | Command::Cancel { order, .. } => self.engine.order(order).map(|v| v.price),
+            Command::Replace { order, .. } | Command::Amend { order, .. } | Command::Cancel { order, .. } => self.engine.order(order).map(|v| v.price),
             _ => None,
         };
         let remaining_before = match command {
-            Command::Replace { order, .. } => self.engine.order(order).map(|v| v.qty - v.filled),
+            Command::Replace { order, .. } | Command::Amend { order, .. } => self.engine.order(order).map(|v| v.qty - v.filled),
             _ => None,
         };
         self.events.clear();

@@ -1,5 +1,6 @@
 //! The compact binary encoding of commands, as the journal stores them:
-//! a tag byte, then fixed-width little-endian fields. Version 1.
+//! a tag byte, then fixed-width little-endian fields. Version 2 (version 1
+//! is the same without tag 10; its segments are still read).
 //!
 //! | tag | command | fields |
 //! | --- | --- | --- |
@@ -12,6 +13,7 @@
 //! | 7 | cancel | account u64, order u64 |
 //! | 8 | replace | account u64, order u64, price i64, qty u64 |
 //! | 9 | cancel_all | account u64, has_instrument u8, instrument u32 |
+//! | 10 | amend | account u64, order u64, qty u64 |
 //!
 //! Enumerations: side 0 buy, 1 sell; type 0 limit, 1 market; tif 0 gtc,
 //! 1 ioc, 2 fok; stp 0 none, 1 cancel_newest, 2 cancel_oldest,
@@ -20,7 +22,7 @@
 
 use crate::types::*;
 
-pub const COMMAND_FORMAT_VERSION: u32 = 1;
+pub const COMMAND_FORMAT_VERSION: u32 = 2;
 
 /// The longest encoded command (an instrument).
 pub const MAX_COMMAND_BYTES: usize = 1 + 4 + 33 + 4 + 4 + 8 * 8;
@@ -303,6 +305,12 @@ pub fn encode_command(command: &Command, out: &mut Vec<u8>) {
             w.i64(*price);
             w.u64(*qty);
         }
+        Command::Amend { account, order, qty } => {
+            w.u8(10);
+            w.u64(*account);
+            w.u64(*order);
+            w.u64(*qty);
+        }
         Command::CancelAll { account, instrument } => {
             w.u8(9);
             w.u64(*account);
@@ -367,6 +375,7 @@ pub fn decode_command_prefix(bytes: &[u8]) -> Result<(Command, usize), DecodeErr
             let instrument = r.u32()?;
             Command::CancelAll { account, instrument: has.then_some(instrument) }
         }
+        10 => Command::Amend { account: r.u64()?, order: r.u64()?, qty: r.u64()? },
         other => return Err(DecodeError::UnknownTag(other)),
     };
     Ok((command, r.position()))

@@ -305,6 +305,7 @@ impl Engine {
             Command::Place(order) => self.place(order, out),
             Command::Cancel { account, order } => self.cancel(*account, *order, out),
             Command::Replace { account, order, price, qty } => self.replace(*account, *order, *price, *qty, out),
+            Command::Amend { account, order, qty } => self.amend(*account, *order, *qty, out),
             Command::CancelAll { account, instrument } => self.cancel_all(*account, *instrument, out),
         };
         if let Err(reason) = result {
@@ -952,16 +953,11 @@ impl Engine {
             self.unlock(account, asset, old_lock - new_lock);
         }
         let keeps_priority = price == order.price && qty <= order.qty;
-        self.emit(
-            out,
-            EventKind::Replaced { order: order.id, price, qty, remaining: new_remaining, priority_kept: keeps_priority },
-        );
         if keeps_priority {
-            self.instruments[order.instrument as usize].book.reduce_level(order.level, order.qty - qty);
-            let resting = self.orders.get_mut(slot);
-            resting.qty = qty;
+            self.reduce_in_place(slot, &order, qty, out);
             return Ok(());
         }
+        self.emit(out, EventKind::Replaced { order: order.id, price, qty, remaining: new_remaining, priority_kept: false });
         self.instruments[order.instrument as usize].book.unlink(&mut self.orders, slot);
         let mut taker = Taker {
             id: order.id,
@@ -994,6 +990,42 @@ impl Engine {
             self.instruments[order.instrument as usize].book.push_back(&mut self.orders, slot);
         }
         Ok(())
+    }
+
+    /// A replace at the order's own price, whatever that is when the
+    /// command comes: it only ever lowers the quantity, so the order keeps
+    /// its place. A gateway that learned the price from its records cannot
+    /// move the order back by amending it after another gateway's replace.
+    fn amend(&mut self, account_id: AccountId, order_id: OrderId, qty: u64, out: &mut Vec<Event>) -> Result<(), RejectReason> {
+        let (account, slot) = self.owned_order(account_id, order_id)?;
+        let order = *self.orders.get(slot);
+        if qty <= order.filled {
+            self.cancel_resting(slot, account_id, CancelReason::Replace, out);
+            return Ok(());
+        }
+        let inst = &self.instruments[order.instrument as usize];
+        if qty > order.qty || qty < inst.spec.min_qty {
+            return Err(RejectReason::InvalidQuantity);
+        }
+        let asset = match order.side {
+            Side::Buy => inst.quote,
+            Side::Sell => inst.base,
+        };
+        stages::enter(Stage::Matching);
+        self.unlock(account, asset, times(order.qty - qty, order.unit_lock));
+        self.reduce_in_place(slot, &order, qty, out);
+        Ok(())
+    }
+
+    /// Lowers a resting order's total quantity to `qty` (above what is
+    /// filled) where it stands; its lock has been adjusted already.
+    fn reduce_in_place(&mut self, slot: u32, order: &Order, qty: u64, out: &mut Vec<Event>) {
+        self.emit(
+            out,
+            EventKind::Replaced { order: order.id, price: order.price, qty, remaining: qty - order.filled, priority_kept: true },
+        );
+        self.instruments[order.instrument as usize].book.reduce_level(order.level, order.qty - qty);
+        self.orders.get_mut(slot).qty = qty;
     }
 
     fn cancel_all(&mut self, account_id: AccountId, instrument: Option<InstrumentId>, out: &mut Vec<Event>) -> Result<(), RejectReason> {

@@ -140,7 +140,33 @@ pub enum Command {
     Cancel { account: AccountId, order: OrderId },
     /// `qty` is the new total quantity, filled lots included.
     Replace { account: AccountId, order: OrderId, price: i64, qty: u64 },
+    /// A replace at the order's own price that only lowers `qty` (the new
+    /// total, filled lots included): the order keeps its place.
+    Amend { account: AccountId, order: OrderId, qty: u64 },
     CancelAll { account: AccountId, instrument: Option<InstrumentId> },
+}
+
+impl Command {
+    /// The account a trading command acts for (place, cancel, replace,
+    /// amend, cancel-all).
+    pub fn trader(&self) -> Option<AccountId> {
+        match *self {
+            Command::Place(PlaceOrder { account, .. })
+            | Command::Cancel { account, .. }
+            | Command::Replace { account, .. }
+            | Command::Amend { account, .. }
+            | Command::CancelAll { account, .. } => Some(account),
+            _ => None,
+        }
+    }
+
+    /// The open order a cancel, replace or amend names.
+    pub fn target_order(&self) -> Option<OrderId> {
+        match *self {
+            Command::Cancel { order, .. } | Command::Replace { order, .. } | Command::Amend { order, .. } => Some(order),
+            _ => None,
+        }
+    }
 }
 
 /// Why a command was refused. The discriminant is the wire code.

@@ -80,6 +80,8 @@ pub struct SegmentHeader {
     pub first_seq: u64,
     pub chain_seed: u32,
     pub version: u32,
+    /// The command encoding's version (`crossbook_engine::codec`).
+    pub format: u32,
 }
 
 pub fn parse_segment_header(bytes: &[u8]) -> Result<SegmentHeader, String> {
@@ -95,10 +97,10 @@ pub fn parse_segment_header(bytes: &[u8]) -> Result<SegmentHeader, String> {
     }
     let version = u32_at(bytes, 8);
     let format = u32_at(bytes, 12);
-    if !(1..=SEGMENT_VERSION).contains(&version) || format != crossbook_engine::codec::COMMAND_FORMAT_VERSION {
+    if !(1..=SEGMENT_VERSION).contains(&version) || !(1..=crossbook_engine::codec::COMMAND_FORMAT_VERSION).contains(&format) {
         return Err(format!("unsupported segment version {version} / command format {format}"));
     }
-    Ok(SegmentHeader { first_seq: u64_at(bytes, 16), chain_seed: u32_at(bytes, 24), version })
+    Ok(SegmentHeader { first_seq: u64_at(bytes, 16), chain_seed: u32_at(bytes, 24), version, format })
 }
 
 /// A record's timestamp and the rest of its payload (the command and its
@@ -382,7 +384,7 @@ mod tests {
     #[test]
     fn headers_and_snapshots_check_out_and_catch_damage() {
         let header = segment_header(42, 7);
-        assert_eq!(parse_segment_header(&header), Ok(SegmentHeader { first_seq: 42, chain_seed: 7, version: SEGMENT_VERSION }));
+        assert_eq!(parse_segment_header(&header), Ok(SegmentHeader { first_seq: 42, chain_seed: 7, version: SEGMENT_VERSION, format: crossbook_engine::codec::COMMAND_FORMAT_VERSION }));
         let mut bad = header;
         bad[17] ^= 1;
         assert!(parse_segment_header(&bad).is_err());

@@ -449,16 +449,20 @@ struct Segment {
 /// changes the file's size or allocates blocks.
 pub const PREALLOCATE_BYTES: u64 = 8 << 20;
 
-/// The format version in a segment's header (recovery has checked it; a
-/// header it cut off as torn is taken as the current one, as before).
-fn segment_version(path: &Path) -> Result<u32, JournalError> {
+/// Whether a segment's header names the current segment format and
+/// command encoding (recovery has checked it; a header it cut off as torn
+/// is taken as current, as before). Records are appended only to such a
+/// segment, so an older reader meets no record it cannot decode in a
+/// segment whose header it accepts.
+fn segment_is_current(path: &Path) -> Result<bool, JournalError> {
     use std::io::Read;
     let mut header = [0u8; SEGMENT_HEADER_BYTES];
     let mut file = File::open(path).map_err(io(format!("reading the header of {}", path.display())))?;
     if file.read_exact(&mut header).is_err() {
-        return Ok(SEGMENT_VERSION);
+        return Ok(true);
     }
-    Ok(parse_segment_header(&header).map_or(SEGMENT_VERSION, |h| h.version))
+    Ok(parse_segment_header(&header)
+        .map_or(true, |h| h.version == SEGMENT_VERSION && h.format == crossbook_engine::codec::COMMAND_FORMAT_VERSION))
 }
 
 fn create_segment(dir: &Path, first_seq: u64, chain_seed: u32) -> Result<Segment, JournalError> {
@@ -534,7 +538,7 @@ impl Journal {
                 file.seek(SeekFrom::Start(*valid_len)).map_err(io(format!("seeking in {}", path.display())))?;
                 let allocated = file.metadata().map_err(io(format!("reading {}", path.display())))?.len().max(*valid_len);
                 let mut tail = Segment { file, path: path.clone(), size: *valid_len, allocated };
-                if segment_version(path)? < SEGMENT_VERSION {
+                if !segment_is_current(path)? {
                     // A segment of an older format is not appended to: it
                     // ends here, and the records go on in a new one. One
                     // with no record yet holds the new one's name: it goes.

@@ -491,7 +491,7 @@ impl MarketData {
                 }
             }
             EventKind::Replaced { order, price, qty, remaining, priority_kept } => {
-                let renamed = context.filter(|c| matches!(c.command, Command::Replace { order: o, .. } if *o == order)).and_then(|c| c.client_id);
+                let renamed = context.filter(|c| matches!(c.command, Command::Replace { order: o, .. } | Command::Amend { order: o, .. } if *o == order)).and_then(|c| c.client_id);
                 self.accounts.replaced(order, price, qty, renamed, self.time_ms);
                 let Some(live) = self.orders.get_mut(&order) else { return };
                 let before = *live;

@@ -315,7 +315,7 @@ impl ReportBuilder {
                     reason: reason.code(),
                 },
             ),
-            Command::Cancel { account, order } | Command::Replace { account, order, .. } => {
+            Command::Cancel { account, order } | Command::Replace { account, order, .. } | Command::Amend { account, order, .. } => {
                 // Only the owner learns about its own order; anyone else
                 // gets a bare rejection.
                 let own = self.orders.get(&order).filter(|s| s.account == account);

@@ -100,6 +100,7 @@ pub fn parse_line(line: &str) -> Result<Option<Command>, SyntaxError> {
             price: fields.int("price")?,
             qty: fields.int("qty")?,
         },
+        "amend" => Command::Amend { account: fields.int("account")?, order: fields.int("order")?, qty: fields.int("qty")? },
         "cancel_all" => Command::CancelAll { account: fields.int("account")?, instrument: fields.optional_int("instrument")? },
         "" => return Err(error("missing verb")),
         other => return Err(error(format!("unknown command {other:?}"))),

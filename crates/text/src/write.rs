@@ -75,6 +75,7 @@ pub fn write_command(out: &mut String, command: &Command) {
         }
         Command::Cancel { account, order } => write!(out, "cancel account={account} order={order}"),
         Command::Replace { account, order, price, qty } => write!(out, "replace account={account} order={order} price={price} qty={qty}"),
+        Command::Amend { account, order, qty } => write!(out, "amend account={account} order={order} qty={qty}"),
         Command::CancelAll { account, instrument } => match instrument {
             Some(instrument) => write!(out, "cancel_all account={account} instrument={instrument}"),
             None => write!(out, "cancel_all account={account}"),

@@ -5,7 +5,7 @@
 //! a quarter are poor (so funds run out), and a hot set of 16 accounts that
 //! place most orders (so self-trade prevention fires). Prices walk around a
 //! drifting mid, so about a third of the limit orders cross. Every order
-//! type, time in force, STP mode, replace, cancel, cancel-all, deposit and
+//! type, time in force, STP mode, replace, amend, cancel, cancel-all, deposit and
 //! withdrawal occurs, and a steady trickle of malformed commands covers
 //! every reject reason.
 
@@ -293,6 +293,9 @@ impl Mixed {
             return self.cancel(engine);
         };
         let market = self.markets.iter().position(|m| m.id == view.instrument).unwrap_or(0);
+        if self.rng.percent(30) {
+            return self.amend(&view, market);
+        }
         let price = match self.rng.below(10) {
             0..=3 => view.price,
             4..=8 => self.price(market),
@@ -307,6 +310,21 @@ impl Mixed {
         };
         let account = if self.rng.percent(3) { self.pick_account().1 } else { view.account };
         Command::Replace { account, order: view.id, price, qty }
+    }
+
+    /// Mostly a valid reduction; sometimes no change, an increase (refused),
+    /// at most what is filled (a cancel) or under the minimum.
+    fn amend(&mut self, view: &OrderView, market: usize) -> Command {
+        let remaining = view.qty - view.filled;
+        let qty = match self.rng.below(10) {
+            0..=5 => view.filled + 1 + self.rng.below(remaining),
+            6 => view.qty,
+            7 => view.qty + 1 + self.rng.below(10),
+            8 => self.rng.below(view.filled + 1),
+            _ => self.rng.below(self.markets[market].min_qty.max(1)),
+        };
+        let account = if self.rng.percent(3) { self.pick_account().1 } else { view.account };
+        Command::Amend { account, order: view.id, qty }
     }
 
     fn deposit(&mut self) -> Command {

@@ -580,19 +580,62 @@ fn async_mode_tells_durable_from_acknowledged() {
 /// A segment as version 2 wrote it (no timestamps) from record
 /// `first_seq` on, chained from `chain`: its bytes and its last checksum.
 fn version_2_segment(first_seq: u64, chain: u32, commands: &[Command]) -> (Vec<u8>, u32) {
+    older_segment(2, 1, first_seq, chain, commands)
+}
+
+/// A segment of segment format `version` and command encoding `format`.
+fn older_segment(version: u32, format: u32, first_seq: u64, chain: u32, commands: &[Command]) -> (Vec<u8>, u32) {
     use crossbook_journal::format::{encode_record, segment_header};
     let mut header = segment_header(first_seq, chain);
-    header[8..12].copy_from_slice(&2u32.to_le_bytes());
+    header[8..12].copy_from_slice(&version.to_le_bytes());
+    header[12..16].copy_from_slice(&format.to_le_bytes());
     let crc = crc32c::crc32c(&header[0..28]);
     header[28..32].copy_from_slice(&crc.to_le_bytes());
     let mut bytes = header.to_vec();
     let mut chain = chain;
     for (index, command) in commands.iter().enumerate() {
         let mut payload = Vec::new();
+        if version >= 3 {
+            payload.extend_from_slice(&0u64.to_le_bytes());
+        }
         encode_command(command, &mut payload);
         chain = encode_record(&mut bytes, chain, first_seq + index as u64, &payload);
     }
     (bytes, chain)
+}
+
+/// A segment of command encoding 1 (before `amend`) is read; the records
+/// after it, an amend among them, go into a new segment of encoding 2, so
+/// a reader of encoding 1 never meets a tag it does not know in a segment
+/// it accepts. A segment naming an encoding from the future is refused.
+#[test]
+fn a_segment_of_the_older_command_encoding_is_read_and_ended() {
+    use crossbook_engine::codec::COMMAND_FORMAT_VERSION;
+    use crossbook_journal::format::{SEGMENT_VERSION, segment_name};
+    let dir = TempDir::new("encoding-v1");
+    let commands = generate(Workload::Mixed, 9, 4_000);
+    let cut = 3_000;
+    let older: Vec<Command> = commands[..cut].iter().filter(|c| !matches!(c, Command::Amend { .. })).cloned().collect();
+    let mut rest: Vec<Command> = commands[cut..].to_vec();
+    assert!(rest.iter().any(|c| matches!(c, Command::Amend { .. })), "the records after it hold an amend");
+    std::fs::write(dir.0.join(segment_name(1)), older_segment(SEGMENT_VERSION, 1, 1, 0, &older).0).unwrap();
+    let recovered = recover(&dir.0).unwrap();
+    assert_eq!(recovered.engine.seq(), older.len() as u64);
+    let next = older.len() as u64 + 1;
+    let mut journal = Journal::open(&dir.0, JournalConfig::default(), &recovered.end).unwrap();
+    for (index, command) in rest.iter().enumerate() {
+        journal.append(next + index as u64, command).unwrap();
+    }
+    journal.close().unwrap();
+    let header = std::fs::read(dir.0.join(segment_name(next))).expect("a new segment");
+    assert_eq!(u32::from_le_bytes([header[12], header[13], header[14], header[15]]), COMMAND_FORMAT_VERSION);
+    let mut all = older;
+    all.append(&mut rest);
+    assert_eq!(state_hash(&recover(&dir.0).unwrap().engine), live_hash(&all));
+    // An encoding this build does not know: refused, not misread.
+    let future = TempDir::new("encoding-future");
+    std::fs::write(future.0.join(segment_name(1)), older_segment(SEGMENT_VERSION, COMMAND_FORMAT_VERSION + 1, 1, 0, &all[..10]).0).unwrap();
+    assert!(recover(&future.0).is_err());
 }
 
 /// A journal written before records carried their time (segment version

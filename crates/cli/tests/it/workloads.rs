@@ -127,7 +127,8 @@ fn mixed_operation_mix_is_as_documented() {
     let share = |f: &dyn Fn(&Command) -> bool| commands.iter().filter(|c| f(c)).count() as f64 / n;
     let limit = share(&|c| matches!(c, Command::Place(p) if p.order_type == OrderType::Limit));
     let market = share(&|c| matches!(c, Command::Place(p) if p.order_type == OrderType::Market));
-    let cancel_or_replace = share(&|c| matches!(c, Command::Cancel { .. } | Command::Replace { .. }));
+    let cancel_or_replace = share(&|c| matches!(c, Command::Cancel { .. } | Command::Replace { .. } | Command::Amend { .. }));
+    let amend = share(&|c| matches!(c, Command::Amend { .. }));
     let cancel_all = share(&|c| matches!(c, Command::CancelAll { .. }));
     let funds = share(&|c| matches!(c, Command::Deposit { .. } | Command::Withdraw { .. }));
     let in_range = |value: f64, weight: f64, below: f64, above: f64, what: &str| {
@@ -137,6 +138,7 @@ fn mixed_operation_mix_is_as_documented() {
     in_range(limit, 500.0, 0.01, 0.03, "limit orders");
     in_range(market, 60.0, 0.005, 0.01, "market orders");
     in_range(cancel_or_replace, 260.0, 0.015, 0.03, "cancels and replaces");
+    in_range(amend, 120.0 * 0.3, 0.006, 0.004, "amendments (30% of the replaces)");
     in_range(cancel_all, 8.0, 0.0015, 0.002, "cancel-alls");
     in_range(funds, 60.0, 0.005, 0.025, "deposits and withdrawals");
 }

@@ -217,12 +217,7 @@ fn side_code(side: Side) -> &'static str {
     }
 }
 
-fn command_account(command: &Command) -> Option<AccountId> {
-    match *command {
-        Command::Place(PlaceOrder { account, .. }) | Command::Cancel { account, .. } | Command::Replace { account, .. } | Command::CancelAll { account, .. } => Some(account),
-        _ => None,
-    }
-}
+
 
 impl FixBook {
     pub fn new() -> FixBook {
@@ -376,7 +371,7 @@ impl FixBook {
             // FIX answers a mass cancel with its OrderMassCancelReport.
             return None;
         }
-        let own_request = command_account(&event.command) == Some(account);
+        let own_request = Command::trader(&event.command) == Some(account);
         let annex = event.annex.as_ref().filter(|_| own_request);
         let instrument = instruments.iter().find(|i| i.id == report.instrument);
         if report.kind == ReportKind::Accepted {
@@ -503,7 +498,7 @@ impl FixBook {
         };
         let cl_ord_id = annex.map_or_else(|| report.cid.to_string(), |a| a.cl_ord_id.clone());
         match event.command {
-            Command::Cancel { .. } | Command::Replace { .. } => {
+            Command::Cancel { .. } | Command::Replace { .. } | Command::Amend { .. } => {
                 let order = self.orders.get(&report.order).filter(|o| o.account == account);
                 let orig = annex.map(|a| a.orig_cl_ord_id.clone()).or_else(|| order.map(|o| o.cl_ord_id.clone())).unwrap_or_default();
                 let status = match order {

@@ -279,15 +279,10 @@ impl Trading {
             EventKind::Rejected { reason } => Some(reason),
             _ => None,
         });
-        let account = match cmd {
-            Command::Place(p) => p.account,
-            Command::Cancel { account, .. } | Command::Replace { account, .. } | Command::CancelAll { account, .. } => *account,
-            _ => 0,
-        };
+        let account = cmd.trader().unwrap_or(0);
         let order_id = match cmd {
             Command::Place(_) => Some(command.seq),
-            Command::Cancel { order, .. } | Command::Replace { order, .. } => Some(*order),
-            _ => None,
+            _ => cmd.target_order(),
         };
         let order = order_id.and_then(|id| market.accounts.order_of(account, id)).cloned();
         let fills: Vec<AccountTrade> = match (cmd, market.accounts.accounts.get(&account)) {
@@ -313,7 +308,7 @@ impl Trading {
         let outcome = Outcome::Applied { seq: command.seq, time_ms: command.time_ms, reject, order, fills, cancelled };
         let mut waiting = lock(&self.waiting);
         // A new order's client id, or the one an amendment gives.
-        if matches!(cmd, Command::Place(_) | Command::Replace { .. }) && !annex.client_id.is_empty() {
+        if matches!(cmd, Command::Place(_) | Command::Replace { .. } | Command::Amend { .. }) && !annex.client_id.is_empty() {
             waiting.client_ids.remove(&(account, annex.client_id.clone()));
         }
         if let Some(answer) = waiting.answers.remove(&annex.request) {
@@ -1005,7 +1000,7 @@ pub(crate) async fn amend_order_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Valu
             lock(&trading.waiting).amending.remove(&order.id);
             return Err(e);
         }
-        let command = Command::Replace { account, order: order.id, price: order.price, qty: new_qty };
+        let command = Command::Amend { account, order: order.id, qty: new_qty };
         let reserved = renamed.clone().map(|new| (account, new));
         (order.id, command, renamed.unwrap_or_default(), reserved, order.client_id.to_string(), index)
     };
