@@ -315,6 +315,9 @@ impl Accounts {
         record.price = price;
         record.qty = qty;
         record.update_ms = time_ms;
+        if let Some(data) = self.accounts.get_mut(&record.account) {
+            data.update_ms = time_ms;
+        }
         if let Some(new) = client_id
             && new != record.client_id
         {

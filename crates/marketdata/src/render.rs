@@ -68,7 +68,8 @@ pub fn exchange_info(market: &MarketData, server_time_ms: u64, rate_limits: Valu
                 "otoAllowed": false,
                 "quoteOrderQtyMarketAllowed": true,
                 "allowTrailingStop": false,
-                "cancelReplaceAllowed": false,
+                "cancelReplaceAllowed": true,
+                "allowAmend": true,
                 "isSpotTradingAllowed": true,
                 "isMarginTradingAllowed": false,
                 "filters": [

@@ -15,7 +15,7 @@ use crossbook_replication::batch::Encoder;
 use crossbook_replication::{Appender, Delivered, Log, Reader};
 use crate::snapshotter::{KEEP_SNAPSHOTS, Offer, Snapshotter};
 use crate::{ServeError, Summary, log};
-use crossbook_engine::{Command, Engine, Event};
+use crossbook_engine::{Command, Engine, Event, OrderType, TimeInForce};
 use crossbook_journal::{Journal, Retention, SnapshotHeader, micros_histogram, write_snapshot_state};
 use crossbook_protocol::ExecutionReport;
 use crossbook_protocol::reports::{Addressed, ReportBuilder};
@@ -303,7 +303,11 @@ impl<'a> Sequencer<'a> {
                     continue;
                 }
             };
+            // Only an order that may rest can add an open order: an IOC,
+            // a FOK or a market order is not held to the limit.
             if let Command::Place(place) = &command
+                && place.order_type == OrderType::Limit
+                && place.tif == TimeInForce::Gtc
                 && self.builder.open_orders_of(place.account) >= self.settings.open_orders
             {
                 let report = Addressed { account: place.account, report: ExecutionReport::open_order_refusal(place) };

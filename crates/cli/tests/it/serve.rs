@@ -538,6 +538,13 @@ fn limits_on_open_orders_and_connections() {
     alice.send(&limit(3, Side::Buy, 90, 1, TimeInForce::Gtc));
     let refused = alice.report();
     assert_eq!((refused.kind, refused.reason, refused.seq, refused.cid), (ReportKind::Rejected, 100, 0, 3));
+    // An order that cannot rest is not held to it: an IOC at the limit
+    // reaches the engine (and, with nothing to meet, is cancelled).
+    alice.send(&limit(4, Side::Sell, 200, 1, TimeInForce::Ioc));
+    let ioc = alice.report();
+    assert_eq!((ioc.kind, ioc.cid), (ReportKind::Accepted, 4), "{ioc:?}");
+    assert!(ioc.seq > 0);
+    assert_eq!(alice.report().kind, ReportKind::Cancelled);
     // A cancel makes room again; the numbered stream went on undisturbed.
     alice.send(&ClientMessage::Cancel { order: 0 });
     let _ = alice.report();

@@ -450,6 +450,8 @@ fn an_amended_order_keeps_its_place_in_the_queue() {
         "{amended}"
     );
     assert!(amended["executionId"].as_u64().is_some() && amended["transactTime"].as_u64().is_some(), "{amended}");
+    // The account changed with it.
+    assert_eq!(ok(alice(&server, "GET", "/api/v3/account", &[]))["updateTime"], amended["transactTime"]);
     // Still first in the queue: a buy of 0.003 takes it all and leaves the second.
     ok(bob(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "IOC"), ("quantity", "0.003"), ("price", "60000")]));
     let filled = ok(alice(&server, "GET", "/api/v3/order", &[("symbol", "BTCUSD"), ("origClientOrderId", "first-smaller")]));
@@ -493,6 +495,18 @@ fn a_test_order_is_checked_and_never_sent() {
     // the grid and a bad flag do not.
     ok(alice(&server, "POST", "/api/v3/order/test", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "90"), ("price", "90000")]));
     refused(alice(&server, "POST", "/api/v3/order/test", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.0005"), ("price", "50000")]), 400, -1013);
+    // The instrument's limits are checked as the engine checks a real
+    // order, with the same answers.
+    let limits = |quantity: &'static str, price: &'static str| {
+        let answer = refused(alice(&server, "POST", "/api/v3/order/test", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", quantity), ("price", price)]), 400, -1013);
+        let real = refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", quantity), ("price", price)]), 400, -1013);
+        assert_eq!(answer.body["msg"], real.body["msg"], "{quantity} at {price}");
+        answer.body["msg"].as_str().unwrap_or_default().to_string()
+    };
+    assert_eq!(limits("0", "50000"), "Filter failure: LOT_SIZE");
+    assert_eq!(limits("100000000", "50000"), "Filter failure: LOT_SIZE");
+    assert_eq!(limits("0.001", "0"), "Filter failure: PRICE_FILTER");
+    assert_eq!(limits("0.001", "100000100"), "Filter failure: PRICE_FILTER");
     let mut bad_flag = order.to_vec();
     bad_flag.push(("computeCommissionRates", "yes"));
     refused(alice(&server, "POST", "/api/v3/order/test", &bad_flag), 400, -1100);
@@ -533,8 +547,32 @@ fn every_bad_request_is_refused_with_its_binance_code() {
     refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "1"), ("price", "50000"), ("selfTradePreventionMode", "DECREMENT")]), 400, -1013);
     refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "DOGEUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "1"), ("price", "50000")]), 400, -1121);
     refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "1"), ("price", "50000"), ("newClientOrderId", "has space")]), 400, -1100);
+    refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "1"), ("price", "50000"), ("selfTradePreventionMode", "SOMETIMES")]), 400, -1100);
+    // A start after the end.
+    refused(alice(&server, "GET", "/api/v3/allOrders", &[("symbol", "BTCUSD"), ("startTime", "5"), ("endTime", "4")]), 400, -1023);
+    refused(alice(&server, "GET", "/api/v3/myTrades", &[("symbol", "BTCUSD"), ("startTime", "5"), ("endTime", "4")]), 400, -1023);
+    refused(http(market, "GET", "/api/v3/aggTrades?symbol=BTCUSD&startTime=5&endTime=4", &[], ""), 400, -1023);
+    // A method the path does not take: JSON too, with `allow`.
+    let wrong = refused(http(market, "PATCH", "/api/v3/order", &[], ""), 405, -1000);
+    assert!(wrong.headers.get("allow").is_some_and(|a| a.contains("POST")), "{:?}", wrong.headers);
+    refused(http(market, "GET", "/ws", &[], ""), 400, -1000);
+    refused(http(market, "GET", "/crossbook/stats?x=1", &[], ""), 400, -1104);
+    // exchangeInfo lists the keys' limits and what the API allows.
+    let info = ok(http(market, "GET", "/api/v3/exchangeInfo", &[], ""));
+    let kinds: Vec<&str> = info["rateLimits"].as_array().unwrap().iter().filter_map(|l| l["rateLimitType"].as_str()).collect();
+    assert_eq!(kinds, ["REQUEST_WEIGHT", "ORDERS"], "{info}");
+    assert_eq!((info["symbols"][0]["cancelReplaceAllowed"].as_bool(), info["symbols"][0]["allowAmend"].as_bool()), (Some(true), Some(true)));
     // A client order id already on an open order.
     ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "1000"), ("newClientOrderId", "mine")]));
+    // A name the venue would make up, taken by the client first: the
+    // venue passes over it.
+    let named = ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "1000")]));
+    let n: u64 = named["clientOrderId"].as_str().and_then(|c| c.strip_prefix("crossbook-")).and_then(|n| n.parse().ok()).expect("a made-up name");
+    for ahead in 1..=2 {
+        ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "1000"), ("newClientOrderId", &format!("crossbook-{}", n + ahead))]));
+    }
+    let next = ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "1000")]));
+    assert_eq!(next["clientOrderId"], format!("crossbook-{}", n + 3));
     let duplicate = refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "1000"), ("newClientOrderId", "mine")]), 400, -2010);
     assert_eq!(duplicate.body["msg"], "Duplicate order sent.");
     // Another account's order is answered as no order at all, by id and by client id.
@@ -831,24 +869,40 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     let prices: Vec<&str> = answers.iter().filter(|a| a["id"] != 207).map(|a| a["result"]["price"].as_str().unwrap()).collect();
     assert_eq!(prices, (0..20u64).filter(|n| *n != 7).map(|n| (5000 + 1000 * n).to_string()).collect::<Vec<_>>().iter().map(String::as_str).collect::<Vec<_>>());
 
-    // Two amendments of one order in flight together: the second is
-    // refused, not checked against the quantity the first is changing.
+    // Requests sent together, each without waiting for the answer before
+    // it: each sees what the ones before it did. Two amendments of one
+    // order (the second is checked against the first's quantity), a new
+    // order cancelled by its client id, that client id used again once
+    // the cancel is through, and a status query of it.
     let placed = ws_api_answer(&mut socket, &signed_request(300, "order.place", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.005"), ("price", "90000")], "alice", "alice-secret"), 300, &mut events);
     let amended_id = placed["result"]["orderId"].to_string();
-    for (id, qty) in [(301, "0.004"), (302, "0.003")] {
-        let request = signed_request(id, "order.amend.keepPriority", &[("symbol", "BTCUSD"), ("orderId", &amended_id), ("newQty", qty)], "alice", "alice-secret");
+    let sell = |client_id: &'static str| {
+        vec![("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "95000"), ("newClientOrderId", client_id)]
+    };
+    let together = [
+        signed_request(301, "order.amend.keepPriority", &[("symbol", "BTCUSD"), ("orderId", &amended_id), ("newQty", "0.004")], "alice", "alice-secret"),
+        signed_request(302, "order.amend.keepPriority", &[("symbol", "BTCUSD"), ("orderId", &amended_id), ("newQty", "0.003")], "alice", "alice-secret"),
+        signed_request(303, "order.place", &sell("piped"), "alice", "alice-secret"),
+        signed_request(304, "order.cancel", &[("symbol", "BTCUSD"), ("origClientOrderId", "piped")], "alice", "alice-secret"),
+        signed_request(305, "order.place", &sell("piped"), "alice", "alice-secret"),
+        signed_request(306, "order.status", &[("symbol", "BTCUSD"), ("origClientOrderId", "piped")], "alice", "alice-secret"),
+    ];
+    for request in &together {
         socket.send(tungstenite::Message::Text(request.as_str().into())).unwrap();
     }
     let mut answers = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while answers.len() < 2 && Instant::now() < deadline {
-        answers.extend(messages(&mut socket, Duration::from_millis(100)).into_iter().filter(|m| m.get("id").is_some_and(|id| id == 301 || id == 302)));
+    while answers.len() < together.len() && Instant::now() < deadline {
+        answers.extend(messages(&mut socket, Duration::from_millis(100)).into_iter().filter(|m| m.get("id").and_then(Value::as_u64).is_some_and(|id| (301..=306).contains(&id))));
     }
-    assert_eq!(answers.len(), 2, "{answers:?}");
-    assert_eq!(answers[0]["result"]["amendedOrder"]["qty"], "0.004", "{}", answers[0]);
-    assert_eq!(error(&answers[1]), (Some(400), Some(-2038)), "{}", answers[1]);
+    assert_eq!(answers.iter().map(|a| a["id"].as_u64().unwrap()).collect::<Vec<_>>(), (301..=306).collect::<Vec<_>>(), "{answers:?}");
+    assert!(answers.iter().all(|a| a["status"] == 200), "{answers:?}");
+    assert_eq!((answers[0]["result"]["amendedOrder"]["qty"].as_str(), answers[1]["result"]["amendedOrder"]["qty"].as_str()), (Some("0.004"), Some("0.003")));
+    let (first, second) = (answers[2]["result"]["orderId"].as_u64().unwrap(), answers[4]["result"]["orderId"].as_u64().unwrap());
+    assert_eq!((answers[3]["result"]["orderId"].as_u64(), answers[3]["result"]["status"].as_str()), (Some(first), Some("CANCELED")), "{}", answers[3]);
+    assert_eq!((answers[5]["result"]["orderId"].as_u64(), answers[5]["result"]["status"].as_str()), (Some(second), Some("NEW")), "{}", answers[5]);
     let now = ok(alice(&server, "GET", "/api/v3/order", &[("symbol", "BTCUSD"), ("orderId", amended_id.as_str())]));
-    assert_eq!(now["origQty"], "0.004");
+    assert_eq!(now["origQty"], "0.003");
 
     // Requests with a known key are paid for with its request weight, not
     // the connection's ten messages a second; others are not.
@@ -880,6 +934,27 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     ok(http(market, "DELETE", "/api/v3/userDataStream", &[("X-MBX-APIKEY", "bob")], &format!("listenKey={bob_key}")));
     let end = messages(&mut other, Duration::from_millis(500));
     assert!(end.iter().any(|m| m["subscriptionId"] == 0 && m["event"]["e"] == "eventStreamTerminated"), "{end:?}");
+    // It is over: not listed, not active; and `ping` takes no parameter.
+    let mut rest = Vec::new();
+    let listed = ws_api_answer(&mut other, r#"{"id":500,"method":"session.subscriptions"}"#, 500, &mut rest);
+    assert_eq!(listed["result"], serde_json::json!([]), "{listed}");
+    let gone = ws_api_answer(&mut other, r#"{"id":501,"method":"userDataStream.unsubscribe","params":{"subscriptionId":0}}"#, 501, &mut rest);
+    assert_eq!(error(&gone), (Some(400), Some(-2035)), "{gone}");
+    let ping = ws_api_answer(&mut other, r#"{"id":502,"method":"ping","params":{"x":1}}"#, 502, &mut rest);
+    assert_eq!(error(&ping), (Some(400), Some(-1103)), "{ping}");
+    // A Close from the client is answered with a Close.
+    other.close(None).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut echoed = false;
+    while !echoed && Instant::now() < deadline {
+        match other.read() {
+            Ok(_) => {}
+            Err(tungstenite::Error::ConnectionClosed) => echoed = true,
+            Err(tungstenite::Error::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) => panic!("the close handshake did not complete: {e:?}"),
+        }
+    }
+    assert!(echoed, "no Close came back");
 }
 
 /// `market_data.orders_kept` and `trades_kept`: each account's windows,

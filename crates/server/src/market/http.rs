@@ -136,6 +136,18 @@ impl Params {
         self.0.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty())
     }
 
+    /// `startTime` and `endTime`, if given; a start after the end is -1023.
+    pub(crate) fn time_range(&self) -> Result<(Option<u64>, Option<u64>), ApiError> {
+        let start = self.number("startTime", 0..=u64::MAX)?;
+        let end = self.number("endTime", 0..=u64::MAX)?;
+        if let (Some(start), Some(end)) = (start, end)
+            && start > end
+        {
+            return Err(ApiError::bad(-1023, "Start time is greater than end time."));
+        }
+        Ok((start, end))
+    }
+
     pub(crate) fn number(&self, name: &str, range: std::ops::RangeInclusive<u64>) -> Result<Option<u64>, ApiError> {
         match self.get(name) {
             None => Ok(None),
@@ -223,11 +235,17 @@ async fn time(RawQuery(query): RawQuery) -> Answer {
     Ok(json_response(json!({"serverTime": now_ms()})))
 }
 
+/// The per-key limits of the signed endpoints, as Binance lists them (the
+/// WebSocket connection and stream limits are not rates: they are in
+/// `docs/marketdata.md`, not here).
 fn rate_limits(hub: &Hub) -> Value {
-    json!([
-        {"rateLimitType": "CONNECTIONS", "interval": "SECOND", "intervalNum": 1, "limit": hub.config.max_connections},
-        {"rateLimitType": "WEBSOCKET_STREAMS", "interval": "SECOND", "intervalNum": 1, "limit": hub.config.max_streams},
-    ])
+    match &hub.trading {
+        Some(trading) => json!([
+            {"rateLimitType": "REQUEST_WEIGHT", "interval": "MINUTE", "intervalNum": 1, "limit": trading.max_weight()},
+            {"rateLimitType": "ORDERS", "interval": "SECOND", "intervalNum": 10, "limit": trading.max_orders()},
+        ]),
+        None => json!([]),
+    }
 }
 
 async fn exchange_info(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
@@ -261,13 +279,7 @@ async fn klines(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answe
     let params = Params::parse(query.as_deref(), &["symbol", "interval", "startTime", "endTime", "limit", "timeZone"])?;
     let name = params.get("interval").ok_or_else(|| ApiError::mandatory("interval"))?;
     let interval = interval(name).ok_or_else(|| ApiError::bad(-1120, "Invalid interval."))?;
-    let start = params.number("startTime", 0..=u64::MAX)?;
-    let end = params.number("endTime", 0..=u64::MAX)?;
-    if let (Some(start), Some(end)) = (start, end)
-        && start > end
-    {
-        return Err(ApiError::bad(-1023, "Start time is greater than end time."));
-    }
+    let (start, end) = params.time_range()?;
     if params.get("timeZone").is_some_and(|z| !matches!(z, "0" | "+0" | "0:00" | "+00:00" | "UTC")) {
         return Err(ApiError::bad(-1100, "Illegal characters found in parameter 'timeZone'; only UTC (0) is served."));
     }
@@ -301,7 +313,8 @@ async fn book_ticker(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> 
 }
 
 /// The dashboard's figures: what the venue has done, who is connected.
-async fn stats(State(hub): State<Arc<Hub>>) -> Answer {
+async fn stats(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
+    Params::parse(query.as_deref(), &[])?;
     // Counted before the state's lock is taken: the FIX count takes the
     // FIX gateway's lock, which must never be waited for under it.
     let sessions = hub.sessions.load(std::sync::atomic::Ordering::Relaxed) + hub.fix_sessions.as_ref().map_or(0, |count| count());
@@ -318,6 +331,30 @@ async fn stats(State(hub): State<Arc<Hub>>) -> Answer {
         "slowClientsDropped": hub.slow_dropped.load(std::sync::atomic::Ordering::Relaxed),
         "instruments": market.instruments.iter().map(|d| json!({"symbol": d.info.binance, "name": d.info.symbol, "baseAsset": d.info.base_asset, "quoteAsset": d.info.quote_asset, "pricePrecision": d.info.price_unit.scale, "qtyPrecision": d.info.qty_unit.scale})).collect::<Vec<_>>(),
     })))
+}
+
+/// An error the HTTP layer answered by itself (a method the path does not
+/// take, a WebSocket path asked without an upgrade, a body it could not
+/// read) in the API's shape: `{"code": -1000, "msg"}` at its status.
+async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response.headers().get(header::CONTENT_TYPE).is_some_and(|t| t.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let allow = response.headers().get(header::ALLOW).cloned();
+    let said = axum::body::to_bytes(response.into_body(), 4096).await.unwrap_or_default();
+    let said = String::from_utf8_lossy(&said);
+    let msg = match (status, &allow) {
+        (StatusCode::METHOD_NOT_ALLOWED, Some(allow)) => format!("Method not allowed: this path takes {}.", allow.to_str().unwrap_or("another method")),
+        _ if said.trim().is_empty() => status.canonical_reason().unwrap_or("Bad request").to_string(),
+        _ => said.trim().to_string(),
+    };
+    let mut answer = ApiError::new(status, -1000, msg).into_response();
+    if let Some(allow) = allow {
+        answer.headers_mut().insert(header::ALLOW, allow);
+    }
+    answer
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {
@@ -404,6 +441,7 @@ fn router(hub: Arc<Hub>) -> Router {
         .route("/stream", get(ws_combined))
         .route("/ws-api/v3", get(ws_api))
         .fallback(not_found)
+        .layer(axum::middleware::map_response(json_errors))
         .layer(axum::extract::DefaultBodyLimit::max(hub.config.max_body))
         .with_state(hub)
 }

@@ -460,6 +460,11 @@ impl Trading {
         self.max_weight
     }
 
+    /// New orders a key may send in 10 seconds.
+    pub(crate) fn max_orders(&self) -> u32 {
+        self.max_orders
+    }
+
     /// Whether `key` is an account's API key (one with a secret).
     pub(crate) fn knows_key(&self, key: &str) -> bool {
         self.credentials(key).is_ok()
@@ -605,8 +610,25 @@ fn stp(params: &Params) -> Result<SelfTradePrevention, ApiError> {
         Some("EXPIRE_TAKER") => Ok(SelfTradePrevention::CancelNewest),
         Some("EXPIRE_MAKER") => Ok(SelfTradePrevention::CancelOldest),
         Some("EXPIRE_BOTH") => Ok(SelfTradePrevention::CancelBoth),
-        Some(_) => Err(ApiError::bad(-1013, "This symbol does not allow the specified self-trade prevention mode.")),
+        Some("DECREMENT" | "TRANSFER") => Err(ApiError::bad(-1013, "This symbol does not allow the specified self-trade prevention mode.")),
+        Some(_) => Err(ApiError::illegal("selfTradePreventionMode", "NONE, EXPIRE_TAKER, EXPIRE_MAKER, EXPIRE_BOTH")),
     }
+}
+
+/// The instrument's limits the engine checks a new order against
+/// (`docs/engine.md`, `place`), with the answers its refusals get: a test
+/// order never reaches the engine, and is checked here the same way.
+fn within_limits(info: &crossbook_marketdata::InstrumentInfo, place: &PlaceOrder) -> Result<(), ApiError> {
+    if place.budget == Some(0) {
+        return Err(order_reject(RejectReason::InvalidBudget));
+    }
+    if place.qty == 0 || place.qty < info.min_qty || place.qty > info.max_qty {
+        return Err(order_reject(RejectReason::InvalidQuantity));
+    }
+    if place.order_type == OrderType::Limit && (place.price <= 0 || place.price < info.min_price || place.price > info.max_price) {
+        return Err(order_reject(RejectReason::PriceOutOfBand));
+    }
+    Ok(())
 }
 
 /// A client order id as Binance allows it.
@@ -743,10 +765,20 @@ fn numbered(trading: &Trading, market: &MarketData, mut order: NewOrder) -> NewO
     // in this run numbers on after its predecessor's).
     trading.next_cid.fetch_max(market.accounts.largest_gateway_cid + 1, Ordering::Relaxed);
     order.place.cid = trading.next_cid.fetch_add(1, Ordering::Relaxed);
-    // Without one, the order is named after its engine client id
-    // (unique for ever: the numbering goes on after the journal's).
+    // Without one, the order is named after its engine client id (never
+    // made up before: the numbering goes on after the journal's), passing
+    // over a name the account gave one of its open orders itself.
     if order.client_id.is_empty() {
-        order.client_id = format!("crossbook-{}", order.place.cid - REST_CID_BASE);
+        loop {
+            let name = format!("crossbook-{}", order.place.cid - REST_CID_BASE);
+            let taken = market.accounts.open_by_client_id(order.place.account, &name).is_some()
+                || lock(&trading.waiting).client_ids.contains(&(order.place.account, name.clone()));
+            if !taken {
+                order.client_id = name;
+                break;
+            }
+            order.place.cid = trading.next_cid.fetch_add(1, Ordering::Relaxed);
+        }
     }
     order
 }
@@ -811,6 +843,7 @@ pub(crate) async fn test_order_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value
     }
     let market = hub.read();
     let order = parse_new_order(&market, account, &params)?;
+    within_limits(&market.instruments[order.index].info, &order.place)?;
     if !rates(&params) {
         return Ok((json!({}), used));
     }
@@ -1130,8 +1163,7 @@ pub(crate) async fn all_orders_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value
     let index = params.instrument(&market)?;
     let limit = rows(&params)?;
     let from_id = params.number("orderId", 0..=u64::MAX)?;
-    let start = params.number("startTime", 0..=u64::MAX)?;
-    let end = params.number("endTime", 0..=u64::MAX)?;
+    let (start, end) = params.time_range()?;
     let mut orders: Vec<&OrderRecord> = market
         .accounts
         .accounts
@@ -1162,8 +1194,7 @@ pub(crate) async fn my_trades_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value,
     let limit = rows(&params)?;
     let order = params.number("orderId", 0..=u64::MAX)?;
     let from_id = params.number("fromId", 0..=u64::MAX)?;
-    let start = params.number("startTime", 0..=u64::MAX)?;
-    let end = params.number("endTime", 0..=u64::MAX)?;
+    let (start, end) = params.time_range()?;
     let mut trades: Vec<&AccountTrade> = market
         .accounts
         .accounts
@@ -1308,8 +1339,7 @@ pub(crate) async fn agg_trades(State(hub): State<Arc<Hub>>, RawQuery(query): Raw
     let params = Params::parse(query.as_deref(), &["symbol", "fromId", "startTime", "endTime", "limit"])?;
     let limit = params.number("limit", 1..=super::http::MAX_TRADES as u64)?.unwrap_or(500) as usize;
     let from_id = params.number("fromId", 0..=u64::MAX)?;
-    let start = params.number("startTime", 0..=u64::MAX)?;
-    let end = params.number("endTime", 0..=u64::MAX)?;
+    let (start, end) = params.time_range()?;
     let market = hub.read();
     let data = &market.instruments[params.instrument(&market)?];
     let trades: Vec<&crossbook_marketdata::Trade> = data.trades.iter().filter(|t| from_id.is_none_or(|f| t.id >= f) && start.is_none_or(|s| t.time_ms >= s) && end.is_none_or(|e| t.time_ms <= e)).collect();

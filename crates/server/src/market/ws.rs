@@ -26,6 +26,11 @@ use std::time::{Duration, Instant};
 /// messages, silence), and for going away (the server stops).
 const POLICY: u16 = 1008;
 const GOING_AWAY: u16 = 1001;
+/// RFC 6455's close codes for a broken frame, text that is not UTF-8, and
+/// a message over the size limit.
+const PROTOCOL_ERROR: u16 = 1002;
+const INVALID_DATA: u16 = 1007;
+const TOO_BIG: u16 = 1009;
 /// How long a closing connection's last frame may take to leave.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
 /// Messages written to a connection with one flush, at most.
@@ -190,10 +195,15 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
     let mut last_heard = Instant::now();
     // The WebSocket API's answers still waiting for the sequencer, in
     // the order of their requests.
-    let mut pending: FuturesOrdered<std::pin::Pin<Box<dyn std::future::Future<Output = Value> + Send>>> = FuturesOrdered::new();
+    // `kinds` says what each of them is; a request that reads what an
+    // earlier one may change is `held` (and nothing more is read) until
+    // it may start.
+    let mut pending: FuturesOrdered<Later> = FuturesOrdered::new();
+    let mut kinds: std::collections::VecDeque<Kind> = std::collections::VecDeque::new();
+    let mut held: Option<(Later, Kind)> = None;
     let closing: Option<(u16, String)> = loop {
         tokio::select! {
-            message = incoming.next(), if pending.len() < MAX_IN_FLIGHT => match message {
+            message = incoming.next(), if pending.len() < MAX_IN_FLIGHT && held.is_none() => match message {
                 Some(Ok(Message::Text(text))) => {
                     last_heard = Instant::now();
                     let answer = if session.api {
@@ -203,22 +213,19 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                         }
                         let answer = match reply {
                             Reply::Now(answer) => answer,
-                            Reply::Later(mut later) => {
-                                // Its first poll hands it to the sequencer,
-                                // now, before the next request is read.
-                                let mut context = std::task::Context::from_waker(futures_util::task::noop_waker_ref());
-                                match later.as_mut().poll(&mut context) {
-                                    std::task::Poll::Ready(answer) => answer,
-                                    std::task::Poll::Pending => {
-                                        pending.push_back(later);
-                                        continue;
-                                    }
-                                }
+                            Reply::Later(later, kind) if !kind.may_start(&kinds) => {
+                                held = Some((later, kind));
+                                continue;
                             }
+                            Reply::Later(later, kind) => match start(later, kind, &mut pending, &mut kinds) {
+                                Some(answer) => answer,
+                                None => continue,
+                            },
                         };
                         // Behind the answers still waiting, in order.
                         if !pending.is_empty() {
                             pending.push_back(Box::pin(std::future::ready(answer)));
+                            kinds.push_back(Kind::Answered);
                             continue;
                         }
                         answer
@@ -237,7 +244,11 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                     if let Some(reason) = session.count_message(hub) {
                         break Some(reason);
                     }
-                    let answer = json!({"error": {"code": 3, "msg": "Invalid JSON: requests are text frames"}, "id": null});
+                    let answer = if session.api {
+                        api_error(&Value::Null, &ApiError::bad(-1000, "Malformed request: requests are text frames."))
+                    } else {
+                        json!({"error": {"code": 3, "msg": "Invalid JSON: requests are text frames"}, "id": null})
+                    };
                     if let Err(reason) = send_all(&mut sink, vec![Message::Text(answer.to_string().into())], hub, &connection).await {
                         break reason;
                     }
@@ -245,10 +256,30 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                 // Pings are answered by the WebSocket layer; any frame
                 // shows the client is there.
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => last_heard = Instant::now(),
-                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break None,
+                // The client closes: the WebSocket layer has its Close
+                // ready to echo, and it goes out before the socket does.
+                Some(Ok(Message::Close(_))) => {
+                    let _ = tokio::time::timeout(CLOSE_WAIT, sink.close()).await;
+                    break None;
+                }
+                Some(Err(e)) => break protocol_error(e),
+                None => break None,
             },
             Some(answer) = pending.next(), if !pending.is_empty() => {
-                if let Err(reason) = send_all(&mut sink, vec![Message::Text(answer.to_string().into())], hub, &connection).await {
+                kinds.pop_front();
+                let mut answers = vec![Message::Text(answer.to_string().into())];
+                if held.as_ref().is_some_and(|(_, kind)| kind.may_start(&kinds))
+                    && let Some((later, kind)) = held.take()
+                    && let Some(answer) = start(later, kind, &mut pending, &mut kinds)
+                {
+                    if pending.is_empty() {
+                        answers.push(Message::Text(answer.to_string().into()));
+                    } else {
+                        pending.push_back(Box::pin(std::future::ready(answer)));
+                        kinds.push_back(Kind::Answered);
+                    }
+                }
+                if let Err(reason) = send_all(&mut sink, answers, hub, &connection).await {
                     break reason;
                 }
             }
@@ -342,7 +373,7 @@ impl Session {
         };
         let keyed = params.get("apiKey").and_then(Value::as_str).is_some_and(|key| trading.knows_key(key));
         if TRADING_METHODS.contains(&method) {
-            return (Reply::Later(Box::pin(api_trading(hub.clone(), id, method.to_string(), params.clone()))), keyed);
+            return (Reply::Later(Box::pin(api_trading(hub.clone(), id, method.to_string(), params.clone())), Kind::of(method)), keyed);
         }
         (Reply::Now(self.api_answer(hub, trading, &id, method, params)), keyed)
     }
@@ -350,14 +381,18 @@ impl Session {
     /// The answer to a well-formed WebSocket API request that is not one
     /// of `TRADING_METHODS`.
     fn api_answer(&mut self, hub: &Hub, trading: &trading::Trading, id: &Value, method: &str, params: &serde_json::Map<String, Value>) -> Value {
+        // A subscription whose key was ended (it had its
+        // eventStreamTerminated) is over: not listed, not active.
+        self.end_terminated(hub, trading);
+        if matches!(method, "ping" | "time" | "session.subscriptions") && !params.is_empty() {
+            return api_error(id, &ApiError::bad(-1103, "An unknown parameter was sent."));
+        }
         match method {
             "userDataStream.subscribe.signature" => {
                 let (account, _, used) = match trading.signed(&Auth::Ws(params), &[], |_| 2, false) {
                     Ok(checked) => checked,
                     Err(e) => return api_error(id, &e),
                 };
-                // Those whose key was ended since are gone already.
-                self.subscriptions.retain(|(_, _, key)| trading.streams.is_live(key));
                 if self.subscriptions.iter().any(|(_, a, _)| *a == account) {
                     return api_error(id, &ApiError::bad(-1020, "This account already has a subscription on this connection."));
                 }
@@ -406,6 +441,22 @@ impl Session {
             "ping" => json!({"id": id, "status": 200, "result": {}}),
             "time" => json!({"id": id, "status": 200, "result": {"serverTime": crate::now_ms()}}),
             other => api_error(id, &ApiError::bad(-1020, format!("Unsupported method: '{other}' (docs/trading.md lists this venue's WebSocket API methods)."))),
+        }
+    }
+
+    /// Drops the subscriptions whose listen key was ended since.
+    fn end_terminated(&mut self, hub: &Hub, trading: &trading::Trading) {
+        let mut ended = Vec::new();
+        self.subscriptions.retain(|(_, _, key)| {
+            let live = trading.streams.is_live(key);
+            if !live {
+                ended.push(key.clone());
+            }
+            live
+        });
+        for key in ended {
+            hub.unsubscribe(&key, self.connection.id);
+            self.streams.retain(|s| *s != key);
         }
     }
 
@@ -505,10 +556,73 @@ const TRADING_METHODS: [&str; 12] = ["order.place", "order.test", "order.cancel"
 /// it, the next one is read once the oldest is answered.
 const MAX_IN_FLIGHT: usize = 64;
 
+/// The close a broken frame from the client gets: 1009 for a message
+/// over the size limit, 1002 for any other breach of the protocol; none
+/// when the connection itself failed (nothing could be sent).
+fn protocol_error(error: axum::Error) -> Option<(u16, String)> {
+    match error.into_inner().downcast::<tungstenite::Error>().map(|e| *e) {
+        Ok(tungstenite::Error::Capacity(e)) => Some((TOO_BIG, format!("message too big: {e}"))),
+        Ok(tungstenite::Error::Protocol(e)) => Some((PROTOCOL_ERROR, format!("protocol error: {e}"))),
+        Ok(tungstenite::Error::Utf8(e)) => Some((INVALID_DATA, format!("invalid UTF-8 in a text message: {e}"))),
+        _ => None,
+    }
+}
+
 /// A WebSocket API answer: ready, or waiting for the sequencer.
 enum Reply {
     Now(Value),
-    Later(std::pin::Pin<Box<dyn std::future::Future<Output = Value> + Send>>),
+    Later(Later, Kind),
+}
+
+type Later = std::pin::Pin<Box<dyn std::future::Future<Output = Value> + Send>>;
+
+/// What a WebSocket API request in flight is, for the order of their
+/// effects: each one reads the account's orders as they are when it
+/// starts (an order named by its client id, a duplicate client id, the
+/// open-order limit, a query), so it starts only once the earlier
+/// requests that may change them are answered. New orders follow new
+/// orders at once (a duplicate client id among them is caught as they
+/// are handed over), so placing stays pipelined.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `order.place`, `order.test`.
+    NewOrder,
+    /// Every other trading method: a cancel, an amendment, a query.
+    Other,
+    /// An answer that was ready, waiting behind earlier ones.
+    Answered,
+}
+
+impl Kind {
+    fn of(method: &str) -> Kind {
+        match method {
+            "order.place" | "order.test" => Kind::NewOrder,
+            _ => Kind::Other,
+        }
+    }
+
+    /// Whether a request of this kind may start while `ahead` are in flight.
+    fn may_start(self, ahead: &std::collections::VecDeque<Kind>) -> bool {
+        match self {
+            Kind::NewOrder => !ahead.contains(&Kind::Other),
+            _ => !ahead.iter().any(|k| *k != Kind::Answered),
+        }
+    }
+}
+
+/// Starts a request: its first poll does its checks, reads the state and
+/// hands it to the sequencer, before the next request is read. Its answer
+/// if that was all; else it waits in `pending`.
+fn start(mut later: Later, kind: Kind, pending: &mut FuturesOrdered<Later>, kinds: &mut std::collections::VecDeque<Kind>) -> Option<Value> {
+    let mut context = std::task::Context::from_waker(futures_util::task::noop_waker_ref());
+    match later.as_mut().poll(&mut context) {
+        std::task::Poll::Ready(answer) => Some(answer),
+        std::task::Poll::Pending => {
+            pending.push_back(later);
+            kinds.push_back(kind);
+            None
+        }
+    }
 }
 
 /// `rateLimits` added to a successful answer, unless `returnRateLimits`
