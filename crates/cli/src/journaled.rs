@@ -70,10 +70,17 @@ pub fn run(commands: &PathBuf, dir: &Path, config: JournalConfig, snapshot_every
     Ok(())
 }
 
-pub fn recover(dir: &Path) -> Result<()> {
+/// A journal directory named on the command line must be there: a
+/// mistyped path is an error, never a new, empty journal.
+fn existing(dir: &Path) -> Result<()> {
     if !dir.is_dir() {
         bail!("{} is not a directory", dir.display());
     }
+    Ok(())
+}
+
+pub fn recover(dir: &Path) -> Result<()> {
+    existing(dir)?;
     let started = Instant::now();
     let recovered = recover_dir(dir).with_context(|| format!("recovering {}", dir.display()))?;
     let elapsed = started.elapsed().as_secs_f64();
@@ -93,6 +100,7 @@ pub fn recover(dir: &Path) -> Result<()> {
 
 /// `crossbook journal snapshot DIR`: recover, then write a snapshot.
 pub fn snapshot(dir: &Path, keep: usize) -> Result<()> {
+    existing(dir)?;
     let recovered = crossbook_journal::recover(dir)?;
     for warning in &recovered.warnings {
         eprintln!("warning: {warning}");
@@ -108,9 +116,7 @@ pub fn snapshot(dir: &Path, keep: usize) -> Result<()> {
 }
 
 pub fn verify(dir: &Path) -> Result<()> {
-    if !dir.is_dir() {
-        bail!("{} is not a directory", dir.display());
-    }
+    existing(dir)?;
     let (end, problems) = crossbook_journal::verify(dir);
     if let Some(end) = &end {
         println!("{} records in {} segments, last seq {}", end.records, end.segments, end.last_seq);
@@ -127,6 +133,7 @@ pub fn verify(dir: &Path) -> Result<()> {
 }
 
 pub fn inspect(dir: &Path) -> Result<()> {
+    existing(dir)?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut line = String::new();

@@ -565,8 +565,15 @@ fn gen_command(name: &str, seed: u64, count: usize) -> Result<()> {
 }
 
 pub(crate) fn read_commands(path: &PathBuf) -> Result<Vec<Command>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    crossbook_text::parse_commands(&text).with_context(|| format!("{}", path.display()))
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = match std::str::from_utf8(&bytes) {
+        Ok(text) => text,
+        Err(e) => {
+            let line = 1 + bytes[..e.valid_up_to()].iter().filter(|b| **b == b'\n').count();
+            anyhow::bail!("{}: line {line}: not UTF-8", path.display());
+        }
+    };
+    crossbook_text::parse_commands(text).with_context(|| format!("{}", path.display()))
 }
 
 fn run_command(path: &PathBuf, check: bool) -> Result<()> {

@@ -91,11 +91,25 @@ fn answers(action: &Action, message: &ServerMessage, request: u64) -> bool {
     }
 }
 
+/// Prints one line; `false` once nobody reads the output any more (a
+/// closed pipe, as under `| head`): the client stops quietly.
+fn say(line: &str) -> Result<bool> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{line}").and_then(|()| out.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Runs `options.action`; an order the server rejects is an error (exit
 /// status 1) after its report is printed.
 pub(crate) fn run(options: Options) -> Result<()> {
     let (mut client, reply) = Client::login(&options.address, options.account, &options.key, options.last_seen).with_context(|| format!("logging in to {}", options.address))?;
-    println!("{}", describe(&reply));
+    if !say(&describe(&reply))? {
+        return Ok(());
+    }
     if !matches!(reply, ServerMessage::LoginAccepted { .. }) {
         bail!("login refused");
     }
@@ -137,7 +151,9 @@ pub(crate) fn run(options: Options) -> Result<()> {
             Err(crossbook_client::ClientError::TimedOut) => continue,
             Err(e) => return Err(anyhow!(e)),
         };
-        println!("{}", describe(&message));
+        if !say(&describe(&message))? {
+            return Ok(());
+        }
         if let ServerMessage::ExecutionReport(r) = &message
             && let Some(refusal) = r.refusal()
             && answers(&options.action, &message, request)

@@ -46,7 +46,9 @@ impl std::error::Error for LineError {}
 /// Parses a whole command file. Blank and `#` lines are skipped.
 pub fn parse_commands(text: &str) -> Result<Vec<Command>, LineError> {
     let mut commands = Vec::new();
-    for (index, line) in text.lines().enumerate() {
+    // Split at `\n` only: `parse_line` takes the one `\r` a CRLF line end
+    // leaves (`str::lines` would take it too, and a second with it).
+    for (index, line) in text.split('\n').enumerate() {
         match parse_line(line) {
             Ok(Some(command)) => commands.push(command),
             Ok(None) => {}
@@ -257,17 +259,30 @@ place account=2 instrument=1 cid=1 side=sell type=limit tif=gtc price=100 qty=10
 place account=2 instrument=1 cid=2 side=buy type=market tif=ioc qty=10 stp=none budget=99
 cancel account=2 order=8
 replace account=2 order=8 price=-3 qty=4
+amend account=2 order=8 qty=3
 cancel_all account=2
 cancel_all account=2 instrument=1
 ";
         let commands = parse_commands(text).unwrap();
-        assert_eq!(commands.len(), 11);
+        assert_eq!(commands.len(), 12);
         let mut written = String::new();
         for command in &commands {
             write_command(&mut written, command);
             written.push('\n');
         }
         assert_eq!(parse_commands(&written).unwrap(), commands);
+    }
+
+    /// One `\r` before a line's `\n` is its line end; a second is part
+    /// of the line (as the reference model reads it).
+    #[test]
+    fn one_carriage_return_ends_a_line() {
+        assert_eq!(parse_commands("open account=1\r\nopen account=2\r\n").unwrap().len(), 2);
+        assert_eq!(parse_commands("open account=1\n\r\n").unwrap().len(), 1, "a line of one \\r is blank");
+        for text in ["open account=1\r\r\n", "open account=1 \r\r\n", "open account=1\n\r\r\n"] {
+            let err = parse_commands(text).unwrap_err();
+            assert_eq!(err.line, if text.starts_with("open account=1\n") { 2 } else { 1 }, "{text:?}");
+        }
     }
 
     #[test]
