@@ -43,10 +43,11 @@ fn digits(bytes: &[u8]) -> Option<u32> {
     Some(bytes.iter().fold(0u32, |n, &d| n * 10 + u32::from(d - b'0')))
 }
 
-/// Parses a UTCTimestamp (`YYYYMMDD-HH:MM:SS` with optional `.sss`) into
-/// milliseconds since the epoch; `None` if it is not one.
+/// Parses a UTCTimestamp (`YYYYMMDD-HH:MM:SS` with an optional fraction of
+/// 1 to 9 digits, as the format check allows) into milliseconds since the
+/// epoch, the fraction truncated to milliseconds; `None` if it is not one.
 pub fn parse_timestamp(text: &[u8]) -> Option<i64> {
-    if text.len() != 17 && text.len() != 21 {
+    if text.len() < 17 || text.len() == 18 || text.len() > 27 {
         return None;
     }
     if text[8] != b'-' || text[11] != b':' || text[14] != b':' {
@@ -58,11 +59,19 @@ pub fn parse_timestamp(text: &[u8]) -> Option<i64> {
     let hour = digits(&text[9..11])?;
     let minute = digits(&text[12..14])?;
     let second = digits(&text[15..17])?;
-    let millis = if text.len() == 21 {
+    let millis = if text.len() > 17 {
         if text[17] != b'.' {
             return None;
         }
-        digits(&text[18..21])?
+        let fraction = &text[18..];
+        let whole = digits(fraction)?;
+        // To milliseconds: pad a shorter fraction, cut a longer one.
+        match fraction.len() {
+            1 => whole * 100,
+            2 => whole * 10,
+            3 => whole,
+            n => whole / 10u32.pow(n as u32 - 3),
+        }
     } else {
         0
     };
@@ -110,6 +119,13 @@ mod tests {
         assert_eq!(parse_timestamp(b"20020619-16:14:10.123"), Some(1_024_503_250_123));
         assert_eq!(parse_timestamp(b"20020619-16:14:10"), Some(1_024_503_250_000));
         assert_eq!(parse_timestamp(b"20000229-00:00:00"), Some(951_782_400_000));
+        // A fraction of 1 to 9 digits, to the millisecond.
+        assert_eq!(parse_timestamp(b"20020619-16:14:10.1"), Some(1_024_503_250_100));
+        assert_eq!(parse_timestamp(b"20020619-16:14:10.12"), Some(1_024_503_250_120));
+        assert_eq!(parse_timestamp(b"20020619-16:14:10.123456"), Some(1_024_503_250_123));
+        assert_eq!(parse_timestamp(b"20020619-16:14:10.123456789"), Some(1_024_503_250_123));
+        assert_eq!(parse_timestamp(b"20020619-16:14:10."), None);
+        assert_eq!(parse_timestamp(b"20020619-16:14:10.1234567890"), None);
     }
 
     #[test]

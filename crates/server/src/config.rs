@@ -376,6 +376,9 @@ pub enum ConfigError {
     /// Two accounts have the same API key (a REST request names its
     /// account by its key alone).
     SharedApiKey { first: AccountId, second: AccountId },
+    /// A set-up command the engine refuses (an instrument's fees or
+    /// limits, a deposit in an unknown asset, ...): nothing is started.
+    Refused { what: String, reason: &'static str },
     /// A setting replication cannot work with.
     BadReplication(String),
     /// `market_data.nice` outside 0 to 19.
@@ -406,6 +409,7 @@ impl std::fmt::Display for ConfigError {
             ConfigError::BadNice(nice) => write!(f, "market_data.nice must be 0 to 19, not {nice}"),
             ConfigError::BadWindow { key, value } => write!(f, "market_data.{key} must be 1 to 1000000, not {value}"),
             ConfigError::SharedApiKey { first, second } => write!(f, "accounts {first} and {second} have the same API key (the REST API names an account by its key)"),
+            ConfigError::Refused { what, reason } => write!(f, "{what} is refused by the engine: {reason} (docs/engine.md says why)"),
         }
     }
 }
@@ -511,6 +515,27 @@ impl Config {
                 commands.push(Command::Deposit { account: account.id, asset, amount });
             }
         }
+        // Tried on an engine of their own first: a venue never starts with
+        // part of its configuration silently missing.
+        let mut engine = crossbook_engine::Engine::new();
+        let mut events = Vec::new();
+        for command in &commands {
+            events.clear();
+            engine.apply(command, &mut events);
+            if let Some(reason) = events.iter().find_map(|e| match e.kind {
+                crossbook_engine::EventKind::Rejected { reason } => Some(reason),
+                _ => None,
+            }) {
+                let what = match command {
+                    Command::AddAsset { id, name } => format!("asset {id} ({name})"),
+                    Command::AddInstrument(spec) => format!("instrument {} ({})", spec.id, spec.symbol),
+                    Command::OpenAccount { account } => format!("account {account}"),
+                    Command::Deposit { account, asset, amount } => format!("account {account}'s deposit of {amount} of asset {asset}"),
+                    other => format!("{other:?}"),
+                };
+                return Err(ConfigError::Refused { what, reason: reason.name() });
+            }
+        }
         Ok(commands)
     }
 
@@ -580,6 +605,13 @@ mod tests {
         let mut config = Config::default();
         config.accounts[0].api_key = "x".repeat(33);
         assert!(config.setup_commands().is_err());
+        // A rebate larger than the taker fee: the engine refuses the
+        // instrument, and so does the configuration, before anything runs.
+        let mut config = Config::default();
+        config.instruments[0].maker_bps = -10;
+        config.instruments[0].taker_bps = 5;
+        let refused = config.setup_commands().expect_err("refused").to_string();
+        assert!(refused.contains("invalid_instrument"), "{refused}");
     }
 
     #[test]

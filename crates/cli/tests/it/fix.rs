@@ -161,6 +161,55 @@ fn two_accounts_trade_replace_cancel_and_mass_cancel_over_fix() {
     server.expect_log("FIX login");
 }
 
+/// A cancel or replace of the account's own order must say of it what is
+/// so (Symbol, Side, a GTC TimeInForce), a replace must bring a ClOrdID no
+/// open order has, and a CompID stays the account's its first Logon was.
+#[test]
+fn what_a_request_says_of_an_order_must_be_so_and_a_compid_stays_its_accounts() {
+    let dir = temp_dir("checks");
+    let server = start_default(&dir);
+    let mut alice = FixClient::connect(&server.fix_address, "ALICE");
+    alice.logon(1, "demo-key-1");
+    for (id, price) in [("C1", "100"), ("C2", "101")] {
+        send_owned(&mut alice, "D", &order(id, "2", price, "5"));
+        expect(&alice.next(), &[(150, "0"), (11, id)]);
+    }
+    let refused = |alice: &mut FixClient, body: Vec<(u32, String)>, reason: &str, text: &str| {
+        send_owned(alice, "G", &body);
+        let reply = alice.next();
+        expect(&reply, &[(35, "9"), (434, "2"), (102, reason), (58, text)]);
+    };
+    let replace = |cl_ord_id: &str, change: &[(u32, &str)]| {
+        let mut body = order(cl_ord_id, "2", "100", "4");
+        body.push((41, "C1".into()));
+        for (tag, value) in change {
+            body.retain(|(t, _)| t != tag);
+            body.push((*tag, (*value).into()));
+        }
+        body.sort_by_key(|(t, _)| *t);
+        body
+    };
+    refused(&mut alice, replace("C2", &[]), "6", "duplicate ClOrdID: an open or pending order of the account has it");
+    refused(&mut alice, replace("C1", &[]), "6", "duplicate ClOrdID: an open or pending order of the account has it");
+    refused(&mut alice, replace("C3", &[(55, "ETH-USD")]), "99", "Symbol is not the order's");
+    refused(&mut alice, replace("C3", &[(54, "1")]), "99", "Side is not the order's");
+    refused(&mut alice, replace("C3", &[(59, "3")]), "99", "an open order is GTC: a replace keeps TimeInForce 1");
+    refused(&mut alice, replace("C3", &[(38, "0")]), "99", "OrderQty must be above 0");
+    // All of that left the order as it was; a good replace goes through.
+    send_owned(&mut alice, "G", &replace("C3", &[]));
+    expect(&alice.next(), &[(35, "8"), (150, "5"), (11, "C3"), (41, "C1"), (38, "4")]);
+    alice.send("5", &[]);
+    expect(&alice.next(), &[(35, "5")]);
+    assert!(alice.closed());
+    // The CompID is account 1's: account 2's own pair does not log it on.
+    let mut mallory = FixClient::connect(&server.fix_address, "ALICE");
+    mallory.writer().next_out = alice.next_out();
+    match mallory.0.logon(2, "demo-key-2", false) {
+        Err(crossbook_client::ClientError::Refused(text)) => assert!(text.contains("Logon refused"), "{text}"),
+        other => panic!("a Logon for another account with account 1's CompID: {other:?}"),
+    }
+}
+
 #[test]
 fn malformed_input_costs_only_its_own_session() {
     let dir = temp_dir("garbage");

@@ -164,6 +164,10 @@ struct FixSession {
     session: Session,
     store: Store,
     account: Option<AccountId>,
+    /// The account a Logon of this CompID succeeded for once (kept in its
+    /// store): the CompID is that account's for good, whatever a later
+    /// Logon claims.
+    bound: Option<AccountId>,
     connection: Option<Connection>,
     app: App,
     /// Set after a store write or sync failed: the session is closed and
@@ -271,7 +275,7 @@ impl Gateway {
                 state.routes.insert(account, comp_id.clone());
             }
             let app = if echo { App::Echo(EchoApplication::default()) } else { App::Venue };
-            state.sessions.insert(comp_id, FixSession { session, store, account: restored.account, connection: None, app, poisoned: None, through: restored.through_seq });
+            state.sessions.insert(comp_id, FixSession { session, store, account: restored.account, bound: restored.account, connection: None, app, poisoned: None, through: restored.through_seq });
         }
         let fix_accounts = RwLock::new(state.routes.keys().copied().collect());
         Ok(Arc::new(Gateway {
@@ -738,7 +742,7 @@ impl Gateway {
                 .map_err(|source| AttachRefusal::Store(StoreError::Io { path: self.dir.clone(), doing: "syncing the directory", source }))?;
             let session = Session::restore(session_config(&self.config, &comp_id), self.dictionary.clone(), restored.next_in, restored.next_out, restored.stored);
             let app = if self.echo { App::Echo(EchoApplication::default()) } else { App::Venue };
-            state.sessions.insert(comp_id.clone(), FixSession { session, store, account: restored.account, connection: None, app, poisoned: None, through: restored.through_seq });
+            state.sessions.insert(comp_id.clone(), FixSession { session, store, account: restored.account, bound: restored.account, connection: None, app, poisoned: None, through: restored.through_seq });
         }
         let Some(session) = state.sessions.get_mut(&comp_id) else {
             return Err(AttachRefusal::Vanished);
@@ -771,7 +775,10 @@ impl Gateway {
             return Err(AttachRefusal::Vanished);
         };
         if let Some(account) = account {
-            session.account = Some(account);
+            // Credentials are checked against the bound account, if any:
+            // another account's pair is a wrong pair for this CompID.
+            // (A `[[fix.sessions]]` entry is the operator's word and wins.)
+            session.account = Some(if configured.is_some() { account } else { session.bound.unwrap_or(account) });
         }
         let handle = stream.try_clone().map_err(AttachRefusal::Socket)?;
         session.connection = Some(Connection { id, out: out.clone(), stream: handle });
@@ -814,6 +821,7 @@ impl Gateway {
                 // From here on this account's reports come to this session.
                 let seq = self.applied.load(Ordering::Acquire);
                 session.store.bind(account, seq);
+                session.bound = Some(account);
                 state.routes.insert(account, comp_id.to_owned());
                 self.fix_accounts.write().unwrap_or_else(|e| e.into_inner()).insert(account);
             }

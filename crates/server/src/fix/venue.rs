@@ -639,6 +639,11 @@ impl VenueApp<'_> {
     }
 
     fn cancel_reject(&self, message: &Message, why: &str, unknown: bool, outbox: &mut Outbox<'_>) {
+        self.cancel_reject_with(message, why, if unknown { "1" } else { "99" }, outbox);
+    }
+
+    /// An OrderCancelReject with CxlRejReason `reason`.
+    fn cancel_reject_with(&self, message: &Message, why: &str, reason: &str, outbox: &mut Outbox<'_>) {
         let response_to = if message.msg_type() == b"G" { "2" } else { "1" };
         let body = vec![
             field(tag::CL_ORD_ID, message.text(tag::CL_ORD_ID).unwrap_or("")),
@@ -646,7 +651,7 @@ impl VenueApp<'_> {
             field(tag::ORD_STATUS, "8"),
             field(tag::ORIG_CL_ORD_ID, message.text(tag::ORIG_CL_ORD_ID).unwrap_or("")),
             field(tag::TEXT, why),
-            field(tag::CXL_REJ_REASON, if unknown { "1" } else { "99" }),
+            field(tag::CXL_REJ_REASON, reason),
             field(tag::CXL_REJ_RESPONSE_TO, response_to),
         ];
         outbox.send("9", Vec::new(), body);
@@ -749,10 +754,40 @@ impl VenueApp<'_> {
         if orig.len() > MAX_CL_ORD_ID {
             return self.cancel_reject(message, "OrigClOrdID longer than 60 characters", false, outbox);
         }
+        // An order whose NewOrderSingle is still on its way to the engine
+        // has no order id yet to act on: said so, not "unknown".
+        if !orig.is_empty() && self.book.order_by_cl_ord_id(self.account, &orig).is_none() && self.book.pending.contains_key(&(self.account, orig.clone())) {
+            return self.cancel_reject(message, "the order is not acknowledged yet: send this after its ExecutionReport", false, outbox);
+        }
         let Some(order) = self.target(message) else {
             return self.cancel_reject(message, "unknown_order", true, outbox);
         };
         let kind = message.msg_type()[0];
+        // The account's own order: what the request says of it must be so
+        // (another account's gets a missing order's answers, below).
+        if let Some(own) = self.book.orders.get(&order).filter(|o| o.account == self.account) {
+            if message.get(tag::SYMBOL).is_some() && self.instrument(message).map(|i| i.id) != Some(own.instrument) {
+                return self.cancel_reject(message, "Symbol is not the order's", false, outbox);
+            }
+            let side = match message.get(tag::SIDE) {
+                None => own.side,
+                Some(b"1") => Side::Buy,
+                Some(b"2") => Side::Sell,
+                Some(_) => return self.cancel_reject(message, "only Side 1 (buy) and 2 (sell) are supported", false, outbox),
+            };
+            if side != own.side {
+                return self.cancel_reject(message, "Side is not the order's", false, outbox);
+            }
+            if kind == b'G' {
+                if message.get(tag::TIME_IN_FORCE).is_some_and(|t| t != b"1") {
+                    return self.cancel_reject(message, "an open order is GTC: a replace keeps TimeInForce 1", false, outbox);
+                }
+                let taken = (self.account, cl_ord_id.clone());
+                if self.book.by_cl_ord_id.contains_key(&taken) || self.book.pending.contains_key(&taken) {
+                    return self.cancel_reject_with(message, "duplicate ClOrdID: an open or pending order of the account has it", "6", outbox);
+                }
+            }
+        }
         let command = if kind == b'F' {
             Command::Cancel { account: self.account, order }
         } else {
@@ -768,6 +803,7 @@ impl VenueApp<'_> {
                 return self.cancel_reject(message, "OrderQty missing", false, outbox);
             };
             let qty = match Self::units::<u64>(qty, instrument.qty_unit, "OrderQty") {
+                Ok(0) => return self.cancel_reject(message, "OrderQty must be above 0", false, outbox),
                 Ok(qty) => qty,
                 Err(why) => return self.cancel_reject(message, &why.to_string(), false, outbox),
             };
