@@ -105,6 +105,10 @@ enum Cmd {
         data: Option<PathBuf>,
         #[arg(long)]
         market_listen: Option<String>,
+        /// The FIX address (`""`: off, as a replicated node needs it while
+        /// the FIX gateway is not replicated).
+        #[arg(long)]
+        fix_listen: Option<String>,
         /// This node's name (overrides replication.node).
         #[arg(long)]
         node: Option<String>,
@@ -373,7 +377,7 @@ fn real_main() -> Result<()> {
         }
         Cmd::Recover { journal } => journaled::recover(&journal),
         Cmd::Serve { config, listen, data, fix_listen, market_listen } => serve(config, listen, data, fix_listen, market_listen, |_| Ok(())),
-        Cmd::Follow { config, listen, data, market_listen, node, standby } => serve(Some(config), listen, data, None, market_listen, |config| {
+        Cmd::Follow { config, listen, data, market_listen, fix_listen, node, standby } => serve(Some(config), listen, data, fix_listen, market_listen, |config| {
             let Some(replication) = config.replication.as_mut() else { bail!("crossbook follow needs a [replication] section in the configuration") };
             if let Some(node) = node {
                 replication.node = node;
@@ -523,11 +527,23 @@ fn serve(
     // A replicated node that loses the lead stops acknowledging at once
     // and starts again as a follower (its journal is checked against the
     // log first); anything else ends the process.
+    // Such a restart comes while NATS may still be electing (a quorum just
+    // back): a replication error then is tried again, for up to
+    // `connect_timeout_s`, rather than ending the node.
+    let mut restarting_since: Option<std::time::Instant> = None;
+    let patience = std::time::Duration::from_secs(config.replication.as_ref().map_or(0, |r| r.connect_timeout_s));
     loop {
         let controls = crossbook_server::Controls { shutdown: shutdown.clone(), snapshot: snapshot.clone() };
         match crossbook_server::serve(config.clone(), controls, |_| {}) {
             Err(crossbook_server::ServeError::Deposed(why)) if !shutdown.load(std::sync::atomic::Ordering::Acquire) => {
                 eprintln!("no longer the leader ({why}): starting again as a follower");
+                restarting_since = Some(std::time::Instant::now());
+            }
+            Err(crossbook_server::ServeError::Replication(e))
+                if restarting_since.is_some_and(|since| since.elapsed() < patience) && !shutdown.load(std::sync::atomic::Ordering::Acquire) =>
+            {
+                eprintln!("starting again as a follower: {e}; trying again");
+                std::thread::sleep(std::time::Duration::from_millis(500));
             }
             Err(e) => return Err(e.into()),
             Ok(summary) => {

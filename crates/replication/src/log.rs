@@ -183,7 +183,14 @@ impl Log {
             loop {
                 let made = async {
                     js.get_or_create_stream(stream_config.clone()).await.map_err(|e| e.to_string())?;
-                    js.get_or_create_stream(lease_config.clone()).await.map_err(|e| e.to_string())?;
+                    let existing = js.get_or_create_stream(lease_config.clone()).await.map_err(|e| e.to_string())?;
+                    // A venue whose `lease_ttl_ms` changed since the bucket
+                    // was made: the bucket follows it (a lease that lived
+                    // longer than the nodes renew it would lapse, or one
+                    // that lived shorter slow every failover).
+                    if existing.cached_info().config.max_age != config.lease_ttl {
+                        js.update_stream(lease_config.clone()).await.map_err(|e| format!("setting the lease bucket's max_age to lease_ttl_ms: {e}"))?;
+                    }
                     js.get_key_value(bucket.clone()).await.map_err(|e| e.to_string())
                 }
                 .await;

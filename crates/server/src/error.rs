@@ -68,19 +68,10 @@ impl From<crossbook_replication::ReplicationError> for ServeError {
     }
 }
 
-impl std::error::Error for ServeError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            ServeError::Recovery(e) => Some(e),
-            ServeError::Config(e) => Some(e),
-            ServeError::Journal(e) => Some(e),
-            ServeError::Fix(e) => Some(e),
-            ServeError::Io { source, .. } => Some(source),
-            ServeError::Replication(e) => Some(e),
-            ServeError::History(_) | ServeError::Deposed(_) | ServeError::Diverged(_) => None,
-        }
-    }
-}
+/// Each message already says what caused it (`configuration: <why>`), so
+/// no source is chained: a reporter that prints the chain (anyhow's `{:#}`)
+/// would say it twice.
+impl std::error::Error for ServeError {}
 
 impl From<JournalError> for ServeError {
     fn from(e: JournalError) -> ServeError {

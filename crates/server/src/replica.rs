@@ -252,12 +252,24 @@ pub(crate) fn lease_thread(log: Arc<Log>, state: Arc<NodeState>, me: Leader, can
                                 log_line(&format!("replication: the lease ran out after {} ms without a renewal; taken again (epoch {next})", renewed.elapsed().as_millis()));
                                 held = Some((next, Instant::now()));
                             }
-                            Ok(None) => {
-                                log_line("replication: the lease ran out and another node took it");
-                                state.lost.store(true, Ordering::Release);
-                                wake();
-                                return;
-                            }
+                            // Someone has it now; who is read again (a
+                            // store just back from losing its quorum may
+                            // answer the two questions from different
+                            // moments): another node's, this one steps
+                            // down; ours (a write that timed out here was
+                            // stored), it goes on; nobody's, it tries again.
+                            // Meanwhile the log's fence keeps a second
+                            // writer out.
+                            Ok(None) => match log.leader() {
+                                Ok(Some((leader, next))) if leader.node == me.node => held = Some((next, Instant::now())),
+                                Ok(Some((leader, _))) => {
+                                    log_line(&format!("replication: the lease ran out and node {} took it", leader.node));
+                                    state.lost.store(true, Ordering::Release);
+                                    wake();
+                                    return;
+                                }
+                                Ok(None) | Err(_) => {}
+                            },
                             Err(_) => {}
                         },
                         Err(_) => {}

@@ -570,9 +570,17 @@ pub(crate) fn follower(hub: &Hub, path: &str, query: Option<&str>) -> Result<(),
     }
     match hub.node.leader_rest() {
         Some(leader) => {
-            let target = format!("http://{leader}{path}{}", query.map(|q| format!("?{q}")).unwrap_or_default());
+            let websocket = path.starts_with("/ws");
+            let scheme = if websocket { "ws" } else { "http" };
+            let target = format!("{scheme}://{leader}{path}{}", query.map(|q| format!("?{q}")).unwrap_or_default());
             let mut error = ApiError::new(StatusCode::TEMPORARY_REDIRECT, -1000, format!("This node follows; the leader takes orders: {target}"));
-            error.location = Some(target);
+            if websocket {
+                // No Location header on a WebSocket answer: the address
+                // is a field of the error too.
+                error.data = Some(serde_json::json!({"leader": target}));
+            } else {
+                error.location = Some(target);
+            }
             Err(error)
         }
         None => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, -1008, "No leader right now (a failover is under way); try again shortly.")),
