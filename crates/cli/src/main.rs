@@ -539,8 +539,9 @@ fn serve(
                 eprintln!("no longer the leader ({why}): starting again as a follower");
                 restarting_since = Some(std::time::Instant::now());
             }
-            Err(crossbook_server::ServeError::Replication(e))
-                if restarting_since.is_some_and(|since| since.elapsed() < patience) && !shutdown.load(std::sync::atomic::Ordering::Acquire) =>
+            Err(e)
+                if e.is_nats_unavailable()
+                    && restarting_since.is_some_and(|since| since.elapsed() < patience) && !shutdown.load(std::sync::atomic::Ordering::Acquire) =>
             {
                 eprintln!("starting again as a follower: {e}; trying again");
                 std::thread::sleep(std::time::Duration::from_millis(500));

@@ -515,8 +515,15 @@ impl Config {
                 commands.push(Command::Deposit { account: account.id, asset, amount });
             }
         }
-        // Tried on an engine of their own first: a venue never starts with
-        // part of its configuration silently missing.
+        Ok(commands)
+    }
+
+    /// [`Config::setup_commands`], tried on an engine of their own first,
+    /// for a venue that is about to apply them: it never starts with part
+    /// of its configuration silently missing. (A venue whose journal or
+    /// log has them already is not checked again.)
+    pub fn checked_setup_commands(&self) -> Result<Vec<Command>, ConfigError> {
+        let commands = self.setup_commands()?;
         let mut engine = crossbook_engine::Engine::new();
         let mut events = Vec::new();
         for command in &commands {
@@ -610,7 +617,8 @@ mod tests {
         let mut config = Config::default();
         config.instruments[0].maker_bps = -10;
         config.instruments[0].taker_bps = 5;
-        let refused = config.setup_commands().expect_err("refused").to_string();
+        assert!(config.setup_commands().is_ok(), "only the check refuses it");
+        let refused = config.checked_setup_commands().expect_err("refused").to_string();
         assert!(refused.contains("invalid_instrument"), "{refused}");
     }
 

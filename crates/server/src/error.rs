@@ -43,6 +43,15 @@ impl ServeError {
     }
 }
 
+impl ServeError {
+    /// NATS could not be reached or answered with an error (not ready
+    /// yet, electing): worth trying again, unlike a corrupt log or a
+    /// journal that disagrees with it.
+    pub fn is_nats_unavailable(&self) -> bool {
+        matches!(self, ServeError::Replication(crossbook_replication::ReplicationError::Nats(_)))
+    }
+}
+
 impl std::fmt::Display for ServeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

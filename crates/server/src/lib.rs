@@ -141,7 +141,7 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
     let mut journal = Journal::open(&config.data_dir, journal_config, &recovered.end)?;
     let chain = recovered.end.last_crc;
     if engine.seq() == 0 && replicated_log.is_none() {
-        sequencer::set_up(&mut engine, &mut journal, &config.setup_commands()?)?;
+        sequencer::set_up(&mut engine, &mut journal, &config.checked_setup_commands()?)?;
         log(&format!("new venue: {} set-up commands from the configuration", engine.seq()));
     } else {
         log(&format!("recovered {} commands from {}", engine.seq(), config.data_dir.display()));
@@ -249,7 +249,7 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         };
         let ttl = std::time::Duration::from_millis(replication.lease_ttl_ms);
         lease = Some(replica::lease_thread(replicated_log.clone(), node.clone(), me, replication.candidate, ttl, wake.clone()).map_err(ServeError::io("starting the lease thread"))?);
-        sequencer.replicated(sequencer::Replication { log: replicated_log, state: node.clone(), wake, chain, role: sequencer::Role::Follower(reader), setup: config.setup_commands()? });
+        sequencer.replicated(sequencer::Replication { log: replicated_log, state: node.clone(), wake, chain, role: sequencer::Role::Follower(reader), setup: if from <= 1 { config.checked_setup_commands()? } else { config.setup_commands()? } });
     }
     log(&format!("listening on {address}"));
     listening(address);

@@ -780,6 +780,16 @@ impl Gateway {
             // (A `[[fix.sessions]]` entry is the operator's word and wins.)
             session.account = Some(if configured.is_some() { account } else { session.bound.unwrap_or(account) });
         }
+        // A CompID bound to an account that no longer has a key (taken out
+        // of the configuration) has no password to check: it does not log
+        // on at all.
+        if configured.is_none()
+            && !self.echo
+            && let Some(bound) = session.bound
+            && !self.keys.contains_key(&bound)
+        {
+            return Err(AttachRefusal::Revoked { comp_id, account: bound });
+        }
         let handle = stream.try_clone().map_err(AttachRefusal::Socket)?;
         session.connection = Some(Connection { id, out: out.clone(), stream: handle });
         session.session.connect(now_ms());
@@ -876,6 +886,8 @@ enum AttachRefusal {
     /// restart.
     OutOfService { comp_id: String, why: String },
     AlreadyLoggedOn { comp_id: String },
+    /// Bound to an account that has no key any more.
+    Revoked { comp_id: String, account: AccountId },
     /// `limits.max_connections` sessions are logged on.
     Full { logged_on: u64 },
     Socket(std::io::Error),
@@ -893,6 +905,7 @@ impl std::fmt::Display for AttachRefusal {
             AttachRefusal::Store(e) => write!(f, "{e}"),
             AttachRefusal::OutOfService { comp_id, why } => write!(f, "session {comp_id} is out of service until restart: {why}"),
             AttachRefusal::AlreadyLoggedOn { comp_id } => write!(f, "session {comp_id} is already logged on"),
+            AttachRefusal::Revoked { comp_id, account } => write!(f, "session {comp_id} belongs to account {account}, which has no key in the configuration"),
             AttachRefusal::Full { logged_on } => write!(f, "{logged_on} sessions already logged on (limits.max_connections)"),
             AttachRefusal::Socket(e) => write!(f, "cannot clone the socket: {e}"),
             AttachRefusal::Vanished => f.write_str("session vanished"),

@@ -330,6 +330,9 @@ impl FixBook {
                 self.next_cid = self.next_cid.max(place.cid + 1);
             }
         }
+        if let (Command::Replace { account, .. }, Some(annex)) = (&event.command, &event.annex) {
+            self.pending.remove(&(*account, annex.cl_ord_id.clone()));
+        }
         let mut mass_cancelled = 0u64;
         let mut rejected = false;
         for (index, addressed) in event.reports.iter().enumerate() {
@@ -782,6 +785,9 @@ impl VenueApp<'_> {
                 if message.get(tag::TIME_IN_FORCE).is_some_and(|t| t != b"1") {
                     return self.cancel_reject(message, "an open order is GTC: a replace keeps TimeInForce 1", false, outbox);
                 }
+                if message.get(tag::ORD_TYPE).is_some_and(|t| t != b"2") {
+                    return self.cancel_reject(message, "an open order is a limit order: a replace keeps OrdType 2", false, outbox);
+                }
                 let taken = (self.account, cl_ord_id.clone());
                 if self.book.by_cl_ord_id.contains_key(&taken) || self.book.pending.contains_key(&taken) {
                     return self.cancel_reject_with(message, "duplicate ClOrdID: an open or pending order of the account has it", "6", outbox);
@@ -819,6 +825,11 @@ impl VenueApp<'_> {
             };
             Command::Replace { account: self.account, order, price, qty }
         };
+        if kind == b'G' {
+            // The new name is taken from now until the replace is applied
+            // or refused: another order or replace cannot have it meanwhile.
+            self.book.pending.insert((self.account, cl_ord_id.clone()), 0);
+        }
         self.requests.push(Request { command, annex: Annex { kind, cl_ord_id, orig_cl_ord_id: orig } });
     }
 

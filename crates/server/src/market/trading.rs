@@ -767,6 +767,28 @@ fn parse_new_order(market: &MarketData, account: AccountId, params: &Params) -> 
 }
 
 /// Gives a checked new order the next engine client id (and, without a
+/// `newClientOrderId`, the client id named after it), and reserves its
+/// client id (`-2010` if it is taken).
+fn numbered_reserved(trading: &Trading, market: &MarketData, order: NewOrder) -> Result<NewOrder, ApiError> {
+    let made_up = order.client_id.is_empty();
+    let order = numbered(trading, market, order);
+    if made_up {
+        // Reserved as it was found free (under the same lock), so a
+        // client that names its order so at the same moment cannot take
+        // it in between.
+        let mut waiting = lock(&trading.waiting);
+        let key = (order.place.account, order.client_id.clone());
+        if waiting.client_ids.insert(key) {
+            return Ok(order);
+        }
+        drop(waiting);
+        return numbered_reserved(trading, market, NewOrder { client_id: String::new(), ..order });
+    }
+    trading.reserve(market, order.place.account, &order.client_id)?;
+    Ok(order)
+}
+
+/// Gives a checked new order the next engine client id (and, without a
 /// `newClientOrderId`, the client id named after it).
 fn numbered(trading: &Trading, market: &MarketData, mut order: NewOrder) -> NewOrder {
     // After every REST order the log holds (a node that took the lead
@@ -818,9 +840,7 @@ pub(crate) async fn new_order_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value,
     refuse_unsupported(&params, &NEW_ORDER_PARAMS[10..])?;
     let order = {
         let market = hub.read();
-        let order = numbered(trading, &market, parse_new_order(&market, account, &params)?);
-        trading.reserve(&market, account, &order.client_id)?;
-        order
+        numbered_reserved(trading, &market, parse_new_order(&market, account, &params)?)?
     };
     Ok((submit_new_order(hub, trading, order).await?, used))
 }

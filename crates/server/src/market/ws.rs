@@ -249,6 +249,12 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                     } else {
                         json!({"error": {"code": 3, "msg": "Invalid JSON: requests are text frames"}, "id": null})
                     };
+                    // Behind the answers still waiting, in order.
+                    if !pending.is_empty() {
+                        pending.push_back(Box::pin(std::future::ready(answer)));
+                        kinds.push_back(Kind::Answered);
+                        continue;
+                    }
                     if let Err(reason) = send_all(&mut sink, vec![Message::Text(answer.to_string().into())], hub, &connection).await {
                         break reason;
                     }
@@ -480,7 +486,8 @@ impl Session {
         let id = request.get("id").cloned().unwrap_or(Value::Null);
         let invalid = |msg: String| json!({"error": {"code": 2, "msg": format!("Invalid request: {msg}")}, "id": id});
         if !(id.is_null() || id.is_u64() || id.is_string()) {
-            return invalid("request ID must be an unsigned integer or a string".into());
+            // Not an id to echo.
+            return json!({"error": {"code": 2, "msg": "Invalid request: request ID must be an unsigned integer or a string"}, "id": null});
         }
         let Some(method) = request.get("method").and_then(Value::as_str) else {
             return invalid("missing field method".into());
