@@ -210,6 +210,35 @@ fn what_a_request_says_of_an_order_must_be_so_and_a_compid_stays_its_accounts() 
     }
 }
 
+/// A CompID whose account's key was taken out of the configuration does
+/// not log on, whatever Username and Password it brings (there is no
+/// password left to check it against).
+#[test]
+fn a_compid_whose_account_lost_its_key_does_not_log_on() {
+    use crate::serve::{CONFIG, start};
+    let dir = temp_dir("revoked");
+    let server = start(&dir);
+    let mut alice = FixClient::connect(&server.fix_address, "ALICEFIX");
+    alice.logon(1, "alice");
+    alice.send("5", &[]);
+    expect(&alice.next(), &[(35, "5")]);
+    assert!(alice.closed());
+    let next_out = alice.next_out();
+    assert!(server.terminate().success());
+    // Account 1 loses its key: its entry leaves the configuration.
+    let without = CONFIG.replacen("[[accounts]]\nid = 1\napi_key = \"alice\"\ndeposits = [[1, 1000], [2, 1000000]]\n", "", 1);
+    assert_ne!(without, CONFIG, "the test's configuration has account 1 as expected");
+    std::fs::write(dir.join("crossbook.toml"), &without).unwrap();
+    let server = crate::serve::spawn_with(&["--config", dir.join("crossbook.toml").to_str().unwrap(), "--data", dir.join("data").to_str().unwrap()], &[]);
+    let mut mallory = FixClient::connect(&server.fix_address, "ALICEFIX");
+    mallory.writer().next_out = next_out;
+    assert!(mallory.0.logon(2, "bob", false).is_err(), "the CompID of a revoked account logged on");
+    server.expect_log("belongs to account 1, which has no key");
+    // Bob's own CompID is fine.
+    let mut bob = FixClient::connect(&server.fix_address, "BOBFIX");
+    bob.logon(2, "bob");
+}
+
 #[test]
 fn malformed_input_costs_only_its_own_session() {
     let dir = temp_dir("garbage");
