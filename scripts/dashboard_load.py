@@ -18,6 +18,7 @@ a venue that shares them, not what it costs on a machine of its own.
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -122,6 +123,7 @@ def main():
     finally:
         server.terminate()
         server.wait(timeout=30)
+        shutil.rmtree(data, ignore_errors=True)
     return 0
 
 

@@ -120,8 +120,8 @@ enum Cmd {
     /// Drive a running `crossbook serve` with N sessions and report
     /// throughput and latency.
     Load {
-        /// The server (default: crossbook serve's binary port, or its FIX
-        /// port with --protocol fix).
+        /// The server (default: crossbook serve's binary port; its FIX port
+        /// with --protocol fix, its market-data port with rest or ws-api).
         #[arg(long)]
         address: Option<String>,
         /// `binary` (docs/protocol.md), `fix` (docs/fix.md), `rest`
