@@ -682,26 +682,30 @@ class Engine:
         if tif == "fok":
             assert order.remaining == 0, "seq %d: FOK did not fill" % self.seq
 
-    def do_cancel(self, f):
+    def owned_order(self, f):
+        """Checks 1-3 of cancel, replace and amend: (order, None), or
+        (None, reason)."""
         if f["account"] not in self.accounts:
-            return "unknown_account"
+            return None, "unknown_account"
         if f["order"] not in self.orders:
-            return "unknown_order"
+            return None, "unknown_order"
         order = self.orders[f["order"]]
         if order.account != f["account"]:
-            return "not_owner"
+            return None, "not_owner"
+        return order, None
+
+    def do_cancel(self, f):
+        order, refused = self.owned_order(f)
+        if refused:
+            return refused
         self.cancel_resting(order, "user")
 
     def do_amend(self, f):
         qty = f["qty"]
         # 1-3
-        if f["account"] not in self.accounts:
-            return "unknown_account"
-        if f["order"] not in self.orders:
-            return "unknown_order"
-        order = self.orders[f["order"]]
-        if order.account != f["account"]:
-            return "not_owner"
+        order, refused = self.owned_order(f)
+        if refused:
+            return refused
         # 4
         if qty <= order.filled:
             self.cancel_resting(order, "replace")
@@ -723,13 +727,9 @@ class Engine:
     def do_replace(self, f):
         price, qty = f["price"], f["qty"]
         # 1-3
-        if f["account"] not in self.accounts:
-            return "unknown_account"
-        if f["order"] not in self.orders:
-            return "unknown_order"
-        order = self.orders[f["order"]]
-        if order.account != f["account"]:
-            return "not_owner"
+        order, refused = self.owned_order(f)
+        if refused:
+            return refused
         # 4
         if qty <= order.filled:
             self.cancel_resting(order, "replace")

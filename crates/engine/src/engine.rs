@@ -39,6 +39,18 @@ pub(crate) struct Instrument {
     pub(crate) book: Book,
 }
 
+impl Instrument {
+    /// The asset a resting order of `side` locks: the quote asset for a
+    /// buy, the base asset for a sell.
+    #[inline(always)]
+    fn locked_asset(&self, side: Side) -> u32 {
+        match side {
+            Side::Buy => self.quote,
+            Side::Sell => self.base,
+        }
+    }
+}
+
 pub(crate) struct Account {
     pub(crate) id: AccountId,
     /// Its open orders, by client order id ([`crate::cid`]).
@@ -882,10 +894,7 @@ impl Engine {
         let (prev, next, level) = (order.prev, order.next, order.level);
         let (cid_next, cid_bucket) = (order.cid_next, order.cid_bucket as usize);
         let inst = &mut self.instruments[instrument as usize];
-        let asset = match side {
-            Side::Buy => inst.quote,
-            Side::Sell => inst.base,
-        };
+        let asset = inst.locked_asset(side);
         inst.book.unlink_read(&mut self.orders, prev, next, level, remaining, side);
         self.forget_read(slot, id, owner, cid_next, cid_bucket);
         self.unlock(owner, asset, times(remaining, unit_lock));
@@ -929,10 +938,7 @@ impl Engine {
         if price < spec.min_price || price > spec.max_price {
             return Err(RejectReason::PriceOutOfBand);
         }
-        let asset = match order.side {
-            Side::Buy => inst.quote,
-            Side::Sell => inst.base,
-        };
+        let asset = inst.locked_asset(order.side);
         let new_unit = unit_lock(spec, order.side, price);
         let new_remaining = qty - order.filled;
         let old_lock = times(order.remaining(), order.unit_lock);
@@ -1007,10 +1013,7 @@ impl Engine {
         if qty > order.qty || qty < inst.spec.min_qty {
             return Err(RejectReason::InvalidQuantity);
         }
-        let asset = match order.side {
-            Side::Buy => inst.quote,
-            Side::Sell => inst.base,
-        };
+        let asset = inst.locked_asset(order.side);
         stages::enter(Stage::Matching);
         self.unlock(account, asset, times(order.qty - qty, order.unit_lock));
         self.reduce_in_place(slot, &order, qty, out);

@@ -247,31 +247,20 @@ pub(crate) fn lease_thread(log: Arc<Log>, state: Arc<NodeState>, me: Leader, can
                             wake();
                             return;
                         }
-                        Ok(None) => match log.take_lease(&me) {
-                            Ok(Some(next)) => {
+                        // Someone else has it now if this is refused: who
+                        // is read at the next renewal, which fails the same
+                        // way (another node's, this one steps down; ours, a
+                        // write that timed out here was stored, it goes on;
+                        // a store just back from losing its quorum may
+                        // answer the two questions from different moments).
+                        // Meanwhile the log's fence keeps a second writer
+                        // out.
+                        Ok(None) => {
+                            if let Ok(Some(next)) = log.take_lease(&me) {
                                 log_line(&format!("replication: the lease ran out after {} ms without a renewal; taken again (epoch {next})", renewed.elapsed().as_millis()));
                                 held = Some((next, Instant::now()));
                             }
-                            // Someone has it now; who is read again (a
-                            // store just back from losing its quorum may
-                            // answer the two questions from different
-                            // moments): another node's, this one steps
-                            // down; ours (a write that timed out here was
-                            // stored), it goes on; nobody's, it tries again.
-                            // Meanwhile the log's fence keeps a second
-                            // writer out.
-                            Ok(None) => match log.leader() {
-                                Ok(Some((leader, next))) if leader.node == me.node => held = Some((next, Instant::now())),
-                                Ok(Some((leader, _))) => {
-                                    log_line(&format!("replication: the lease ran out and node {} took it", leader.node));
-                                    state.lost.store(true, Ordering::Release);
-                                    wake();
-                                    return;
-                                }
-                                Ok(None) | Err(_) => {}
-                            },
-                            Err(_) => {}
-                        },
+                        }
                         Err(_) => {}
                     },
                     // NATS unreachable (or electing): tried again. The log's
