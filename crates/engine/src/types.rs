@@ -167,6 +167,15 @@ impl Command {
             _ => None,
         }
     }
+
+    /// The command naming `order` instead (a cancel, replace or amend;
+    /// any other command as it is).
+    pub fn with_target(mut self, order: OrderId) -> Command {
+        if let Command::Cancel { order: target, .. } | Command::Replace { order: target, .. } | Command::Amend { order: target, .. } = &mut self {
+            *target = order;
+        }
+        self
+    }
 }
 
 /// Why a command was refused. The discriminant is the wire code.

@@ -30,6 +30,14 @@ use std::time::{Duration, Instant};
 pub(crate) enum Request {
     /// Journal and apply it.
     Command(Command),
+    /// Journal and apply `command` (a cancel or replace) for the trader's
+    /// open order with client id `cid`: an order a command before it
+    /// placed, whose id its gateway has not heard yet. The id is put in as
+    /// the command is sequenced, so the journal holds the command as
+    /// applied; 0, which no order has, when no open order has that client
+    /// id any more (filled, or refused): the engine refuses it as an
+    /// unknown order.
+    ForOrder { command: Command, cid: u64 },
     /// Answer it from the engine's state at this point of the sequence
     /// (not journaled; released with its batch).
     Query(Query),
@@ -295,9 +303,13 @@ impl<'a> Sequencer<'a> {
             done.answered.push(item.in_flight);
             let command = match item.request {
                 Request::Command(command) if leading => command,
+                Request::ForOrder { command, cid } if leading => {
+                    let order = command.trader().and_then(|account| self.engine.open_order_by_cid(account, cid));
+                    command.with_target(order.unwrap_or(0))
+                }
                 // A follower takes no command (its gateways refuse them
                 // first; one that raced a lost lead is dropped).
-                Request::Command(_) => continue,
+                Request::Command(_) | Request::ForOrder { .. } => continue,
                 Request::Query(query) => {
                     done.answers.push(self.answer(item.source, query));
                     continue;

@@ -161,6 +161,43 @@ fn two_accounts_trade_replace_cancel_and_mass_cancel_over_fix() {
     server.expect_log("FIX login");
 }
 
+/// A cancel or replace sent right behind its NewOrderSingle, before the
+/// order's ExecutionReport came back, acts on the order (the sequencer
+/// finds it by the client id the gateway sent it with); one behind an
+/// order the engine refused finds no order.
+#[test]
+fn a_cancel_or_replace_sent_before_the_orders_report_acts_on_it() {
+    let dir = temp_dir("behind");
+    let server = start_default(&dir);
+    let mut alice = FixClient::connect(&server.fix_address, "ALICE");
+    alice.logon(1, "demo-key-1");
+    let transact = format_timestamp(now_ms());
+    let cancel = |cl_ord_id: &str, orig: &str| vec![(11, cl_ord_id.to_owned()), (41, orig.to_owned()), (54, "2".to_owned()), (55, "BTC-USD".to_owned()), (60, transact.clone())];
+
+    send_owned(&mut alice, "D", &order("P1", "2", "150", "3"));
+    send_owned(&mut alice, "F", &cancel("P2", "P1"));
+    let new = alice.next();
+    expect(&new, &[(35, "8"), (150, "0"), (11, "P1")]);
+    let id = new.text(37).unwrap_or_default().to_owned();
+    expect(&alice.next(), &[(35, "8"), (150, "4"), (39, "4"), (11, "P2"), (41, "P1"), (37, &id), (151, "0")]);
+
+    send_owned(&mut alice, "D", &order("R1", "2", "150", "3"));
+    let mut replace = order("R2", "2", "149", "2");
+    replace.push((41, "R1".into()));
+    send_owned(&mut alice, "G", &replace);
+    let new = alice.next();
+    expect(&new, &[(150, "0"), (11, "R1")]);
+    let id = new.text(37).unwrap_or_default().to_owned();
+    expect(&alice.next(), &[(150, "5"), (39, "0"), (11, "R2"), (41, "R1"), (37, &id), (38, "2"), (44, "149"), (151, "2")]);
+
+    // Above the instrument's largest quantity: the engine refuses the
+    // order, and the cancel behind it finds none.
+    send_owned(&mut alice, "D", &order("X1", "2", "150", "99999999"));
+    send_owned(&mut alice, "F", &cancel("X2", "X1"));
+    expect(&alice.next(), &[(150, "8"), (11, "X1"), (58, "invalid_quantity")]);
+    expect(&alice.next(), &[(35, "9"), (11, "X2"), (41, "X1"), (102, "1"), (434, "1"), (37, "NONE")]);
+}
+
 /// A cancel or replace of the account's own order must say of it what is
 /// so (Symbol, Side, a GTC TimeInForce), a replace must bring a ClOrdID no
 /// open order has, and a CompID stays the account's its first Logon was.

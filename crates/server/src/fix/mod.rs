@@ -689,7 +689,15 @@ impl Gateway {
                 in_flight.add(requests.len() as u32);
                 let batch = requests
                     .into_iter()
-                    .map(|request| Inbound { request: crate::sequencer::Request::Command(request.command), annex: Some(request.annex.encode()), source: crate::sink::FIX, in_flight: in_flight.clone() })
+                    .map(|request| Inbound {
+                        request: match request.for_cid {
+                            Some(cid) => crate::sequencer::Request::ForOrder { command: request.command, cid },
+                            None => crate::sequencer::Request::Command(request.command),
+                        },
+                        annex: Some(request.annex.encode()),
+                        source: crate::sink::FIX,
+                        in_flight: in_flight.clone(),
+                    })
                     .collect();
                 if queue.send(batch).is_err() {
                     break 'connection "server stopping".into();

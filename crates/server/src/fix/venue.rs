@@ -166,6 +166,17 @@ struct FixOrder {
     notional: i128,
 }
 
+/// A ClOrdID on its way to the engine.
+#[derive(Clone, Debug)]
+enum Pending {
+    /// A NewOrderSingle's: what it asked for, and the engine client id it
+    /// was sent with, by which a cancel or replace sent before its
+    /// ExecutionReport names it (the sequencer finds its order id).
+    Order { cid: u64, order: FixOrder },
+    /// A replace's new name.
+    Rename,
+}
+
 /// The link between FIX's names for orders and the engine's, and what a
 /// report needs that the engine's reports do not carry.
 #[derive(Default)]
@@ -173,7 +184,7 @@ pub struct FixBook {
     orders: HashMap<OrderId, FixOrder>,
     by_cl_ord_id: HashMap<(AccountId, String), OrderId>,
     /// ClOrdIDs sent to the engine whose order is not known yet.
-    pending: HashMap<(AccountId, String), u64>,
+    pending: HashMap<(AccountId, String), Pending>,
     /// The next engine client id for a FIX order.
     next_cid: u64,
     /// The last `SEEN_CL_ORD_IDS` ClOrdIDs of new orders, open or not: a
@@ -608,6 +619,10 @@ fn new_order_reject(account: AccountId, cl_ord_id: &str, symbol: &str, side: Sid
 pub struct Request {
     pub command: Command,
     pub annex: Annex,
+    /// For a cancel or replace of an order not acknowledged yet: the
+    /// client id it was sent with, by which the sequencer finds the order
+    /// (`command` names order 0 until then).
+    pub for_cid: Option<u64>,
 }
 
 /// The venue application of one session: turns D, F, G and q into engine
@@ -733,9 +748,10 @@ impl VenueApp<'_> {
         };
         let cid = self.book.next_cid;
         self.book.next_cid += 1;
-        self.book.pending.insert(key, cid);
+        let sent = FixOrder { account: self.account, cl_ord_id: cl_ord_id.clone(), instrument: instrument.id, side, order_type, tif, qty, price, notional: 0 };
+        self.book.pending.insert(key, Pending::Order { cid, order: sent });
         let command = Command::Place(PlaceOrder { account: self.account, instrument: instrument.id, cid, side, order_type, tif, price, qty, post_only, stp, budget });
-        self.requests.push(Request { command, annex: Annex { kind: b'D', cl_ord_id, orig_cl_ord_id: String::new() } });
+        self.requests.push(Request { command, annex: Annex { kind: b'D', cl_ord_id, orig_cl_ord_id: String::new() }, for_cid: None });
     }
 
     /// The engine id of the order a cancel or replace names (OrigClOrdID,
@@ -758,17 +774,25 @@ impl VenueApp<'_> {
             return self.cancel_reject(message, "OrigClOrdID longer than 60 characters", false, outbox);
         }
         // An order whose NewOrderSingle is still on its way to the engine
-        // has no order id yet to act on: said so, not "unknown".
-        if !orig.is_empty() && self.book.order_by_cl_ord_id(self.account, &orig).is_none() && self.book.pending.contains_key(&(self.account, orig.clone())) {
-            return self.cancel_reject(message, "the order is not acknowledged yet: send this after its ExecutionReport", false, outbox);
-        }
-        let Some(order) = self.target(message) else {
-            return self.cancel_reject(message, "unknown_order", true, outbox);
+        // has no order id yet: the request names it by the client id it
+        // was sent with, and the sequencer, which has the order by then
+        // (it came first), puts in its id. A replace's new name that is
+        // still on its way is refused: the replace may yet be refused.
+        let pending = if orig.is_empty() || self.book.order_by_cl_ord_id(self.account, &orig).is_some() { None } else { self.book.pending.get(&(self.account, orig.clone())) };
+        let (order, for_cid, own) = match pending {
+            Some(Pending::Rename) => return self.cancel_reject(message, "the replace that gave the order this ClOrdID is not acknowledged yet: send this after its ExecutionReport", false, outbox),
+            Some(Pending::Order { cid, order }) => (0, Some(*cid), Some(order.clone())),
+            None => {
+                let Some(order) = self.target(message) else {
+                    return self.cancel_reject(message, "unknown_order", true, outbox);
+                };
+                (order, None, self.book.orders.get(&order).filter(|o| o.account == self.account).cloned())
+            }
         };
         let kind = message.msg_type()[0];
         // The account's own order: what the request says of it must be so
         // (another account's gets a missing order's answers, below).
-        if let Some(own) = self.book.orders.get(&order).filter(|o| o.account == self.account) {
+        if let Some(own) = &own {
             if message.get(tag::SYMBOL).is_some() && self.instrument(message).map(|i| i.id) != Some(own.instrument) {
                 return self.cancel_reject(message, "Symbol is not the order's", false, outbox);
             }
@@ -801,7 +825,7 @@ impl VenueApp<'_> {
             // account's must get exactly the answers a missing one gets
             // (Price missing, unknown symbol, then the engine's
             // unknown_order), or ids could be scanned for live orders.
-            let known = self.book.orders.get(&order).filter(|o| o.account == self.account).cloned();
+            let known = own;
             let Some(instrument) = known.as_ref().and_then(|o| self.instruments.iter().find(|i| i.id == o.instrument)).or_else(|| self.instrument(message)).cloned() else {
                 return self.cancel_reject(message, "unknown symbol", false, outbox);
             };
@@ -828,9 +852,9 @@ impl VenueApp<'_> {
         if kind == b'G' {
             // The new name is taken from now until the replace is applied
             // or refused: another order or replace cannot have it meanwhile.
-            self.book.pending.insert((self.account, cl_ord_id.clone()), 0);
+            self.book.pending.insert((self.account, cl_ord_id.clone()), Pending::Rename);
         }
-        self.requests.push(Request { command, annex: Annex { kind, cl_ord_id, orig_cl_ord_id: orig } });
+        self.requests.push(Request { command, annex: Annex { kind, cl_ord_id, orig_cl_ord_id: orig }, for_cid });
     }
 
     fn mass_cancel(&mut self, message: &Message, outbox: &mut Outbox<'_>) {
@@ -858,7 +882,7 @@ impl VenueApp<'_> {
             _ => return refuse("only MassCancelRequestType 1 (by symbol) and 7 (all) are supported", outbox),
         };
         let command = Command::CancelAll { account: self.account, instrument };
-        self.requests.push(Request { command, annex: Annex { kind: b'q', cl_ord_id, orig_cl_ord_id: String::new() } });
+        self.requests.push(Request { command, annex: Annex { kind: b'q', cl_ord_id, orig_cl_ord_id: String::new() }, for_cid: None });
     }
 }
 
@@ -1060,6 +1084,7 @@ mod tests {
                 budget: None,
             }),
             annex: Annex { kind: b'D', cl_ord_id: "A1".into(), orig_cl_ord_id: String::new() },
+            for_cid: None,
         };
         assert_eq!(requests, [expected]);
 
@@ -1073,6 +1098,33 @@ mod tests {
         assert!(requests.is_empty());
         assert_eq!(sent.len(), 1);
         assert_eq!((sent[0].msg_type(), sent[0].text(tag::CXL_REJ_REASON), sent[0].text(tag::CXL_REJ_RESPONSE_TO)), (&b"9"[..], Some("1"), Some("1")));
+
+        // A1 is still on its way to the engine: a replace and a cancel
+        // name it by its client id, for the sequencer to find its order.
+        let (requests, sent) = feed(&mut book, message("G", &[(11, "A3"), (38, "2"), (40, "2"), (41, "A1"), (54, "1"), (55, "BTC-USD"), (60, "20261123-00:00:00")]));
+        assert!(sent.is_empty());
+        let replace = Request {
+            command: Command::Replace { account: 1, order: 0, price: 100, qty: 200 },
+            annex: Annex { kind: b'G', cl_ord_id: "A3".into(), orig_cl_ord_id: "A1".into() },
+            for_cid: Some(FIX_CID_BASE + 1),
+        };
+        assert_eq!(requests, [replace], "a replace without Price keeps the price A1 was sent with");
+        let (requests, sent) = feed(&mut book, message("F", &[(11, "C2"), (41, "A1"), (54, "1"), (55, "BTC-USD"), (60, "20261123-00:00:00")]));
+        assert!(sent.is_empty());
+        let cancel = Request { command: Command::Cancel { account: 1, order: 0 }, annex: Annex { kind: b'F', cl_ord_id: "C2".into(), orig_cl_ord_id: "A1".into() }, for_cid: Some(FIX_CID_BASE + 1) };
+        assert_eq!(requests, [cancel]);
+        // What it says of the order is checked against what A1 was sent as.
+        let (requests, sent) = feed(&mut book, message("F", &[(11, "C3"), (41, "A1"), (54, "2"), (55, "BTC-USD"), (60, "20261123-00:00:00")]));
+        assert!(requests.is_empty());
+        assert_eq!((sent[0].text(tag::CXL_REJ_REASON), sent[0].text(tag::TEXT)), (Some("99"), Some("Side is not the order's")));
+        // A3, the name the replace gives, is not the order's until the
+        // replace is applied: it could yet be refused.
+        let (requests, sent) = feed(&mut book, message("F", &[(11, "C4"), (41, "A3"), (54, "1"), (55, "BTC-USD"), (60, "20261123-00:00:00")]));
+        assert!(requests.is_empty());
+        assert_eq!(
+            (sent[0].text(tag::CXL_REJ_REASON), sent[0].text(tag::TEXT)),
+            (Some("99"), Some("the replace that gave the order this ClOrdID is not acknowledged yet: send this after its ExecutionReport"))
+        );
     }
 
     #[test]
