@@ -7,7 +7,8 @@ Starts `crossbook serve` on free ports with a fresh data directory, has
 4 s) and meanwhile keeps, with ccxt.pro, an order book
 (`watch_order_book`: ccxt's own implementation of Binance's procedure, a
 REST snapshot plus the `@depth@100ms` diffs), every trade
-(`watch_trades`: `@trade`), the 24-hour ticker (`watch_ticker`:
+(`watch_trades`: `@trade`; and on a second client, with
+`params={"name": "aggTrade"}`, `@aggTrade`), the 24-hour ticker (`watch_ticker`:
 `@miniTicker`; `watch_tickers`, every symbol's: `!miniTicker@arr`), the
 best bid and ask (`watch_bids_asks`: `@bookTicker`) and the one-minute
 candles (`watch_ohlcv`: `@kline_1m`).
@@ -148,6 +149,9 @@ async def follow(exchange, seen, name, watch):
 
 async def run(checks, binary, binary_address, market):
     exchange = client(market)
+    # `@aggTrade` on a client of its own: ccxt keeps one trade cache a
+    # symbol, whichever stream fills it.
+    aggregating = client(market)
     try:
         await exchange.load_markets()
         checks.equal("load_markets", SYMBOL in exchange.markets, True)
@@ -159,6 +163,13 @@ async def run(checks, binary, binary_address, market):
                 trades[int(t["id"])] = (t["price"], t["amount"], t["side"], t["timestamp"])
             return len(trades)
 
+        aggregates = {}
+
+        async def watch_agg_trades():
+            for t in await aggregating.watch_trades(SYMBOL, params={"name": "aggTrade"}):
+                aggregates[int(t["id"])] = (t["price"], t["amount"], t["side"], t["timestamp"])
+            return len(aggregates)
+
         tasks = [
             asyncio.create_task(follow(exchange, seen, "book", lambda: exchange.watch_order_book(SYMBOL))),
             asyncio.create_task(follow(exchange, seen, "trades", watch_trades)),
@@ -166,6 +177,7 @@ async def run(checks, binary, binary_address, market):
             asyncio.create_task(follow(exchange, seen, "ohlcv", lambda: exchange.watch_ohlcv(SYMBOL, "1m"))),
             asyncio.create_task(follow(exchange, seen, "tickers", lambda: exchange.watch_tickers())),
             asyncio.create_task(follow(exchange, seen, "bids_asks", lambda: exchange.watch_bids_asks([SYMBOL]))),
+            asyncio.create_task(follow(aggregating, seen, "agg_trades", watch_agg_trades)),
         ]
         await asyncio.sleep(1.0)
         # Trades made before (by the private streams' part) are not watched.
@@ -175,7 +187,7 @@ async def run(checks, binary, binary_address, market):
         checks.equal("crossbook load ends with status 0", await load.wait(), 0)
         while time.monotonic() - seen["last_message"] < QUIET_S and not any(task.done() for task in tasks):
             await asyncio.sleep(0.2)
-        for name, task in zip(["watch_order_book", "watch_trades", "watch_ticker", "watch_ohlcv", "watch_tickers", "watch_bids_asks"], tasks):
+        for name, task in zip(["watch_order_book", "watch_trades", "watch_ticker", "watch_ohlcv", "watch_tickers", "watch_bids_asks", "watch_trades (aggTrade)"], tasks):
             if task.done():
                 checks.check(f"{name} keeps running", False, repr(task.exception())[:300])
             task.cancel()
@@ -206,6 +218,10 @@ async def run(checks, binary, binary_address, market):
         wrong = [(i, trades.get(i), t) for i, t in sorted(wanted.items()) if trades.get(i) != t]
         checks.check("watch_trades: the last 1,000 as GET /api/v3/trades has them (price, amount, side, time)", not wrong,
                      f"{len(wrong)} differ; the first (id, seen, REST): {wrong[:3]}")
+        run_aggregates = {i: t for i, t in aggregates.items() if i >= first}
+        differ = [(i, run_aggregates.get(i), trades.get(i)) for i in sorted(set(run_aggregates) | set(trades)) if run_aggregates.get(i) != trades.get(i)]
+        checks.check("watch_trades with name aggTrade (@aggTrade): every trade of the run, as @trade has it", not differ and len(run_aggregates) == count + 1 - first,
+                     f"{len(run_aggregates)} seen of {count + 1 - first}; {len(differ)} differ, the first (id, aggTrade, trade): {differ[:3]}")
 
         # The ticker and the candle.
         mini = seen.get("ticker") or {}
@@ -225,6 +241,7 @@ async def run(checks, binary, binary_address, market):
                      candles[-1][:6], [kline[0]] + [float(v) for v in kline[1:6]])
     finally:
         await exchange.close()
+        await aggregating.close()
 
 
 def main():

@@ -341,6 +341,8 @@ def ccxt_part(checks, market, state):
                 "baseVolume": sum(e.qty for e in expected), "quoteVolume": sum(e.cost for e in expected),
                 "bid": 19000, "bidVolume": 1, "ask": 20005, "askVolume": 1}
         checks.equal("fetch_ticker after the trades", {k: t.get(k) for k in want}, want)
+        last = a.fetch_last_prices([SYMBOL]).get(SYMBOL) or {}
+        checks.equal("fetch_last_prices (GET /api/v3/ticker/price): the last trade's price", (last.get("symbol"), last.get("price")), (SYMBOL, prices[-1]))
     checks.run("book and ticker", market_data)
 
     def own_trades():

@@ -204,6 +204,12 @@ pub fn ticker_24hr(market: &MarketData, index: usize) -> Value {
     })
 }
 
+/// `GET /api/v3/ticker/price` for one instrument: the last trade's price
+/// (the 24 h ticker's `lastPrice`; `"0"` before the first trade).
+pub fn price_ticker(data: &InstrumentData) -> Value {
+    json!({"symbol": data.info.binance, "price": price(data, data.trades.back().map_or(0, |t| t.price))})
+}
+
 /// `GET /api/v3/ticker/bookTicker` for one instrument.
 pub fn book_ticker(data: &InstrumentData) -> Value {
     let (bid, ask) = data.book.top();
@@ -265,6 +271,22 @@ pub fn trade_text(data: &InstrumentData, trade: &Trade, time_ms: u64) -> String 
         trade.id,
         price(data, trade.price),
         qty(data, trade.qty),
+        trade.time_ms,
+        trade.buyer_is_maker
+    )
+}
+
+/// The `<symbol>@aggTrade` payload: a trade as its own aggregate (as
+/// `GET /api/v3/aggTrades` has it), written straight to text.
+pub fn agg_trade_text(data: &InstrumentData, trade: &Trade, time_ms: u64) -> String {
+    format!(
+        r#"{{"e":"aggTrade","E":{time_ms},"s":"{}","a":{},"p":"{}","q":"{}","f":{},"l":{},"T":{},"m":{},"M":true}}"#,
+        data.info.binance,
+        trade.id,
+        price(data, trade.price),
+        qty(data, trade.qty),
+        trade.id,
+        trade.id,
         trade.time_ms,
         trade.buyer_is_maker
     )

@@ -133,20 +133,28 @@ struct SeenTrade {
 }
 
 fn trade_of(value: &Value, price: &str, qty: &str, time: &str, maker: &str) -> (u64, SeenTrade) {
-    let id = value.get("t").or_else(|| value.get("id")).and_then(Value::as_u64).expect("trade id");
+    let id = value.get("t").or_else(|| value.get("id")).or_else(|| value.get("a")).and_then(Value::as_u64).expect("trade id");
     (id, SeenTrade { price: number(&value[price]), qty: number(&value[qty]), time: value[time].as_u64().expect("time"), buyer_is_maker: value[maker].as_bool().expect("maker") })
+}
+
+/// A trade of `@aggTrade` or `GET /api/v3/aggTrades`: each its own
+/// aggregate, first and last trade id its own.
+fn aggregate_of(value: &Value) -> (u64, SeenTrade) {
+    let id = value["a"].as_u64();
+    assert_eq!((value["f"].as_u64(), value["l"].as_u64()), (id, id), "an aggregate of one trade: {value}");
+    trade_of(value, "p", "q", "T", "m")
 }
 
 /// The client: keeps a local book and every trade, dropping its
 /// connection every few hundred milliseconds until `stop` holds the REST
 /// snapshot's update id once trading stopped, and then the feed has been
 /// quiet for half a second.
-fn follow_feed(address: &str, stop: &std::sync::atomic::AtomicU64, trades: &mut BTreeMap<u64, SeenTrade>) -> (LocalBook, u32) {
+fn follow_feed(address: &str, stop: &std::sync::atomic::AtomicU64, trades: &mut BTreeMap<u64, SeenTrade>, aggregates: &mut BTreeMap<u64, SeenTrade>) -> (LocalBook, u32) {
     let mut seed = 0x9e37_79b9u64;
     let mut connections = 0;
     loop {
         connections += 1;
-        let mut socket = connect(address, "/stream?streams=btcusd@depth/btcusd@trade");
+        let mut socket = connect(address, "/stream?streams=btcusd@depth/btcusd@trade/btcusd@aggTrade");
         // Diffs buffered from the moment the stream is open; then the
         // snapshot; then the buffer and what follows, by the procedure.
         let mut buffered = Vec::new();
@@ -160,6 +168,10 @@ fn follow_feed(address: &str, stop: &std::sync::atomic::AtomicU64, trades: &mut 
         for t in json_get(address, "/api/v3/trades?symbol=BTCUSD&limit=1000").as_array().expect("trades") {
             let (id, trade) = trade_of(t, "price", "qty", "time", "isBuyerMaker");
             trades.insert(id, trade);
+        }
+        for t in json_get(address, "/api/v3/aggTrades?symbol=BTCUSD&limit=1000").as_array().expect("aggregate trades") {
+            let (id, trade) = aggregate_of(t);
+            aggregates.insert(id, trade);
         }
         let mut first = true;
         let mut quiet_since = Instant::now();
@@ -180,6 +192,9 @@ fn follow_feed(address: &str, stop: &std::sync::atomic::AtomicU64, trades: &mut 
                             Some(false) => {}
                             None => panic!("diff {}..={} does not follow {before} (first: {first})", data["U"], data["u"]),
                         }
+                    } else if message["stream"] == "btcusd@aggTrade" {
+                        let (id, trade) = aggregate_of(data);
+                        aggregates.insert(id, trade);
                     } else {
                         let (id, trade) = trade_of(data, "p", "q", "T", "m");
                         trades.insert(id, trade);
@@ -259,9 +274,9 @@ fn a_local_book_kept_from_the_feed_equals_rest_and_the_engine_and_so_do_trades_a
     let client = {
         let (market, stop) = (market.clone(), stop.clone());
         std::thread::spawn(move || {
-            let mut trades = BTreeMap::new();
-            let (book, connections) = follow_feed(&market, &stop, &mut trades);
-            (book, connections, trades)
+            let (mut trades, mut aggregates) = (BTreeMap::new(), BTreeMap::new());
+            let (book, connections) = follow_feed(&market, &stop, &mut trades, &mut aggregates);
+            (book, connections, trades, aggregates)
         })
     };
     let mut trading = load(&server.address, 3, 2_000);
@@ -277,12 +292,16 @@ fn a_local_book_kept_from_the_feed_equals_rest_and_the_engine_and_so_do_trades_a
         last = id;
     }
     stop.store(last, std::sync::atomic::Ordering::Release);
-    let (book, connections, trades) = client.join().expect("the client");
+    let (book, connections, trades, aggregates) = client.join().expect("the client");
     let rest = LocalBook::from_snapshot(&json_get(&market, "/api/v3/depth?symbol=BTCUSD&limit=5000"));
     book.assert_matches(&rest, "the local book and GET /api/v3/depth");
     assert!(connections >= 3, "the client reconnected ({connections} connections)");
     let klines = json_get(&market, "/api/v3/klines?symbol=BTCUSD&interval=1m&limit=1000");
+    assert_eq!(json_get(&market, "/api/v3/uiKlines?symbol=BTCUSD&interval=1m&limit=1000"), klines, "uiKlines are klines");
     let ticker = json_get(&market, "/api/v3/ticker/24hr?symbol=BTCUSD");
+    let price = json_get(&market, "/api/v3/ticker/price?symbol=BTCUSD");
+    assert_eq!((&price["symbol"], &price["price"]), (&ticker["symbol"], &ticker["lastPrice"]), "ticker/price is the 24 h ticker's last price");
+    assert_eq!(json_get(&market, "/api/v3/ticker/price"), serde_json::json!([price]), "ticker/price of every symbol (one here)");
     assert!(server.terminate().success());
 
     let (bids, asks, engine_trades) = engine_truth(&dir.0.join("data"));
@@ -291,6 +310,7 @@ fn a_local_book_kept_from_the_feed_equals_rest_and_the_engine_and_so_do_trades_a
     let seen: Vec<SeenTrade> = trades.values().copied().collect();
     assert_eq!(trades.keys().copied().collect::<Vec<_>>(), (1..=engine_trades.len() as u64).collect::<Vec<_>>(), "trade ids 1.. without gaps");
     assert_eq!(seen, engine_trades, "the feed's trades and the engine's");
+    assert_eq!(aggregates, trades, "@aggTrade (with GET /api/v3/aggTrades) and @trade (with GET /api/v3/trades)");
 
     // One-minute candles and the ticker, from the engine's trades.
     let mut candles: BTreeMap<u64, (i64, i64, i64, i64, i64, u64)> = BTreeMap::new();

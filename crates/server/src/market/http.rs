@@ -289,27 +289,35 @@ async fn klines(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answe
     Ok(json_response(render::klines(&market.instruments[index], interval, start, end, limit)))
 }
 
+/// A ticker's answer: one object for `symbol`, an array for `symbols` or,
+/// without either, for every instrument.
+fn per_symbol(params: &Params, market: &MarketData, one: impl Fn(usize) -> Value) -> Answer {
+    Ok(json_response(match params.instruments(market)? {
+        Some(only) if params.get("symbol").is_some() => one(only[0]),
+        Some(only) => Value::Array(only.iter().map(|&i| one(i)).collect()),
+        None => Value::Array((0..market.instruments.len()).map(one).collect()),
+    }))
+}
+
 async fn ticker_24hr(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
     let params = Params::parse(query.as_deref(), &["symbol", "symbols", "type"])?;
     if params.get("type").is_some_and(|t| t != "FULL") {
         return Err(ApiError::illegal("type", "FULL"));
     }
     let market = hub.read();
-    Ok(json_response(match params.instruments(&market)? {
-        Some(only) if params.get("symbol").is_some() => render::ticker_24hr(&market, only[0]),
-        Some(only) => Value::Array(only.iter().map(|&i| render::ticker_24hr(&market, i)).collect()),
-        None => Value::Array((0..market.instruments.len()).map(|i| render::ticker_24hr(&market, i)).collect()),
-    }))
+    per_symbol(&params, &market, |i| render::ticker_24hr(&market, i))
 }
 
 async fn book_ticker(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
     let params = Params::parse(query.as_deref(), &["symbol", "symbols"])?;
     let market = hub.read();
-    Ok(json_response(match params.instruments(&market)? {
-        Some(only) if params.get("symbol").is_some() => render::book_ticker(&market.instruments[only[0]]),
-        Some(only) => Value::Array(only.iter().map(|&i| render::book_ticker(&market.instruments[i])).collect()),
-        None => Value::Array(market.instruments.iter().map(render::book_ticker).collect()),
-    }))
+    per_symbol(&params, &market, |i| render::book_ticker(&market.instruments[i]))
+}
+
+async fn price_ticker(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
+    let params = Params::parse(query.as_deref(), &["symbol", "symbols"])?;
+    let market = hub.read();
+    per_symbol(&params, &market, |i| render::price_ticker(&market.instruments[i]))
 }
 
 /// The dashboard's figures: what the venue has done, who is connected.
@@ -422,8 +430,10 @@ fn router(hub: Arc<Hub>) -> Router {
         .route("/api/v3/depth", get(depth))
         .route("/api/v3/trades", get(trades))
         .route("/api/v3/klines", get(klines))
+        .route("/api/v3/uiKlines", get(klines))
         .route("/api/v3/ticker/24hr", get(ticker_24hr))
         .route("/api/v3/ticker/bookTicker", get(book_ticker))
+        .route("/api/v3/ticker/price", get(price_ticker))
         .route("/api/v3/aggTrades", get(super::trading::agg_trades))
         .route("/api/v3/order", post(super::trading::new_order).delete(super::trading::cancel_order).get(super::trading::query_order))
         .route("/api/v3/order/cancelReplace", post(super::trading::cancel_replace))

@@ -293,6 +293,7 @@ impl Hub {
             }
             if !update.trades.is_empty() {
                 send(&format!("{symbol}@trade"), &|| update.trades.iter().map(|t| render::trade_text(data, t, updates.time_ms)).collect());
+                send(&format!("{symbol}@aggTrade"), &|| update.trades.iter().map(|t| render::agg_trade_text(data, t, updates.time_ms)).collect());
             }
             if update.top_changed {
                 send(&format!("{symbol}@bookTicker"), &|| vec![render::book_ticker_update(&state, data).to_string()]);

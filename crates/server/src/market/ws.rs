@@ -49,7 +49,7 @@ pub(crate) fn stream_name(hub: &Hub, name: &str) -> Option<String> {
     let (symbol, kind) = name.split_once('@')?;
     let upper = symbol.to_ascii_uppercase();
     hub.read().index_of_symbol(&upper)?;
-    let known = matches!(kind, "depth" | "depth@100ms" | "depth@1000ms" | "trade" | "trade@100ms" | "bookTicker" | "ticker" | "miniTicker")
+    let known = matches!(kind, "depth" | "depth@100ms" | "depth@1000ms" | "trade" | "aggTrade" | "trade@100ms" | "bookTicker" | "ticker" | "miniTicker")
         || ["5", "10", "20"].iter().any(|n| kind.strip_prefix("depth").and_then(|r| r.strip_prefix(n)).is_some_and(|rest| matches!(rest, "" | "@100ms" | "@1000ms")))
         || kind.strip_prefix("kline_").is_some_and(|i| crossbook_marketdata::candles::interval(i).is_some());
     known.then(|| format!("{}@{kind}", upper.to_ascii_lowercase()))
