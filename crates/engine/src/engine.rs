@@ -1197,6 +1197,18 @@ impl Engine {
         self.assets.iter().map(|a| a.id)
     }
 
+    /// An asset's name, if the asset exists.
+    pub fn asset_name(&self, asset: AssetId) -> Option<Symbol> {
+        let index = self.asset_index.get(asset.into())?;
+        Some(self.assets[index as usize].name)
+    }
+
+    /// An instrument's definition, if the instrument exists.
+    pub fn instrument_spec(&self, instrument: InstrumentId) -> Option<InstrumentSpec> {
+        let index = self.instrument_index.get(instrument.into())?;
+        Some(self.instruments[index as usize].spec)
+    }
+
     /// Deposits minus withdrawals of an asset.
     pub fn supply(&self, asset: AssetId) -> Option<u64> {
         let index = self.asset_index.get(asset.into())?;

@@ -51,6 +51,26 @@ pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// A venue that has run before takes from its configuration what it
+/// lacks (a new asset, instrument or account, with the new account's
+/// deposits; `sequencer::lacking`), journaled like any command, and warns
+/// of what the configuration defines otherwise than its journal.
+fn add_what_the_configuration_adds(config: &Config, engine: &mut crossbook_engine::Engine, journal: &mut Journal) -> Result<(), ServeError> {
+    let (lacking, differences) = sequencer::lacking(&config.checked_setup_commands()?, engine);
+    for difference in differences {
+        log(&format!("warning: {difference}; the journal's stands"));
+    }
+    if lacking.is_empty() {
+        return Ok(());
+    }
+    let refused = sequencer::set_up(engine, journal, &lacking)?;
+    for (command, reason) in &refused {
+        log(&format!("warning: the venue refused the configuration's {command:?}: {reason}"));
+    }
+    log(&format!("from the configuration: {} commands adding what the venue lacked ({} refused), journaled up to seq {}", lacking.len(), refused.len(), engine.seq()));
+    Ok(())
+}
+
 /// What a served session ended with.
 pub struct Summary {
     pub seq: u64,
@@ -145,6 +165,9 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         log(&format!("new venue: {} set-up commands from the configuration", engine.seq()));
     } else {
         log(&format!("recovered {} commands from {}", engine.seq(), config.data_dir.display()));
+        if replicated_log.is_none() {
+            add_what_the_configuration_adds(&config, &mut engine, &mut journal)?;
+        }
     }
     // Where the log is read from (a replicated node follows first).
     let read_from = match &replicated_log {

@@ -15,7 +15,7 @@ use crossbook_replication::batch::Encoder;
 use crossbook_replication::{Appender, Delivered, Log, Reader};
 use crate::snapshotter::{KEEP_SNAPSHOTS, Offer, Snapshotter};
 use crate::{ServeError, Summary, log};
-use crossbook_engine::{Command, Engine, Event, OrderType, TimeInForce};
+use crossbook_engine::{Command, Engine, Event, InstrumentSpec, OrderType, TimeInForce};
 use crossbook_journal::{Journal, Retention, SnapshotHeader, micros_histogram, write_snapshot_state};
 use crossbook_protocol::ExecutionReport;
 use crossbook_protocol::reports::{Addressed, ReportBuilder};
@@ -118,16 +118,86 @@ impl InFlight {
 /// Journals and applies a new venue's reference data (assets,
 /// instruments, accounts, deposits) before anything else, and waits until
 /// the journal holds it.
-pub(crate) fn set_up(engine: &mut Engine, journal: &mut Journal, commands: &[Command]) -> Result<(), ServeError> {
+/// Returns the commands the engine refused, with why.
+pub(crate) fn set_up(engine: &mut Engine, journal: &mut Journal, commands: &[Command]) -> Result<Vec<(Command, &'static str)>, ServeError> {
     let mut events = Vec::new();
+    let mut refused = Vec::new();
     journal.stamp(crate::now_ms());
     for command in commands {
         journal.append(engine.seq() + 1, command)?;
         events.clear();
         engine.apply(command, &mut events);
+        if let Some(reason) = events.iter().find_map(|e| match e.kind {
+            crossbook_engine::EventKind::Rejected { reason } => Some(reason),
+            _ => None,
+        }) {
+            refused.push((*command, reason.name()));
+        }
     }
     journal.flush()?;
-    Ok(())
+    Ok(refused)
+}
+
+/// Each field in which an instrument's definition in the configuration
+/// differs from the journal's: `taker_bps 5 in the journal, 7 in the
+/// configuration`.
+fn spec_differences(kept: &InstrumentSpec, configured: &InstrumentSpec) -> String {
+    let fields = |s: &InstrumentSpec| {
+        [
+            ("symbol", s.symbol.to_string()),
+            ("base", s.base.to_string()),
+            ("quote", s.quote.to_string()),
+            ("tick_size", s.tick_size.to_string()),
+            ("lot_size", s.lot_size.to_string()),
+            ("min_qty", s.min_qty.to_string()),
+            ("max_qty", s.max_qty.to_string()),
+            ("min_price", s.min_price.to_string()),
+            ("max_price", s.max_price.to_string()),
+            ("maker_bps", s.maker_bps.to_string()),
+            ("taker_bps", s.taker_bps.to_string()),
+        ]
+    };
+    let differing: Vec<String> = fields(kept)
+        .into_iter()
+        .zip(fields(configured))
+        .filter(|((_, a), (_, b))| a != b)
+        .map(|((name, a), (_, b))| format!("{name} {a} in the journal, {b} in the configuration"))
+        .collect();
+    differing.join(", ")
+}
+
+/// What of a configuration's set-up commands (`setup`,
+/// [`crate::config::Config::setup_commands`]) a venue that has run before
+/// lacks: the assets, instruments and accounts its engine does not have,
+/// each new account with its starting deposits. Nothing the venue has is
+/// changed (its journal is the truth: an account it has keeps its
+/// balances); an asset or instrument whose definition differs from the
+/// venue's is named in the second list, for a warning.
+pub(crate) fn lacking(setup: &[Command], engine: &Engine) -> (Vec<Command>, Vec<String>) {
+    let mut commands = Vec::new();
+    let mut differences = Vec::new();
+    let mut opened = std::collections::HashSet::new();
+    for command in setup {
+        match *command {
+            Command::AddAsset { id, name } => match engine.asset_name(id) {
+                None => commands.push(*command),
+                Some(kept) if kept != name => differences.push(format!("asset {id} is {kept} in the journal, {name} in the configuration")),
+                Some(_) => {}
+            },
+            Command::AddInstrument(spec) => match engine.instrument_spec(spec.id) {
+                None => commands.push(*command),
+                Some(kept) if kept != spec => differences.push(format!("instrument {} ({}): {}", spec.id, kept.symbol, spec_differences(&kept, &spec))),
+                Some(_) => {}
+            },
+            Command::OpenAccount { account } if !engine.has_account(account) => {
+                opened.insert(account);
+                commands.push(*command);
+            }
+            Command::Deposit { account, .. } if opened.contains(&account) => commands.push(*command),
+            _ => {}
+        }
+    }
+    (commands, differences)
 }
 
 /// A replicated node's side of the sequencer (`replica.rs`).
@@ -446,15 +516,30 @@ impl<'a> Sequencer<'a> {
         replication.state.leading.store(true, Ordering::Release);
         replication.state.accepting.store(true, Ordering::Release);
         log(&format!("replication: leading (epoch {epoch}) from command {}, stream message {marker}", self.engine.seq()));
-        if self.engine.seq() == 0 {
-            // A new venue: its reference data is the log's first commands.
-            let setup = std::mem::take(&mut replication.setup);
+        // A new venue: its reference data is the log's first commands; a
+        // venue that has run: what this node's configuration adds to it.
+        let new = self.engine.seq() == 0;
+        let setup = std::mem::take(&mut replication.setup);
+        let setup = if new {
+            setup
+        } else {
+            let (lacking, differences) = lacking(&setup, &self.engine);
+            for difference in differences {
+                log(&format!("warning: {difference}; the journal's stands"));
+            }
+            lacking
+        };
+        if !setup.is_empty() {
             let in_flight = InFlight::polled();
             let mut batch: Vec<Inbound> = setup.into_iter().map(|command| Inbound { request: Request::Command(command), annex: None, source: crate::sink::OTHER, in_flight: in_flight.clone() }).collect();
             in_flight.add(batch.len() as u32);
             let count = batch.len();
             self.apply(&mut batch)?;
-            log(&format!("new venue: {count} set-up commands from the configuration, replicated"));
+            if new {
+                log(&format!("new venue: {count} set-up commands from the configuration, replicated"));
+            } else {
+                log(&format!("from the configuration: {count} commands adding what the venue lacked, replicated"));
+            }
         }
         Ok(())
     }

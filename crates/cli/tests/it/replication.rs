@@ -277,6 +277,18 @@ fn a_follower_applies_the_log_and_refuses_orders_with_a_redirect() {
     let said = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && said.contains("holds no command"), "{said}");
     assert_eq!(state_hash(&dir.0.join("a")), state_hash(&dir.0.join("b")), "nothing was cut");
+    // Started again with an account added to its configuration, the node
+    // that leads appends it (and its deposit) to the log.
+    let config = node_config(&dir.0, "a", &nats, "FOLLOW");
+    let grown = std::fs::read_to_string(&config).unwrap() + "\n[[accounts]]\nid = 99\napi_key = \"key-99\"\ndeposits = [[2, 777]]\n";
+    std::fs::write(&config, grown).unwrap();
+    let data = dir.0.join("a");
+    let leader = spawn_process(&["serve"], &["--config", config.to_str().unwrap(), "--data", data.to_str().unwrap(), "--listen", "127.0.0.1:0", "--market-listen", "127.0.0.1:0"], &[]);
+    leader.expect_log_within("from the configuration: 2 commands adding what the venue lacked, replicated", Duration::from_secs(20));
+    let (mut carol, _) = Client::login(&leader.address, 99, "key-99");
+    assert_eq!(crate::trading::binary_balances(&mut carol, 1).0.get(&2), Some(&(777, 0)));
+    drop(carol);
+    assert!(leader.terminate().success());
 }
 
 /// One failover trial: the leader is killed (-9) under `crossbook load`;

@@ -149,3 +149,78 @@ fn a_restart_rebuilds_from_the_gateways_checkpoints_what_a_whole_replay_rebuilds
     }
     assert!(server.terminate().success());
 }
+
+/// A venue that has run takes from its configuration, at the next start,
+/// what the configuration adds (an asset, an instrument, an account with
+/// its starting deposits), journaled like any command; nothing it has is
+/// changed (an existing account's balances, an instrument's fees: the
+/// journal's stand, with a warning), and a start that finds nothing new
+/// adds nothing.
+#[test]
+fn a_restart_adds_what_the_configuration_adds_and_changes_nothing_the_venue_has() {
+    use crate::trading::binary_balances;
+    let work = TempDir::new("restart-config");
+    let data = work.0.join("data");
+    let config = write_config(&work.0, "crossbook.toml", 1 << 20);
+
+    let server = start(&config, &data);
+    let (mut alice, _) = Client::login(&server.address, 1, "alice");
+    alice.send(&limit(1, Side::Buy, 100, 5, TimeInForce::Gtc));
+    assert_eq!(alice.report().kind, ReportKind::Accepted);
+    let (alice_before, _) = binary_balances(&mut alice, 1);
+    drop(alice);
+    assert!(server.terminate().success());
+
+    let grown = std::fs::read_to_string(&config).unwrap().replace("taker_bps = 0", "taker_bps = 7")
+        + r#"
+[[assets]]
+id = 3
+name = "ETH"
+
+[[instruments]]
+id = 2
+symbol = "ETH-USD"
+base = 3
+quote = 2
+tick_size = 1
+lot_size = 1
+min_qty = 1
+max_qty = 1000
+min_price = 1
+max_price = 100000
+maker_bps = 0
+taker_bps = 0
+
+[[accounts]]
+id = 9
+api_key = "carol"
+deposits = [[3, 40], [2, 5000]]
+"#;
+    std::fs::write(&config, grown).unwrap();
+    let server = start(&config, &data);
+    let startup = server.startup.join("\n");
+    assert!(startup.contains("warning: instrument 1 (BTC-USD): taker_bps 0 in the journal, 7 in the configuration; the journal's stands"), "{startup}");
+    assert!(startup.contains("from the configuration: 5 commands adding what the venue lacked (0 refused)"), "{startup}");
+    let (mut carol, _) = Client::login(&server.address, 9, "carol");
+    let (balances, _) = binary_balances(&mut carol, 1);
+    assert_eq!(balances, BTreeMap::from([(1, (0, 0)), (2, (5000, 0)), (3, (40, 0))]), "the new account's deposits, in the new asset too");
+    let mut sell = limit(1, Side::Sell, 150, 4, TimeInForce::Gtc);
+    if let ClientMessage::NewOrder(order) = &mut sell {
+        order.instrument = 2;
+    }
+    carol.send(&sell);
+    let accepted = carol.report();
+    assert_eq!((accepted.kind, accepted.instrument), (ReportKind::Accepted, 2), "an order on the new instrument");
+    let (mut alice, _) = Client::login(&server.address, 1, "alice");
+    assert_eq!(binary_balances(&mut alice, 2).0.get(&2), alice_before.get(&2), "an existing account keeps its balances (and its lock)");
+    drop((alice, carol));
+    assert!(server.terminate().success());
+
+    // Nothing new: nothing added, and the new account was not funded twice.
+    let server = start(&config, &data);
+    assert!(!server.startup.iter().any(|line| line.starts_with("from the configuration")), "{:#?}", server.startup);
+    let (mut carol, _) = Client::login(&server.address, 9, "carol");
+    assert_eq!(binary_balances(&mut carol, 1).0.get(&3), Some(&(36, 4)), "ETH: 4 of 40 locked by the resting sell");
+    drop(carol);
+    assert!(server.terminate().success());
+}

@@ -157,7 +157,7 @@ fn refused(reply: Reply, status: u16, code: i64) -> Reply {
 
 /// Balances of the logged-in account over the binary protocol: asset ->
 /// (available, locked), and the command the answer reflects.
-fn binary_balances(client: &mut Client, request: u64) -> (BTreeMap<u32, (u64, u64)>, u64) {
+pub(crate) fn binary_balances(client: &mut Client, request: u64) -> (BTreeMap<u32, (u64, u64)>, u64) {
     client.send(&ClientMessage::QueryBalances { request });
     let mut balances = BTreeMap::new();
     loop {
