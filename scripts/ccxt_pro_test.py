@@ -24,6 +24,8 @@ then orders, queries and balances over it (`create_order_ws`,
 `fetch_order_ws`, `fetch_open_orders_ws`, `fetch_my_trades_ws`,
 `fetch_balance_ws`, `edit_order_ws`, `cancel_order_ws`), each against the
 REST answer.
+An operator's deposit (`POST /crossbook/admin/v1/deposit`) reaches
+`watch_balance` as Binance's `balanceUpdate`.
 Ends with "N passed, M failed".
 
     scripts/ccxt-pro-test [--binary target/release/crossbook]
@@ -38,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 
 import ccxt.pro
@@ -47,11 +50,20 @@ from servetest import Checks, OutOfTime, start_server, time_limit
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYMBOL = "BTC/USD"
 TIME_LIMIT_S = 120
+ADMIN_TOKEN = "ccxt-pro-test-operator"
 QUIET_S = 3.0        # a candle message is due at most every 2 s
 
 
 def get(market, path):
     with urllib.request.urlopen(f"http://{market}{path}", timeout=10) as response:
+        return json.loads(response.read())
+
+
+def deposit(market, account, asset, amount, reference):
+    """The operator's deposit (`docs/trading.md`, "Deposits and withdrawals")."""
+    body = urllib.parse.urlencode({"account": account, "asset": asset, "amount": amount, "reference": reference}).encode()
+    request = urllib.request.Request(f"http://{market}/crossbook/admin/v1/deposit", data=body, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
 
 
@@ -137,6 +149,22 @@ async def private(checks, market):
     finally:
         await seller.close()
         await buyer.close()
+
+    # An operator's deposit reaches watch_balance as Binance's
+    # balanceUpdate, added to the balance ccxt.pro fetched first.
+    funded = client(market, 9)
+    funded.options["watchBalance"] = {"fetchBalanceSnapshot": True, "awaitBalanceSnapshot": True}
+    try:
+        await funded.load_markets()
+        balance = asyncio.create_task(funded.watch_balance())
+        await asyncio.sleep(1.0)
+        before = (await funded.fetch_balance())["USD"]["free"]
+        done = deposit(market, 9, "USD", 250, "ccxt-pro-deposit-1")
+        checks.equal("the operator's deposit is done", done["status"], "DONE")
+        streamed = await asyncio.wait_for(balance, 10)
+        checks.equal("watch_balance: the deposit added to the free USD (balanceUpdate)", streamed["USD"]["free"], before + 250)
+    finally:
+        await funded.close()
 
 
 async def follow(exchange, seen, name, watch):
@@ -252,7 +280,12 @@ def main():
 
     time_limit(TIME_LIMIT_S)
     data = tempfile.mkdtemp(prefix="crossbook-ccxt-pro-")
-    server, binary_address, market = start_server(args.binary, data)
+    # The built-in configuration, with the operator's endpoints on.
+    with open(os.path.join(REPO, "crossbook.toml")) as default:
+        config = default.read().replace('admin_token = ""', f'admin_token = "{ADMIN_TOKEN}"', 1)
+    with open(os.path.join(data, "crossbook.toml"), "w") as file:
+        file.write(config)
+    server, binary_address, market = start_server(args.binary, os.path.join(data, "data"), os.path.join(data, "crossbook.toml"))
     try:
         asyncio.run(private(checks, market))
         asyncio.run(run(checks, args.binary, binary_address, market))

@@ -65,11 +65,13 @@ class Checks:
         return self.check(name, False, f"no error, wanted {expected.__name__}; returned {str(result)[:300]}")
 
 
-def start_server(binary, data):
+def start_server(binary, data, config=None):
     """Starts `crossbook serve` (binary protocol and market data on free ports,
-    no FIX) on `data`; returns (process, binary address, market address)."""
+    no FIX) on `data`, with the configuration file `config` (default: the
+    built-in one); returns (process, binary address, market address)."""
     process = subprocess.Popen(
-        [binary, "serve", "--listen", "127.0.0.1:0", "--fix-listen", "", "--market-listen", "127.0.0.1:0", "--data", data],
+        [binary, "serve", "--listen", "127.0.0.1:0", "--fix-listen", "", "--market-listen", "127.0.0.1:0", "--data", data]
+        + (["--config", config] if config else []),
         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     found = {}
 

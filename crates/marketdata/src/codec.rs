@@ -11,14 +11,16 @@
 //! u64, taker_buy_quote_volume u128, trades u64, first_trade u64,
 //! last_trade u64); then resting orders u64 and each (id u64, instrument
 //! id u32, side u8, price i64, remaining u64); then (version 2) the
-//! accounts' orders and trades (`accounts.rs`, `Accounts::encode`).
+//! accounts' orders and trades (`accounts.rs`, `Accounts::encode`); then
+//! (version 3) the operator's transfers by reference (`transfers.rs`,
+//! `Transfers::encode`).
 
 use crate::candles::{Candle, INTERVALS};
 use crate::{Live, MarketData, Trade};
 use crossbook_engine::Side;
 
 const MAGIC: &[u8; 4] = b"XBMD";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 
 /// What is wrong with a checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,6 +84,7 @@ pub fn encode(market: &MarketData) -> Vec<u8> {
     }
     let ids: Vec<u32> = market.instruments.iter().map(|d| d.info.id).collect();
     market.accounts.encode(&mut out, &ids);
+    market.transfers.encode(&mut out);
     out
 }
 
@@ -151,6 +154,7 @@ pub fn restore(market: &mut MarketData, bytes: &[u8]) -> Result<(), CodecError> 
     }
     let by_id = market.by_id.clone();
     market.accounts.restore(&mut r, &|id| by_id.get(&id).copied())?;
+    market.transfers.restore(&mut r)?;
     r.end()?;
     let seq = market.seq;
     market.diffs_from(seq);

@@ -19,6 +19,7 @@ pub mod accounts;
 pub mod candles;
 pub mod codec;
 pub mod render;
+pub mod transfers;
 
 use accounts::{Accounts, PlaceDetails};
 use candles::Candles;
@@ -348,6 +349,8 @@ pub struct MarketData {
     dirty: Vec<u32>,
     /// Each account's orders and trades.
     pub accounts: Accounts,
+    /// Deposits and withdrawals made by the operator, by reference.
+    pub transfers: transfers::Transfers,
 }
 
 impl MarketData {
@@ -368,6 +371,7 @@ impl MarketData {
             counters: Counters::default(),
             dirty: Vec::new(),
             accounts: Accounts::default(),
+            transfers: transfers::Transfers::default(),
         }
     }
 
@@ -392,6 +396,22 @@ impl MarketData {
         self.accounts.trim();
         self.seq = seq;
         self.time_ms = self.time_ms.max(time_ms);
+        // A deposit or withdrawal with its reference (the operator's
+        // endpoints journal one with each).
+        if let Some(CommandContext { command, client_id: Some(reference), gateway: true }) = context {
+            let transfer = match *command {
+                Command::Deposit { account, asset, amount } => Some((account, asset, amount, transfers::Direction::Deposit)),
+                Command::Withdraw { account, asset, amount } => Some((account, asset, amount, transfers::Direction::Withdrawal)),
+                _ => None,
+            };
+            if let Some((account, asset, amount, direction)) = transfer {
+                let refused = events.iter().find_map(|e| match e.kind {
+                    EventKind::Rejected { reason } => Some(reason),
+                    _ => None,
+                });
+                self.transfers.record(reference, transfers::Transfer { seq, time_ms, account, asset, amount, direction, refused });
+            }
+        }
         for event in events {
             self.event(&event.kind, context);
         }

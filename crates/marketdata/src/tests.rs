@@ -379,3 +379,52 @@ fn small_windows_hold_and_restore_the_same() {
     assert_eq!(live.accounts.orders.len(), held, "every record is open or in its account's window");
     assert!(live.accounts.accounts.values().filter(|d| d.closed.len() == 3).count() > 10, "the windows were reached");
 }
+
+/// The operator's transfers are recorded by reference from their
+/// commands (done or refused, only those a gateway journaled with a
+/// reference), kept in the checkpoint, and the oldest forgotten past
+/// `TRANSFERS_KEPT`.
+#[test]
+fn transfers_are_kept_by_reference_in_the_checkpoint() {
+    use transfers::{Direction, TRANSFERS_KEPT, Transfer, Transfers};
+    let venue = x_y_venue(1_000);
+    let mut engine = Engine::new();
+    let mut market = MarketData::new(InstrumentInfo::of_commands(&venue), 0);
+    let mut events = Vec::new();
+    let steps: Vec<(Command, Option<&str>)> = venue
+        .iter()
+        .map(|c| (*c, None))
+        .chain([
+            (Command::Deposit { account: 7, asset: 2, amount: 500 }, Some("in-1")),
+            (Command::Withdraw { account: 7, asset: 2, amount: 900 }, Some("out-1")),
+            (Command::Withdraw { account: 7, asset: 2, amount: 200 }, Some("out-2")),
+            (Command::Deposit { account: 7, asset: 2, amount: 1 }, None),
+        ])
+        .collect();
+    for (index, (command, reference)) in steps.iter().enumerate() {
+        events.clear();
+        engine.apply(command, &mut events);
+        let context = CommandContext { command, client_id: *reference, gateway: reference.is_some() };
+        market.apply_command(engine.seq(), 1_000 + index as u64, Some(context), &events);
+    }
+    let at = |seq: u64, amount: u64, direction: Direction, refused: Option<RejectReason>| Transfer { seq, time_ms: seq + 999, account: 7, asset: 2, amount, direction, refused };
+    assert_eq!(market.transfers.get("in-1"), Some(&at(6, 500, Direction::Deposit, None)));
+    assert_eq!(market.transfers.get("out-1"), Some(&at(7, 900, Direction::Withdrawal, Some(RejectReason::InsufficientFunds))));
+    assert_eq!(market.transfers.get("out-2"), Some(&at(8, 200, Direction::Withdrawal, None)));
+    assert_eq!(market.transfers.len(), 3, "a deposit without a reference (the configuration's) is not one");
+
+    let bytes = codec::encode(&market);
+    let mut copy = MarketData::new(InstrumentInfo::of_commands(&venue), 0);
+    codec::restore(&mut copy, &bytes).expect("a checkpoint restores");
+    assert_eq!(copy.transfers, market.transfers);
+    let mut broken = MarketData::new(InstrumentInfo::of_commands(&venue), 0);
+    assert!(codec::restore(&mut broken, &bytes[..bytes.len() - 1]).is_err());
+
+    let mut many = Transfers::default();
+    for n in 0..TRANSFERS_KEPT as u64 + 2 {
+        many.record(&n.to_string(), at(n, 1, Direction::Deposit, None));
+    }
+    assert_eq!(many.len(), TRANSFERS_KEPT);
+    assert!(many.get("0").is_none() && many.get("1").is_none(), "the oldest are forgotten");
+    assert!(many.get("2").is_some() && many.get(&(TRANSFERS_KEPT as u64 + 1).to_string()).is_some());
+}

@@ -131,7 +131,15 @@ pub struct MarketDataConfig {
     /// same.
     pub orders_kept: usize,
     pub trades_kept: usize,
+    /// The operator's endpoints (deposits, withdrawals, balances:
+    /// `docs/trading.md`): a request must carry `Authorization: Bearer
+    /// <admin_token>`; empty: the endpoints are off. At least
+    /// [`MIN_ADMIN_TOKEN`] characters.
+    pub admin_token: String,
 }
+
+/// The shortest `admin_token` accepted.
+pub const MIN_ADMIN_TOKEN: usize = 16;
 
 impl Default for MarketDataConfig {
     fn default() -> Self {
@@ -151,6 +159,7 @@ impl Default for MarketDataConfig {
             nice: 0,
             orders_kept: crossbook_marketdata::accounts::ORDERS_KEPT,
             trades_kept: crossbook_marketdata::accounts::TRADES_KEPT_PER_ACCOUNT,
+            admin_token: String::new(),
         }
     }
 }
@@ -383,6 +392,8 @@ pub enum ConfigError {
     BadReplication(String),
     /// `market_data.nice` outside 0 to 19.
     BadNice(i32),
+    /// `market_data.admin_token` set but shorter than [`MIN_ADMIN_TOKEN`].
+    ShortAdminToken(usize),
     /// `market_data.orders_kept` or `trades_kept` outside 1 to 1,000,000.
     BadWindow { key: &'static str, value: usize },
 }
@@ -407,6 +418,7 @@ impl std::fmt::Display for ConfigError {
             ConfigError::BadAddress { key, value } => write!(f, "{key} {value:?} is not an address (host:port)"),
             ConfigError::BadReplication(why) => write!(f, "replication: {why}"),
             ConfigError::BadNice(nice) => write!(f, "market_data.nice must be 0 to 19, not {nice}"),
+            ConfigError::ShortAdminToken(length) => write!(f, "market_data.admin_token has {length} characters: at least {MIN_ADMIN_TOKEN}, or none (the operator endpoints off)"),
             ConfigError::BadWindow { key, value } => write!(f, "market_data.{key} must be 1 to 1000000, not {value}"),
             ConfigError::SharedApiKey { first, second } => write!(f, "accounts {first} and {second} have the same API key (the REST API names an account by its key)"),
             ConfigError::Refused { what, reason } => write!(f, "{what} is refused by the engine: {reason} (docs/engine.md says why)"),
@@ -449,6 +461,10 @@ impl Config {
         }
         if !(0..=19).contains(&self.market_data.nice) {
             return Err(ConfigError::BadNice(self.market_data.nice));
+        }
+        let token = self.market_data.admin_token.chars().count();
+        if token > 0 && token < MIN_ADMIN_TOKEN {
+            return Err(ConfigError::ShortAdminToken(token));
         }
         for (key, value) in [("orders_kept", self.market_data.orders_kept), ("trades_kept", self.market_data.trades_kept)] {
             if !(1..=1_000_000).contains(&value) {
@@ -656,6 +672,15 @@ mod tests {
             let refused = Config::from_toml(&format!("[market_data]\n{key} = {value}")).unwrap().check().expect_err("refused");
             assert_eq!(refused.to_string(), format!("market_data.{key} must be 1 to 1000000, not {value}"));
         }
+    }
+
+    #[test]
+    fn an_admin_token_is_none_or_16_characters_at_least() {
+        for token in ["", "0123456789abcdef"] {
+            assert!(Config::from_toml(&format!("[market_data]\nadmin_token = \"{token}\"")).unwrap().check().is_ok(), "{token:?}");
+        }
+        let refused = Config::from_toml("[market_data]\nadmin_token = \"short\"").unwrap().check().expect_err("refused");
+        assert_eq!(refused.to_string(), "market_data.admin_token has 5 characters: at least 16, or none (the operator endpoints off)");
     }
 
     #[test]

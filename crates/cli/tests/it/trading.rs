@@ -9,7 +9,7 @@ use crate::support::TempDir;
 use crossbook_engine::{Side, TimeInForce};
 use crossbook_protocol::{ClientMessage, ReportKind, ServerMessage};
 use hmac::{Hmac, Mac};
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -1027,4 +1027,92 @@ fn rest_history_and_numbering_survive_a_kill() {
     let number = |v: &Value| v["clientOrderId"].as_str().and_then(|c| c.strip_prefix("crossbook-")).and_then(|n| n.parse::<u64>().ok()).unwrap();
     assert!(number(&next) > number(&placed), "{} after {}", next["clientOrderId"], placed["clientOrderId"]);
     assert!(number(&next) < 1_000, "{}", next["clientOrderId"]);
+}
+
+/// The operator's endpoints (`docs/trading.md`, "Deposits and
+/// withdrawals"): money in and out while the venue runs, only with the
+/// admin token; a reference moves money once, also after a kill -9; the
+/// account's user data stream hears of it; bad requests are refused with
+/// a reason.
+#[test]
+fn the_operator_deposits_and_withdraws_once_per_reference() {
+    const TOKEN: &str = "operator-token-0123";
+    let dir = TempDir::new("trading-admin");
+    let config = dir.0.join("crossbook.toml");
+    std::fs::write(&config, CONFIG.replace("max_orders_per_10s = 50", &format!("max_orders_per_10s = 50\nadmin_token = \"{TOKEN}\""))).unwrap();
+    let start_admin = || spawn_with(&["--config", config.to_str().unwrap(), "--data", dir.0.join("data").to_str().unwrap()], &[]);
+    let server = start_admin();
+    let market = server.market_address.clone();
+    let bearer = format!("Bearer {TOKEN}");
+    let admin = |market: &str, method: &str, target: &str, body: &str| http(market, method, &format!("/crossbook/admin/v1/{target}"), &[("Authorization", bearer.as_str())], body);
+
+    refused(http(&market, "POST", "/crossbook/admin/v1/deposit", &[], "account=1&asset=BTC&amount=1&reference=r"), 401, -2015);
+    refused(http(&market, "POST", "/crossbook/admin/v1/deposit", &[("Authorization", "Bearer operator-token-0124")], "account=1&asset=BTC&amount=1&reference=r"), 401, -2015);
+    let key = ok(http(&market, "POST", "/api/v3/userDataStream", &[("X-MBX-APIKEY", "alice")], ""))["listenKey"].as_str().unwrap().to_string();
+    let mut stream = listen(&market, &format!("/ws/{key}"));
+
+    // 1.5 BTC in (3 decimals: 1,500 units), once.
+    let done = ok(admin(&market, "POST", "deposit", "account=1&asset=BTC&amount=1.5&reference=dep-1"));
+    assert_eq!((&done["status"], &done["direction"], &done["amount"], &done["asset"], &done["account"]), (&json!("DONE"), &json!("DEPOSIT"), &json!("1.500"), &json!("BTC"), &json!(1)));
+    let again = refused(admin(&market, "POST", "deposit", "account=1&asset=BTC&amount=1.5&reference=dep-1"), 409, -2030);
+    assert_eq!(again.body["data"], done, "the second request is told what the first did");
+    let balance = |server: &Server, asset: &str| {
+        let account = ok(signed(&server.market_address, "GET", "/api/v3/account", &[], "alice", "alice-secret"));
+        account["balances"].as_array().unwrap().iter().find(|b| b["asset"] == asset).map(|b| b["free"].as_str().unwrap().to_string()).unwrap()
+    };
+    assert_eq!(balance(&server, "BTC"), "101.500", "moved once");
+    let seen = messages(&mut stream, Duration::from_millis(600));
+    assert!(seen.iter().any(|m| m["e"] == "balanceUpdate" && m["a"] == "BTC" && m["d"] == "1.500"), "{seen:?}");
+    assert!(seen.iter().any(|m| m["e"] == "outboundAccountPosition" && m["B"].as_array().is_some_and(|b| b.iter().any(|b| b["a"] == "BTC" && b["f"] == "101.500"))), "{seen:?}");
+
+    // Out: more than is free is refused (and that refusal is what the
+    // reference did); then half a BTC.
+    let short = refused(admin(&market, "POST", "withdraw", "account=1&asset=BTC&amount=500&reference=wd-0"), 400, -2010);
+    assert_eq!((&short.body["data"]["status"], &short.body["data"]["reason"]), (&json!("REFUSED"), &json!("insufficient_funds")));
+    assert_eq!(refused(admin(&market, "POST", "withdraw", "account=1&asset=BTC&amount=0.5&reference=wd-0"), 409, -2030).body["data"], short.body["data"]);
+    let out = ok(admin(&market, "POST", "withdraw", "account=1&asset=btc&amount=0.5&reference=wd-1"));
+    assert_eq!((&out["status"], &out["direction"]), (&json!("DONE"), &json!("WITHDRAWAL")));
+    assert_eq!(balance(&server, "BTC"), "101.000");
+    let seen = messages(&mut stream, Duration::from_millis(600));
+    assert!(seen.iter().any(|m| m["e"] == "balanceUpdate" && m["d"] == "-0.500"), "{seen:?}");
+    let bob_stream = ok(http(&market, "POST", "/api/v3/userDataStream", &[("X-MBX-APIKEY", "bob")], ""))["listenKey"].as_str().unwrap().to_string();
+    let mut bob_socket = listen(&market, &format!("/ws/{bob_stream}"));
+    ok(admin(&market, "POST", "deposit", "account=1&asset=USD&amount=3.25&reference=dep-2"));
+    assert!(messages(&mut bob_socket, Duration::from_millis(400)).is_empty(), "another account's stream hears nothing");
+
+    // Bad requests.
+    refused(admin(&market, "POST", "deposit", "account=1&asset=BTC&amount=0.0005&reference=x1"), 400, -1100);
+    refused(admin(&market, "POST", "deposit", "account=1&asset=BTC&amount=0&reference=x1"), 400, -1100);
+    refused(admin(&market, "POST", "deposit", "account=1&asset=DOGE&amount=1&reference=x1"), 400, -1100);
+    refused(admin(&market, "POST", "deposit", "account=1&asset=BTC&amount=1"), 400, -1102);
+    refused(admin(&market, "POST", "deposit", "account=1&asset=BTC&amount=1&reference=has space"), 400, -1100);
+    refused(admin(&market, "POST", "deposit", "account=1&asset=BTC&amount=1&reference=x1&colour=red"), 400, -1104);
+    let unknown = refused(admin(&market, "POST", "deposit", "account=99&asset=BTC&amount=1&reference=x2"), 400, -2010);
+    assert_eq!(unknown.body["data"]["reason"], "unknown_account");
+
+    // Look-ups: a transfer by reference; an account's balances.
+    assert_eq!(ok(admin(&market, "GET", "transfer?reference=dep-1", "")), done);
+    refused(admin(&market, "GET", "transfer?reference=never", ""), 404, -2013);
+    let balances = ok(admin(&market, "GET", "balances?account=1", ""));
+    assert_eq!(balances["balances"][0], json!({"asset": "BTC", "free": "101.000", "locked": "0.000"}));
+    refused(admin(&market, "GET", "balances?account=99", ""), 404, -2010);
+    drop((stream, bob_socket));
+
+    // After a kill -9 a reference still moves nothing twice.
+    server.kill();
+    let server = start_admin();
+    let market = server.market_address.clone();
+    assert_eq!(refused(admin(&market, "POST", "deposit", "account=1&asset=BTC&amount=1.5&reference=dep-1"), 409, -2030).body["data"], done);
+    assert_eq!(ok(admin(&market, "GET", "transfer?reference=wd-1", "")), out);
+    assert_eq!(balance(&server, "BTC"), "101.000");
+    assert!(server.terminate().success());
+    // A clean stop and start (from the shutdown snapshot's checkpoint).
+    let server = start_admin();
+    assert_eq!(refused(admin(&server.market_address, "POST", "withdraw", "account=1&asset=BTC&amount=0.5&reference=wd-1"), 409, -2030).body["data"], out);
+    assert!(server.terminate().success());
+
+    // Without a token the endpoints are off.
+    let plain = TempDir::new("trading-admin-off");
+    let server = start(&plain);
+    refused(http(&server.market_address, "POST", "/crossbook/admin/v1/deposit", &[("Authorization", bearer.as_str())], "account=1&asset=BTC&amount=1&reference=r"), 404, -1000);
 }

@@ -17,6 +17,7 @@
 //! (`ReportSink::checkpoint`), so depth, trade ids, candles and tickers go
 //! on where they were.
 
+mod admin;
 mod http;
 mod throttle;
 pub(crate) mod trading;

@@ -122,6 +122,8 @@ struct Waiting {
     /// Orders with an amendment sent and not answered yet: a second one
     /// would be checked against the quantity the first is changing.
     amending: HashSet<OrderId>,
+    /// References of the operator's transfers sent and not yet applied.
+    references: HashSet<String>,
 }
 
 /// An asset as the REST API shows it.
@@ -221,7 +223,7 @@ impl Trading {
     }
 
     /// Sends a request to the sequencer and waits for its outcome.
-    async fn ask(&self, request: Request, annex: Option<RestAnnex>, client_id: Option<(AccountId, String)>) -> Result<Outcome, ApiError> {
+    pub(crate) async fn ask(&self, request: Request, annex: Option<RestAnnex>, client_id: Option<(AccountId, String)>) -> Result<Outcome, ApiError> {
         let (number, receiver) = match &annex {
             Some(annex) => {
                 let (sender, receiver) = tokio::sync::oneshot::channel();
@@ -251,6 +253,33 @@ impl Trading {
                 Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, -1007, "Timeout waiting for response from backend server. Send status unknown; execution status unknown."))
             }
         }
+    }
+
+    /// A number for a request to the sequencer (its annex's).
+    pub(crate) fn request_number(&self) -> u64 {
+        self.next_request.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Reserves a transfer's reference (`admin.rs`) for a deposit or
+    /// withdrawal about to be sent: refused with the transfer that used it
+    /// if one kept did, or with none if one on its way has it. `market`
+    /// is read under its lock, which the market-data thread holds while
+    /// it records a transfer and frees its reference here: a reference is
+    /// always in one of the two.
+    pub(crate) fn reserve_reference(&self, market: &MarketData, reference: &str) -> Result<(), Option<crossbook_marketdata::transfers::Transfer>> {
+        if let Some(done) = market.transfers.get(reference) {
+            return Err(Some(*done));
+        }
+        let mut waiting = lock(&self.waiting);
+        if !waiting.references.insert(reference.to_string()) {
+            return Err(None);
+        }
+        Ok(())
+    }
+
+    /// Frees a reference whose transfer never reached the sequencer.
+    pub(crate) fn release_reference(&self, reference: &str) {
+        lock(&self.waiting).references.remove(reference);
     }
 
     /// Reserves an account's client order id for an order about to be
@@ -310,6 +339,10 @@ impl Trading {
         // A new order's client id, or the one an amendment gives.
         if matches!(cmd, Command::Place(_) | Command::Replace { .. } | Command::Amend { .. }) && !annex.client_id.is_empty() {
             waiting.client_ids.remove(&(account, annex.client_id.clone()));
+        }
+        // A transfer's reference (market data has recorded it by now).
+        if matches!(cmd, Command::Deposit { .. } | Command::Withdraw { .. }) {
+            waiting.references.remove(&annex.client_id);
         }
         if let Some(answer) = waiting.answers.remove(&annex.request) {
             let _ = answer.send(outcome);
@@ -548,7 +581,7 @@ fn hex_decode(text: &str) -> Option<Vec<u8>> {
 
 // ---- the HTTP handlers ----------------------------------------------------
 
-type Reply = Result<Response, ApiError>;
+pub(crate) type Reply = Result<Response, ApiError>;
 
 /// A response with the weight used header.
 fn answer(value: Value, used: u32) -> Response {
@@ -557,7 +590,7 @@ fn answer(value: Value, used: u32) -> Response {
     response
 }
 
-fn trading(hub: &Hub) -> Result<&Trading, ApiError> {
+pub(crate) fn trading(hub: &Hub) -> Result<&Trading, ApiError> {
     hub.trading.as_deref().ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, -1000, "Trading is off on this venue (market_data.trading = false)."))
 }
 
@@ -587,12 +620,12 @@ pub(crate) fn follower(hub: &Hub, path: &str, query: Option<&str>) -> Result<(),
     }
 }
 
-fn body_text(body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>, hub: &Hub) -> Result<String, ApiError> {
+pub(crate) fn body_text(body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>, hub: &Hub) -> Result<String, ApiError> {
     let bytes = body.map_err(|_| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, -1000, format!("Request body too large: at most {} bytes.", hub.config.max_body)))?;
     String::from_utf8(bytes.to_vec()).map_err(|_| ApiError::bad(-1100, "Illegal characters found in the request body; it must be UTF-8 form data."))
 }
 
-type Body = Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>;
+pub(crate) type Body = Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>;
 
 fn side(params: &Params) -> Result<Side, ApiError> {
     match params.get("side").ok_or_else(|| ApiError::mandatory("side"))? {

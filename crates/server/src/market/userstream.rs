@@ -157,7 +157,7 @@ fn accounts_of(market: &MarketData, command: &FeedCommand) -> Vec<AccountId> {
     let mut accounts = Vec::new();
     for event in command.events {
         match event.kind {
-            EventKind::Accepted { account, .. } | EventKind::Cancelled { account, .. } => accounts.push(account),
+            EventKind::Accepted { account, .. } | EventKind::Cancelled { account, .. } | EventKind::Deposited { account, .. } | EventKind::Withdrawn { account, .. } => accounts.push(account),
             EventKind::Trade { maker_account, taker_account, .. } => accounts.extend([maker_account, taker_account]),
             EventKind::Replaced { order, .. } => accounts.extend(market.accounts.orders.get(&order).map(|o| o.account)),
             EventKind::Rejected { reason: RejectReason::FokCannotFill } => accounts.extend(market.accounts.orders.get(&command.seq).map(|o| o.account)),
@@ -227,6 +227,7 @@ pub(crate) fn after_command(trading: &Trading, market: &MarketData, command: &Fe
     let ended_filled = |order: OrderId| market.accounts.orders.get(&order).is_some_and(|o| o.status == OrderStatus::Filled);
     let blank = Execution { kind: "NEW", status: OrderStatus::New, last_qty: 0, last_price: 0, fee: 0, trade_id: -1, is_maker: false, cum_qty: 0, cum_quote: 0, execution_id: 0 };
     let mut trade_ids: HashMap<u32, u64> = HashMap::new();
+    let mut balance_updates = Vec::new();
     for (index, event) in command.events.iter().enumerate() {
         match event.kind {
             EventKind::Accepted { order, .. } => report(order, blank),
@@ -272,9 +273,20 @@ pub(crate) fn after_command(trading: &Trading, market: &MarketData, command: &Fe
                 let status = if cum_qty == 0 { OrderStatus::New } else { OrderStatus::PartiallyFilled };
                 report(order, Execution { kind: "REPLACED", status, cum_qty, cum_quote, ..blank });
             }
+            // The operator's deposit or withdrawal: Binance's
+            // `balanceUpdate` (the change), then the asset's balance as an
+            // `outboundAccountPosition`.
+            EventKind::Deposited { account, asset, amount } | EventKind::Withdrawn { account, asset, amount } => {
+                let (Some(key), Some(info)) = (keys.get(&account), trading.assets.iter().find(|a| a.id == asset)) else { continue };
+                let delta = if matches!(event.kind, EventKind::Deposited { .. }) { i128::from(amount) } else { -i128::from(amount) };
+                let message = json!({"e": "balanceUpdate", "E": command.time_ms, "a": info.name, "d": render::decimal(delta, info.unit), "T": command.time_ms});
+                balance_updates.push((key.clone(), message.to_string()));
+                trading.streams.touch(account, [asset, asset], command.seq);
+            }
             _ => {}
         }
     }
+    out.extend(balance_updates);
 }
 
 /// Sends a batch's execution reports, each to its listen key's stream.
