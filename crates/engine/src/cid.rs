@@ -5,12 +5,10 @@
 //!
 //! A chained hash table per account whose chains run through the orders
 //! themselves (`Order::cid_next`): the table is an array of chain heads,
-//! and an order is found by comparing the `cid` it already stores. The
-//! index answers "is this client id taken?" and "which orders are open?"
-//! (the second in no useful order: callers that show or act on the orders
-//! sort them by order id); outside the engine's commands, a query asks
-//! "which open order has this client id?" (the FIX gateway's cancel of an
-//! order it has not heard back about yet).
+//! and an order is found by comparing the `cid` it already stores. Nothing
+//! looks an order up by its client id; the index answers "is this client
+//! id taken?" and "which orders are open?" (the second in no useful order:
+//! callers that show or act on the orders sort them by order id).
 //!
 //! Why chains and not the open-addressing [`crate::table::Table`] the index
 //! used before (2026-11-25): every order that rests enters the index and
@@ -129,26 +127,15 @@ impl CidIndex {
     #[inline(always)]
     pub fn find(&self, heads: &CidHeads, orders: &Arena<Order>, cid: u64) -> (bool, usize) {
         let cell = self.cell(cid);
-        (Self::walk(heads, orders, cell, cid).is_some(), cell)
-    }
-
-    /// The slot of the open order with client id `cid`, if there is one.
-    pub fn slot_of(&self, heads: &CidHeads, orders: &Arena<Order>, cid: u64) -> Option<u32> {
-        Self::walk(heads, orders, self.cell(cid), cid)
-    }
-
-    /// The order with client id `cid` in the chain of `cell`.
-    #[inline(always)]
-    fn walk(heads: &CidHeads, orders: &Arena<Order>, cell: usize, cid: u64) -> Option<u32> {
         let mut slot = heads.cells[cell];
         while slot != NIL {
             let order = orders.get(slot);
             if order.cid == cid {
-                return Some(slot);
+                return (true, cell);
             }
             slot = order.cid_next;
         }
-        None
+        (false, cell)
     }
 
     /// Adds the order in `slot`, whose `cid` is written and not taken, to

@@ -1074,14 +1074,6 @@ impl Engine {
         Some(self.assets.iter().zip(row).map(|(asset, b)| (asset.id, b.available, b.locked)).collect())
     }
 
-    /// The id of `account`'s open order with client id `cid`, if it has
-    /// one (client ids are unique among an account's open orders).
-    pub fn open_order_by_cid(&self, account: AccountId, cid: u64) -> Option<OrderId> {
-        let index = self.account_index.get(account)?;
-        let slot = self.accounts[index as usize].orders.slot_of(&self.cid_heads, &self.orders, cid)?;
-        Some(self.orders.get(slot).id)
-    }
-
     /// `account`'s open orders, oldest first (from its own table: O(its
     /// orders) to find them, whatever the size of the books, and a sort);
     /// `instrument` keeps one instrument's. Empty for an unknown account.

@@ -30,18 +30,45 @@ use std::time::{Duration, Instant};
 pub(crate) enum Request {
     /// Journal and apply it.
     Command(Command),
-    /// Journal and apply `command` (a cancel or replace) for the trader's
-    /// open order with client id `cid`: an order a command before it
-    /// placed, whose id its gateway has not heard yet. The id is put in as
-    /// the command is sequenced, so the journal holds the command as
-    /// applied; 0, which no order has, when no open order has that client
-    /// id any more (filled, or refused): the engine refuses it as an
-    /// unknown order.
-    ForOrder { command: Command, cid: u64 },
+    /// Journal and apply `command` (a place), and write its sequence
+    /// number (the id of the order it places, if the engine takes it) to
+    /// `placed`, for the [`Request::ForOrder`]s that name it.
+    Tracked { command: Command, placed: Placed },
+    /// Journal and apply `command` (a cancel or replace) for the order a
+    /// [`Request::Tracked`] place with the same `placed` placed, whose id
+    /// its gateway has not heard yet. The id is put in as the command is
+    /// sequenced, so the journal holds the command as applied; 0, which no
+    /// order has, if that place was not journaled (refused before the
+    /// engine, or not sequenced yet): the engine refuses the command as an
+    /// unknown order, as it does if the order is gone.
+    ForOrder { command: Command, placed: Placed },
     /// Answer it from the engine's state at this point of the sequence
     /// (not journaled; released with its batch).
     Query(Query),
 }
+
+/// Where the sequencer writes the sequence number of a tracked place.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Placed(Arc<AtomicU64>);
+
+impl Placed {
+    fn set(&self, seq: u64) {
+        self.0.store(seq, Ordering::Release);
+    }
+
+    fn get(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+impl PartialEq for Placed {
+    /// The same cell.
+    fn eq(&self, other: &Placed) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Placed {}
 
 /// A command (or query) for the sequencer, from a gateway.
 pub(crate) struct Inbound {
@@ -371,15 +398,13 @@ impl<'a> Sequencer<'a> {
         let mut full: Vec<Encoder> = Vec::new();
         for item in batch.drain(..) {
             done.answered.push(item.in_flight);
-            let command = match item.request {
-                Request::Command(command) if leading => command,
-                Request::ForOrder { command, cid } if leading => {
-                    let order = command.trader().and_then(|account| self.engine.open_order_by_cid(account, cid));
-                    command.with_target(order.unwrap_or(0))
-                }
+            let (command, placed) = match item.request {
+                Request::Command(command) if leading => (command, None),
+                Request::Tracked { command, placed } if leading => (command, Some(placed)),
+                Request::ForOrder { command, placed } if leading => (command.with_target(placed.get()), None),
                 // A follower takes no command (its gateways refuse them
                 // first; one that raced a lost lead is dropped).
-                Request::Command(_) | Request::ForOrder { .. } => continue,
+                Request::Command(_) | Request::Tracked { .. } | Request::ForOrder { .. } => continue,
                 Request::Query(query) => {
                     done.answers.push(self.answer(item.source, query));
                     continue;
@@ -393,11 +418,14 @@ impl<'a> Sequencer<'a> {
                 && self.builder.open_orders_of(place.account) >= self.settings.open_orders
             {
                 let report = Addressed { account: place.account, report: ExecutionReport::open_order_refusal(place) };
-                done.refused.push(Refusal { source: item.source, place: *place, annex: item.annex, report });
+                done.refused.push(Refusal { source: item.source, place: *place, annex: item.annex, report, after: self.engine.seq() });
                 continue;
             }
             let seq = self.engine.seq() + 1;
             self.journal.append_with(seq, &command, item.annex.as_deref())?;
+            if let Some(placed) = placed {
+                placed.set(seq);
+            }
             if let Some(current) = records.as_mut() {
                 current.push(seq, self.time_ms, &command, item.annex.as_deref());
                 if current.payload.len() >= MESSAGE_BYTES {

@@ -100,6 +100,8 @@ pub struct Refused<'a> {
     pub place: &'a PlaceOrder,
     pub annex: Option<&'a [u8]>,
     pub report: &'a Addressed,
+    /// The sequence number of the last command journaled before it.
+    pub after: u64,
 }
 
 /// A command the sequencer applied, as it keeps it until it is durable.
@@ -120,6 +122,9 @@ pub(crate) struct Refusal {
     pub(crate) place: PlaceOrder,
     pub(crate) annex: Option<Vec<u8>>,
     pub(crate) report: Addressed,
+    /// The sequence number of the last command journaled before it: it
+    /// came between that command and the next.
+    pub(crate) after: u64,
 }
 
 /// A batch the journal has made durable, as the sinks see it.
@@ -160,7 +165,7 @@ impl<'a> Released<'a> {
 
     /// The orders refused while it was applied, in the order they came.
     pub fn refused(&self) -> impl Iterator<Item = Refused<'a>> + use<'a> {
-        self.refused.iter().map(|r| Refused { source: r.source, place: &r.place, annex: r.annex.as_deref(), report: &r.report })
+        self.refused.iter().map(|r| Refused { source: r.source, place: &r.place, annex: r.annex.as_deref(), report: &r.report, after: r.after })
     }
 }
 

@@ -196,6 +196,58 @@ fn a_cancel_or_replace_sent_before_the_orders_report_acts_on_it() {
     send_owned(&mut alice, "F", &cancel("X2", "X1"));
     expect(&alice.next(), &[(150, "8"), (11, "X1"), (58, "invalid_quantity")]);
     expect(&alice.next(), &[(35, "9"), (11, "X2"), (41, "X1"), (102, "1"), (434, "1"), (37, "NONE")]);
+
+    // A binary order of the same account holding the engine client id the
+    // gateway gives its next order (FIX's count up from 2^63: the next is
+    // the resting R order's plus two, X1 having taken one): that order is
+    // refused as a duplicate, and the cancel behind it acts on no order,
+    // not on the binary one.
+    let (binary, _) = crossbook_client::binary::Client::login(&server.address, 1, "demo-key-1", u64::MAX).expect("a binary session");
+    let mut binary = crate::serve::Client(binary);
+    binary.send(&crossbook_protocol::ClientMessage::QueryOpenOrders { request: 1, instrument: None });
+    let mut resting_fix = Vec::new();
+    loop {
+        match binary.recv() {
+            Some(crossbook_protocol::ServerMessage::OpenOrder(open)) => resting_fix.push(open.cid),
+            Some(crossbook_protocol::ServerMessage::QueryDone { .. }) => break,
+            other => panic!("open orders, got {other:?}"),
+        }
+    }
+    assert_eq!(resting_fix.len(), 1, "R's order alone rests");
+    let taken = resting_fix[0] + 2;
+    binary.send(&crate::serve::limit(taken, crossbook_engine::Side::Sell, 170, 1, crossbook_engine::TimeInForce::Gtc));
+    let resting = binary.report();
+    assert_eq!((resting.kind, resting.cid), (crossbook_protocol::ReportKind::Accepted, taken));
+    // The account's FIX session hears of it too (named by its client id).
+    expect(&alice.next(), &[(150, "0"), (11, &taken.to_string())]);
+    send_owned(&mut alice, "D", &order("Y1", "2", "150", "3"));
+    send_owned(&mut alice, "F", &cancel("Y2", "Y1"));
+    expect(&alice.next(), &[(150, "8"), (11, "Y1"), (58, "duplicate_client_order_id")]);
+    expect(&alice.next(), &[(35, "9"), (11, "Y2"), (41, "Y1"), (102, "1")]);
+    let (status, body) = crate::marketdata::http_get(&server.market_address, "/api/v3/depth?symbol=BTCUSD&limit=100");
+    assert!(status == 200 && body.contains(r#"["170","1"]"#), "the binary order still rests: {body}");
+}
+
+/// An order the open-order limit refuses before the engine, and a cancel
+/// sent right behind it: the cancel finds no order, and is answered after
+/// the order's refusal.
+#[test]
+fn a_cancel_behind_an_order_the_limit_refused_is_answered_after_the_refusal() {
+    let dir = temp_dir("behind-limit");
+    let config = dir.join("crossbook.toml");
+    let text = std::fs::read_to_string(crate::support::repo_root().join("crossbook.toml")).unwrap().replacen("open_orders = 100000", "open_orders = 2", 1);
+    std::fs::write(&config, text).unwrap();
+    let server = crate::serve::spawn_with(&["--listen", "127.0.0.1:0", "--config", config.to_str().unwrap(), "--data", dir.join("data").to_str().unwrap()], &[]);
+    let mut alice = FixClient::connect(&server.fix_address, "ALICE");
+    alice.logon(1, "demo-key-1");
+    for id in ["M1", "M2", "M3"] {
+        send_owned(&mut alice, "D", &order(id, "2", "150", "1"));
+    }
+    send_owned(&mut alice, "F", &[(11, "M4".into()), (41, "M3".into()), (54, "2".into()), (55, "BTC-USD".into()), (60, format_timestamp(now_ms()))]);
+    expect(&alice.next(), &[(150, "0"), (11, "M1")]);
+    expect(&alice.next(), &[(150, "0"), (11, "M2")]);
+    expect(&alice.next(), &[(150, "8"), (11, "M3"), (58, "open order limit reached")]);
+    expect(&alice.next(), &[(35, "9"), (11, "M4"), (41, "M3"), (102, "1")]);
 }
 
 /// A cancel or replace of the account's own order must say of it what is

@@ -35,7 +35,7 @@ use std::time::Duration;
 use crate::sequencer::Inbound;
 use crate::sink::{Checkpoint, Durable, Released, ReportSink, RestoreError};
 use store::{Store, StoreError};
-use venue::{Annex, FixBook, FixEvent, FixInstrument, Request, VenueApp};
+use venue::{Annex, FixBook, FixEvent, FixInstrument, Link, Request, VenueApp};
 
 /// Why the FIX gateway could not start.
 #[derive(Debug)]
@@ -690,9 +690,10 @@ impl Gateway {
                 let batch = requests
                     .into_iter()
                     .map(|request| Inbound {
-                        request: match request.for_cid {
-                            Some(cid) => crate::sequencer::Request::ForOrder { command: request.command, cid },
-                            None => crate::sequencer::Request::Command(request.command),
+                        request: match request.link {
+                            Link::None => crate::sequencer::Request::Command(request.command),
+                            Link::Records(placed) => crate::sequencer::Request::Tracked { command: request.command, placed },
+                            Link::Names(placed) => crate::sequencer::Request::ForOrder { command: request.command, placed },
                         },
                         annex: Some(request.annex.encode()),
                         source: crate::sink::FIX,
@@ -950,14 +951,24 @@ impl FixSink {
 
 impl ReportSink for FixSink {
     fn released(&mut self, batch: &Released<'_>) {
-        let mut events: Vec<FixEvent> = batch.durable().filter_map(|d| self.event(&d)).collect();
-        events.extend(batch.refused().filter(|r| r.source == crate::sink::FIX).map(|r| FixEvent {
+        // A refusal goes out where it came in the sequence: a cancel sent
+        // behind a refused order is answered after the order's refusal.
+        let refusal = |r: crate::sink::Refused<'_>| FixEvent {
             seq: 0,
             command: crossbook_engine::Command::Place(*r.place),
             annex: r.annex.and_then(Annex::decode),
             reports: vec![*r.report],
             refused: true,
-        }));
+        };
+        let mut refused = batch.refused().filter(|r| r.source == crate::sink::FIX).peekable();
+        let mut events: Vec<FixEvent> = Vec::new();
+        for durable in batch.durable() {
+            while let Some(r) = refused.next_if(|r| r.after < durable.seq) {
+                events.push(refusal(r));
+            }
+            events.extend(self.event(&durable));
+        }
+        events.extend(refused.map(refusal));
         if !events.is_empty() {
             self.gateway.deliver(events);
         }

@@ -9,6 +9,7 @@
 //! rebuilt after a restart or a crash.
 
 use crate::config::Config;
+use crate::sequencer::Placed;
 use crossbook_engine::{AccountId, Command, InstrumentId, OrderId, OrderType, PlaceOrder, SelfTradePrevention, Side, TimeInForce};
 use crossbook_fix::decimal::{Decimal, average_text};
 use crossbook_fix::session::{Application, LogonRefusal, Outbox};
@@ -169,10 +170,10 @@ struct FixOrder {
 /// A ClOrdID on its way to the engine.
 #[derive(Clone, Debug)]
 enum Pending {
-    /// A NewOrderSingle's: what it asked for, and the engine client id it
-    /// was sent with, by which a cancel or replace sent before its
-    /// ExecutionReport names it (the sequencer finds its order id).
-    Order { cid: u64, order: FixOrder },
+    /// A NewOrderSingle's: what it asked for, and where the sequencer
+    /// writes the order's id, by which a cancel or replace sent before its
+    /// ExecutionReport names it.
+    Order { placed: Placed, order: FixOrder },
     /// A replace's new name.
     Rename,
 }
@@ -619,10 +620,18 @@ fn new_order_reject(account: AccountId, cl_ord_id: &str, symbol: &str, side: Sid
 pub struct Request {
     pub command: Command,
     pub annex: Annex,
-    /// For a cancel or replace of an order not acknowledged yet: the
-    /// client id it was sent with, by which the sequencer finds the order
-    /// (`command` names order 0 until then).
-    pub for_cid: Option<u64>,
+    pub(crate) link: Link,
+}
+
+/// How a request is tied to a NewOrderSingle not acknowledged yet.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Link {
+    None,
+    /// A NewOrderSingle's place: the sequencer writes the order's id here.
+    Records(Placed),
+    /// A cancel or replace of that order: the sequencer puts in the id
+    /// written there (`command` names order 0 until then).
+    Names(Placed),
 }
 
 /// The venue application of one session: turns D, F, G and q into engine
@@ -749,9 +758,10 @@ impl VenueApp<'_> {
         let cid = self.book.next_cid;
         self.book.next_cid += 1;
         let sent = FixOrder { account: self.account, cl_ord_id: cl_ord_id.clone(), instrument: instrument.id, side, order_type, tif, qty, price, notional: 0 };
-        self.book.pending.insert(key, Pending::Order { cid, order: sent });
+        let placed = Placed::default();
+        self.book.pending.insert(key, Pending::Order { placed: placed.clone(), order: sent });
         let command = Command::Place(PlaceOrder { account: self.account, instrument: instrument.id, cid, side, order_type, tif, price, qty, post_only, stp, budget });
-        self.requests.push(Request { command, annex: Annex { kind: b'D', cl_ord_id, orig_cl_ord_id: String::new() }, for_cid: None });
+        self.requests.push(Request { command, annex: Annex { kind: b'D', cl_ord_id, orig_cl_ord_id: String::new() }, link: Link::Records(placed) });
     }
 
     /// The engine id of the order a cancel or replace names (OrigClOrdID,
@@ -774,19 +784,19 @@ impl VenueApp<'_> {
             return self.cancel_reject(message, "OrigClOrdID longer than 60 characters", false, outbox);
         }
         // An order whose NewOrderSingle is still on its way to the engine
-        // has no order id yet: the request names it by the client id it
-        // was sent with, and the sequencer, which has the order by then
-        // (it came first), puts in its id. A replace's new name that is
-        // still on its way is refused: the replace may yet be refused.
+        // has no order id yet: the request names the place, and the
+        // sequencer, which took the place first (it came first), puts in
+        // the id it gave it. A replace's new name that is still on its way
+        // is refused: the replace may yet be refused.
         let pending = if orig.is_empty() || self.book.order_by_cl_ord_id(self.account, &orig).is_some() { None } else { self.book.pending.get(&(self.account, orig.clone())) };
-        let (order, for_cid, own) = match pending {
+        let (order, link, own) = match pending {
             Some(Pending::Rename) => return self.cancel_reject(message, "the replace that gave the order this ClOrdID is not acknowledged yet: send this after its ExecutionReport", false, outbox),
-            Some(Pending::Order { cid, order }) => (0, Some(*cid), Some(order.clone())),
+            Some(Pending::Order { placed, order }) => (0, Link::Names(placed.clone()), Some(order.clone())),
             None => {
                 let Some(order) = self.target(message) else {
                     return self.cancel_reject(message, "unknown_order", true, outbox);
                 };
-                (order, None, self.book.orders.get(&order).filter(|o| o.account == self.account).cloned())
+                (order, Link::None, self.book.orders.get(&order).filter(|o| o.account == self.account).cloned())
             }
         };
         let kind = message.msg_type()[0];
@@ -854,7 +864,7 @@ impl VenueApp<'_> {
             // or refused: another order or replace cannot have it meanwhile.
             self.book.pending.insert((self.account, cl_ord_id.clone()), Pending::Rename);
         }
-        self.requests.push(Request { command, annex: Annex { kind, cl_ord_id, orig_cl_ord_id: orig }, for_cid });
+        self.requests.push(Request { command, annex: Annex { kind, cl_ord_id, orig_cl_ord_id: orig }, link });
     }
 
     fn mass_cancel(&mut self, message: &Message, outbox: &mut Outbox<'_>) {
@@ -882,7 +892,7 @@ impl VenueApp<'_> {
             _ => return refuse("only MassCancelRequestType 1 (by symbol) and 7 (all) are supported", outbox),
         };
         let command = Command::CancelAll { account: self.account, instrument };
-        self.requests.push(Request { command, annex: Annex { kind: b'q', cl_ord_id, orig_cl_ord_id: String::new() }, for_cid: None });
+        self.requests.push(Request { command, annex: Annex { kind: b'q', cl_ord_id, orig_cl_ord_id: String::new() }, link: Link::None });
     }
 }
 
@@ -1069,6 +1079,9 @@ mod tests {
 
         let (requests, sent) = feed(&mut book, message("D", &[(11, "A1"), (38, "2.5"), (40, "2"), (44, "100"), (54, "1"), (55, "BTC-USD"), (59, "3"), (60, "20261123-00:00:00")]));
         assert!(sent.is_empty(), "nothing is answered before the engine has decided");
+        // Where the sequencer is to write A1's order id.
+        let Some(Request { link: Link::Records(placed), .. }) = requests.first() else { panic!("a place that records its order id: {requests:?}") };
+        let placed = placed.clone();
         let expected = Request {
             command: Command::Place(PlaceOrder {
                 account: 1,
@@ -1084,7 +1097,7 @@ mod tests {
                 budget: None,
             }),
             annex: Annex { kind: b'D', cl_ord_id: "A1".into(), orig_cl_ord_id: String::new() },
-            for_cid: None,
+            link: Link::Records(placed.clone()),
         };
         assert_eq!(requests, [expected]);
 
@@ -1100,18 +1113,18 @@ mod tests {
         assert_eq!((sent[0].msg_type(), sent[0].text(tag::CXL_REJ_REASON), sent[0].text(tag::CXL_REJ_RESPONSE_TO)), (&b"9"[..], Some("1"), Some("1")));
 
         // A1 is still on its way to the engine: a replace and a cancel
-        // name it by its client id, for the sequencer to find its order.
+        // name its place, for the sequencer to put in its order id.
         let (requests, sent) = feed(&mut book, message("G", &[(11, "A3"), (38, "2"), (40, "2"), (41, "A1"), (54, "1"), (55, "BTC-USD"), (60, "20261123-00:00:00")]));
         assert!(sent.is_empty());
         let replace = Request {
             command: Command::Replace { account: 1, order: 0, price: 100, qty: 200 },
             annex: Annex { kind: b'G', cl_ord_id: "A3".into(), orig_cl_ord_id: "A1".into() },
-            for_cid: Some(FIX_CID_BASE + 1),
+            link: Link::Names(placed.clone()),
         };
         assert_eq!(requests, [replace], "a replace without Price keeps the price A1 was sent with");
         let (requests, sent) = feed(&mut book, message("F", &[(11, "C2"), (41, "A1"), (54, "1"), (55, "BTC-USD"), (60, "20261123-00:00:00")]));
         assert!(sent.is_empty());
-        let cancel = Request { command: Command::Cancel { account: 1, order: 0 }, annex: Annex { kind: b'F', cl_ord_id: "C2".into(), orig_cl_ord_id: "A1".into() }, for_cid: Some(FIX_CID_BASE + 1) };
+        let cancel = Request { command: Command::Cancel { account: 1, order: 0 }, annex: Annex { kind: b'F', cl_ord_id: "C2".into(), orig_cl_ord_id: "A1".into() }, link: Link::Names(placed.clone()) };
         assert_eq!(requests, [cancel]);
         // What it says of the order is checked against what A1 was sent as.
         let (requests, sent) = feed(&mut book, message("F", &[(11, "C3"), (41, "A1"), (54, "2"), (55, "BTC-USD"), (60, "20261123-00:00:00")]));
