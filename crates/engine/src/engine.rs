@@ -1184,6 +1184,11 @@ impl Engine {
         self.accounts.iter().map(|a| a.id)
     }
 
+    /// Ids of all instruments, in the order they were added.
+    pub fn instrument_ids(&self) -> impl Iterator<Item = InstrumentId> + '_ {
+        self.instruments.iter().map(|i| i.spec.id)
+    }
+
     /// Ids of all assets, in the order they were added.
     pub fn asset_ids(&self) -> impl Iterator<Item = AssetId> + '_ {
         self.assets.iter().map(|a| a.id)

@@ -256,6 +256,12 @@ impl Accounts {
         self.orders.insert(id, record);
     }
 
+    /// The account's balances changed at `time_ms` by something else than
+    /// its orders (the operator's deposit or withdrawal).
+    pub(crate) fn balances_changed(&mut self, account: AccountId, time_ms: u64) {
+        self.accounts.entry(account).or_default().update_ms = time_ms;
+    }
+
     /// A FOK order that could not fill: it is kept as expired (Binance
     /// answers such an order with status `EXPIRED`, not an error).
     #[allow(clippy::too_many_arguments)]

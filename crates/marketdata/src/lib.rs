@@ -409,6 +409,9 @@ impl MarketData {
                     EventKind::Rejected { reason } => Some(reason),
                     _ => None,
                 });
+                if refused.is_none() {
+                    self.accounts.balances_changed(account, time_ms);
+                }
                 self.transfers.record(reference, transfers::Transfer { seq, time_ms, account, asset, amount, direction, refused });
             }
         }

@@ -388,12 +388,16 @@ pub enum ConfigError {
     /// A set-up command the engine refuses (an instrument's fees or
     /// limits, a deposit in an unknown asset, ...): nothing is started.
     Refused { what: String, reason: &'static str },
+    /// What the configuration defines for a venue that has run does not
+    /// fit its journal (`sequencer::lacking`).
+    NotTheVenues(String),
     /// A setting replication cannot work with.
     BadReplication(String),
     /// `market_data.nice` outside 0 to 19.
     BadNice(i32),
-    /// `market_data.admin_token` set but shorter than [`MIN_ADMIN_TOKEN`].
-    ShortAdminToken(usize),
+    /// `market_data.admin_token` set but shorter than [`MIN_ADMIN_TOKEN`],
+    /// or with a character an HTTP header cannot carry as it is.
+    BadAdminToken(String),
     /// `market_data.orders_kept` or `trades_kept` outside 1 to 1,000,000.
     BadWindow { key: &'static str, value: usize },
 }
@@ -418,10 +422,14 @@ impl std::fmt::Display for ConfigError {
             ConfigError::BadAddress { key, value } => write!(f, "{key} {value:?} is not an address (host:port)"),
             ConfigError::BadReplication(why) => write!(f, "replication: {why}"),
             ConfigError::BadNice(nice) => write!(f, "market_data.nice must be 0 to 19, not {nice}"),
-            ConfigError::ShortAdminToken(length) => write!(f, "market_data.admin_token has {length} characters: at least {MIN_ADMIN_TOKEN}, or none (the operator endpoints off)"),
+            ConfigError::BadAdminToken(why) => write!(f, "market_data.admin_token {why}: it takes at least {MIN_ADMIN_TOKEN} visible ASCII characters (! to ~), or none (the operator endpoints off)"),
             ConfigError::BadWindow { key, value } => write!(f, "market_data.{key} must be 1 to 1000000, not {value}"),
             ConfigError::SharedApiKey { first, second } => write!(f, "accounts {first} and {second} have the same API key (the REST API names an account by its key)"),
             ConfigError::Refused { what, reason } => write!(f, "{what} is refused by the engine: {reason} (docs/engine.md says why)"),
+            ConfigError::NotTheVenues(why) => write!(
+                f,
+                "the configuration does not fit the venue's journal: {why}. A venue's assets and instruments stay as they were added (`crossbook journal inspect` shows them): put those back, and add new ones under new ids, names and symbols"
+            ),
         }
     }
 }
@@ -462,9 +470,12 @@ impl Config {
         if !(0..=19).contains(&self.market_data.nice) {
             return Err(ConfigError::BadNice(self.market_data.nice));
         }
-        let token = self.market_data.admin_token.chars().count();
-        if token > 0 && token < MIN_ADMIN_TOKEN {
-            return Err(ConfigError::ShortAdminToken(token));
+        let token = &self.market_data.admin_token;
+        if let Some(bad) = token.chars().find(|c| !c.is_ascii_graphic()) {
+            return Err(ConfigError::BadAdminToken(format!("has {bad:?}")));
+        }
+        if !token.is_empty() && token.len() < MIN_ADMIN_TOKEN {
+            return Err(ConfigError::BadAdminToken(format!("has {} characters", token.len())));
         }
         for (key, value) in [("orders_kept", self.market_data.orders_kept), ("trades_kept", self.market_data.trades_kept)] {
             if !(1..=1_000_000).contains(&value) {
@@ -675,12 +686,16 @@ mod tests {
     }
 
     #[test]
-    fn an_admin_token_is_none_or_16_characters_at_least() {
+    fn an_admin_token_is_none_or_16_visible_ascii_characters_at_least() {
         for token in ["", "0123456789abcdef"] {
             assert!(Config::from_toml(&format!("[market_data]\nadmin_token = \"{token}\"")).unwrap().check().is_ok(), "{token:?}");
         }
         let refused = Config::from_toml("[market_data]\nadmin_token = \"short\"").unwrap().check().expect_err("refused");
-        assert_eq!(refused.to_string(), "market_data.admin_token has 5 characters: at least 16, or none (the operator endpoints off)");
+        assert_eq!(refused.to_string(), "market_data.admin_token has 5 characters: it takes at least 16 visible ASCII characters (! to ~), or none (the operator endpoints off)");
+        for token in ["0123456789abcdef é", "0123456789 abcdef"] {
+            let refused = Config::from_toml(&format!("[market_data]\nadmin_token = \"{token}\"")).unwrap().check().expect_err("refused");
+            assert!(refused.to_string().starts_with("market_data.admin_token has '"), "{refused}");
+        }
     }
 
     #[test]

@@ -53,21 +53,21 @@ pub(crate) fn now_ms() -> u64 {
 
 /// A venue that has run before takes from its configuration what it
 /// lacks (a new asset, instrument or account, with the new account's
-/// deposits; `sequencer::lacking`), journaled like any command, and warns
-/// of what the configuration defines otherwise than its journal.
+/// deposits; `sequencer::lacking`), journaled like any command; a
+/// configuration that does not fit the journal is refused before anything
+/// is journaled.
 fn add_what_the_configuration_adds(config: &Config, engine: &mut crossbook_engine::Engine, journal: &mut Journal) -> Result<(), ServeError> {
-    let (lacking, differences) = sequencer::lacking(&config.checked_setup_commands()?, engine);
-    for difference in differences {
-        log(&format!("warning: {difference}; the journal's stands"));
-    }
+    let lacking = sequencer::lacking(&config.checked_setup_commands()?, engine).map_err(|why| ServeError::Config(config::ConfigError::NotTheVenues(why)))?;
     if lacking.is_empty() {
         return Ok(());
     }
     let refused = sequencer::set_up(engine, journal, &lacking)?;
-    for (command, reason) in &refused {
-        log(&format!("warning: the venue refused the configuration's {command:?}: {reason}"));
+    if let Some((command, reason)) = refused.first() {
+        // `lacking` refuses what the engine would: not reached.
+        let what = format!("{command:?}");
+        return Err(ServeError::Config(config::ConfigError::Refused { what, reason }));
     }
-    log(&format!("from the configuration: {} commands adding what the venue lacked ({} refused), journaled up to seq {}", lacking.len(), refused.len(), engine.seq()));
+    log(&format!("from the configuration: {} commands adding what the venue lacked, journaled up to seq {}", lacking.len(), engine.seq()));
     Ok(())
 }
 
@@ -167,6 +167,10 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         log(&format!("recovered {} commands from {}", engine.seq(), config.data_dir.display()));
         if replicated_log.is_none() {
             add_what_the_configuration_adds(&config, &mut engine, &mut journal)?;
+        } else {
+            // What it adds is appended when this node leads; what does not
+            // fit the venue it has is refused now.
+            sequencer::lacking(&config.setup_commands()?, &engine).map_err(|why| ServeError::Config(config::ConfigError::NotTheVenues(why)))?;
         }
     }
     // Where the log is read from (a replicated node follows first).

@@ -196,35 +196,51 @@ fn spec_differences(kept: &InstrumentSpec, configured: &InstrumentSpec) -> Strin
 /// What of a configuration's set-up commands (`setup`,
 /// [`crate::config::Config::setup_commands`]) a venue that has run before
 /// lacks: the assets, instruments and accounts its engine does not have,
-/// each new account with its starting deposits. Nothing the venue has is
-/// changed (its journal is the truth: an account it has keeps its
-/// balances); an asset or instrument whose definition differs from the
-/// venue's is named in the second list, for a warning.
-pub(crate) fn lacking(setup: &[Command], engine: &Engine) -> (Vec<Command>, Vec<String>) {
+/// each new account with its starting deposits. Nothing the venue has
+/// changes (its journal is the truth: an account it has keeps its
+/// balances). Refused, with every reason: an asset or instrument the
+/// configuration defines otherwise than the journal (a venue's cannot
+/// change: the gateways would show the configuration's while the engine
+/// keeps the journal's), a new one whose name or symbol another has, new
+/// deposits past an asset's supply limit: whatever the engine would
+/// refuse, so that nothing is journaled half.
+pub(crate) fn lacking(setup: &[Command], engine: &Engine) -> Result<Vec<Command>, String> {
     let mut commands = Vec::new();
-    let mut differences = Vec::new();
+    let mut conflicts = Vec::new();
     let mut opened = std::collections::HashSet::new();
+    let mut supply: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
     for command in setup {
         match *command {
             Command::AddAsset { id, name } => match engine.asset_name(id) {
+                None if engine.asset_ids().any(|other| engine.asset_name(other) == Some(name)) => conflicts.push(format!("new asset {id} is named {name}, as an asset the venue has")),
                 None => commands.push(*command),
-                Some(kept) if kept != name => differences.push(format!("asset {id} is {kept} in the journal, {name} in the configuration")),
+                Some(kept) if kept != name => conflicts.push(format!("asset {id} is {kept} in the journal, {name} in the configuration")),
                 Some(_) => {}
             },
             Command::AddInstrument(spec) => match engine.instrument_spec(spec.id) {
+                None if engine.instrument_ids().any(|other| engine.instrument_spec(other).is_some_and(|o| o.symbol == spec.symbol)) => {
+                    conflicts.push(format!("new instrument {} is {}, as an instrument the venue has", spec.id, spec.symbol))
+                }
                 None => commands.push(*command),
-                Some(kept) if kept != spec => differences.push(format!("instrument {} ({}): {}", spec.id, kept.symbol, spec_differences(&kept, &spec))),
+                Some(kept) if kept != spec => conflicts.push(format!("instrument {} ({}): {}", spec.id, kept.symbol, spec_differences(&kept, &spec))),
                 Some(_) => {}
             },
             Command::OpenAccount { account } if !engine.has_account(account) => {
                 opened.insert(account);
                 commands.push(*command);
             }
-            Command::Deposit { account, .. } if opened.contains(&account) => commands.push(*command),
+            Command::Deposit { account, asset, amount } if opened.contains(&account) => {
+                let total = supply.entry(asset).or_insert_with(|| engine.supply(asset).unwrap_or(0));
+                match total.checked_add(amount).filter(|&t| t <= crossbook_engine::MAX_SUPPLY) {
+                    Some(next) => *total = next,
+                    None => conflicts.push(format!("account {account}'s deposit of {amount} would take asset {asset}'s supply past 2^62")),
+                }
+                commands.push(*command);
+            }
             _ => {}
         }
     }
-    (commands, differences)
+    if conflicts.is_empty() { Ok(commands) } else { Err(conflicts.join("; ")) }
 }
 
 /// A replicated node's side of the sequencer (`replica.rs`).
@@ -551,11 +567,12 @@ impl<'a> Sequencer<'a> {
         let setup = if new {
             setup
         } else {
-            let (lacking, differences) = lacking(&setup, &self.engine);
-            for difference in differences {
-                log(&format!("warning: {difference}; the journal's stands"));
-            }
-            lacking
+            // The node checked its configuration against its own journal
+            // at start; what came to the log since may still conflict.
+            lacking(&setup, &self.engine).unwrap_or_else(|why| {
+                log(&format!("warning: the configuration does not fit the venue ({why}): nothing of it is added"));
+                Vec::new()
+            })
         };
         if !setup.is_empty() {
             let in_flight = InFlight::polled();

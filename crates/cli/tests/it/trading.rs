@@ -1063,7 +1063,10 @@ fn the_operator_deposits_and_withdraws_once_per_reference() {
     assert_eq!(balance(&server, "BTC"), "101.500", "moved once");
     let seen = messages(&mut stream, Duration::from_millis(600));
     assert!(seen.iter().any(|m| m["e"] == "balanceUpdate" && m["a"] == "BTC" && m["d"] == "1.500"), "{seen:?}");
-    assert!(seen.iter().any(|m| m["e"] == "outboundAccountPosition" && m["B"].as_array().is_some_and(|b| b.iter().any(|b| b["a"] == "BTC" && b["f"] == "101.500"))), "{seen:?}");
+    assert!(
+        seen.iter().any(|m| m["e"] == "outboundAccountPosition" && m["u"] == done["time"] && m["B"].as_array().is_some_and(|b| b.iter().any(|b| b["a"] == "BTC" && b["f"] == "101.500"))),
+        "the balance after the deposit, changed at the deposit's time: {seen:?}"
+    );
 
     // Out: more than is free is refused (and that refusal is what the
     // reference did); then half a BTC.
@@ -1095,6 +1098,10 @@ fn the_operator_deposits_and_withdraws_once_per_reference() {
     refused(admin(&market, "GET", "transfer?reference=never", ""), 404, -2013);
     let balances = ok(admin(&market, "GET", "balances?account=1", ""));
     assert_eq!(balances["balances"][0], json!({"asset": "BTC", "free": "101.000", "locked": "0.000"}));
+    assert_eq!(ok(admin(&market, "GET", "balances", "account=1"))["balances"], balances["balances"], "parameters in a form body too");
+    let lower = http(&market, "GET", "/crossbook/admin/v1/balances?account=1", &[("Authorization", &format!("bearer {TOKEN}"))], "");
+    assert_eq!(ok(lower)["balances"], balances["balances"], "the scheme in any case");
+    refused(admin(&market, "GET", "balances?account=1", "colour=red"), 400, -1104);
     refused(admin(&market, "GET", "balances?account=99", ""), 404, -2010);
     drop((stream, bob_socket));
 

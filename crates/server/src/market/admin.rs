@@ -40,7 +40,13 @@ fn authorized<'a>(hub: &'a Hub, headers: &HeaderMap) -> Result<&'a Trading, ApiE
         return Err(ApiError::new(StatusCode::NOT_FOUND, -1000, "The operator endpoints are off on this venue ([market_data] admin_token is empty)."));
     }
     let trading = hub.trading.as_deref().ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, -1000, "The operator endpoints need the trading API ([market_data] trading = true)."))?;
-    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::as_bytes);
+    // `Bearer <token>`, the scheme in any case (RFC 7235).
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.as_bytes());
     // Compared in time that does not depend on where they differ.
     let matches = given.is_some_and(|given| given.len() == token.len() && given.iter().zip(token).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0);
     if !matches {
@@ -166,9 +172,10 @@ async fn transfer(hub: &Hub, headers: &HeaderMap, query: Option<&str>, body: Bod
 }
 
 /// `GET /crossbook/admin/v1/transfer`: a transfer by its reference.
-pub(crate) async fn transfer_by_reference(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery) -> Reply {
+pub(crate) async fn transfer_by_reference(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
     let trading = authorized(&hub, &headers)?;
-    let params = Params::parse(query.as_deref(), &["reference"])?;
+    let body = body_text(body, &hub)?;
+    let params = Params::parse_both(query.as_deref(), Some(&body), &["reference"])?;
     let reference = reference_param(&params)?;
     let market = hub.read();
     match market.transfers.get(&reference) {
@@ -179,9 +186,10 @@ pub(crate) async fn transfer_by_reference(State(hub): State<Arc<Hub>>, headers: 
 
 /// `GET /crossbook/admin/v1/balances`: an account's balances, from the
 /// engine (answered in sequence, as `GET /api/v3/account`'s).
-pub(crate) async fn balances(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery) -> Reply {
+pub(crate) async fn balances(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
     let trading = authorized(&hub, &headers)?;
-    let params = Params::parse(query.as_deref(), &["account"])?;
+    let body = body_text(body, &hub)?;
+    let params = Params::parse_both(query.as_deref(), Some(&body), &["account"])?;
     let account = account_param(&params)?;
     let query = Query { account, kind: QueryKind::Balances, token: 0, request: 0 };
     let Outcome::Answered(answered) = trading.ask(Request::Query(query), None, None).await? else {
