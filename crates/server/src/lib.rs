@@ -57,7 +57,7 @@ pub(crate) fn now_ms() -> u64 {
 /// configuration that does not fit the journal is refused before anything
 /// is journaled.
 fn add_what_the_configuration_adds(config: &Config, engine: &mut crossbook_engine::Engine, journal: &mut Journal) -> Result<(), ServeError> {
-    let lacking = sequencer::lacking(&config.checked_setup_commands()?, engine).map_err(|why| ServeError::Config(config::ConfigError::NotTheVenues(why)))?;
+    let lacking = sequencer::lacking(&config.checked_setup_commands()?, engine)?;
     if lacking.is_empty() {
         return Ok(());
     }
@@ -170,7 +170,7 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         } else {
             // What it adds is appended when this node leads; what does not
             // fit the venue it has is refused now.
-            sequencer::lacking(&config.setup_commands()?, &engine).map_err(|why| ServeError::Config(config::ConfigError::NotTheVenues(why)))?;
+            sequencer::lacking(&config.setup_commands()?, &engine)?;
         }
     }
     // Where the log is read from (a replicated node follows first).

@@ -142,10 +142,10 @@ impl InFlight {
     }
 }
 
-/// Journals and applies a new venue's reference data (assets,
-/// instruments, accounts, deposits) before anything else, and waits until
-/// the journal holds it.
-/// Returns the commands the engine refused, with why.
+/// Journals and applies reference data (assets, instruments, accounts,
+/// deposits: a new venue's, or what its configuration adds) before
+/// anything else, and waits until the journal holds it. Returns the
+/// commands the engine refused, with why.
 pub(crate) fn set_up(engine: &mut Engine, journal: &mut Journal, commands: &[Command]) -> Result<Vec<(Command, &'static str)>, ServeError> {
     let mut events = Vec::new();
     let mut refused = Vec::new();
@@ -204,7 +204,7 @@ fn spec_differences(kept: &InstrumentSpec, configured: &InstrumentSpec) -> Strin
 /// keeps the journal's), a new one whose name or symbol another has, new
 /// deposits past an asset's supply limit: whatever the engine would
 /// refuse, so that nothing is journaled half.
-pub(crate) fn lacking(setup: &[Command], engine: &Engine) -> Result<Vec<Command>, String> {
+pub(crate) fn lacking(setup: &[Command], engine: &Engine) -> Result<Vec<Command>, crate::config::ConfigError> {
     let mut commands = Vec::new();
     let mut conflicts = Vec::new();
     let mut opened = std::collections::HashSet::new();
@@ -240,7 +240,7 @@ pub(crate) fn lacking(setup: &[Command], engine: &Engine) -> Result<Vec<Command>
             _ => {}
         }
     }
-    if conflicts.is_empty() { Ok(commands) } else { Err(conflicts.join("; ")) }
+    if conflicts.is_empty() { Ok(commands) } else { Err(crate::config::ConfigError::NotTheVenues(conflicts.join("; "))) }
 }
 
 /// A replicated node's side of the sequencer (`replica.rs`).
@@ -570,7 +570,7 @@ impl<'a> Sequencer<'a> {
             // The node checked its configuration against its own journal
             // at start; what came to the log since may still conflict.
             lacking(&setup, &self.engine).unwrap_or_else(|why| {
-                log(&format!("warning: the configuration does not fit the venue ({why}): nothing of it is added"));
+                log(&format!("warning: {why}; nothing of it is added"));
                 Vec::new()
             })
         };
