@@ -380,6 +380,9 @@ pub enum ConfigError {
     /// (letters and digits only: `BTC-USD` and `BTC_USD` are both
     /// `BTCUSD`), so market data could not tell them apart.
     SymbolClash { symbol: String, binance: String },
+    /// Two assets' names are the same in another case: the REST API takes
+    /// an asset's name in any case.
+    AssetClash { name: String, other: String },
     /// An address that does not parse.
     BadAddress { key: &'static str, value: String },
     /// Two accounts have the same API key (a REST request names its
@@ -419,6 +422,7 @@ impl std::fmt::Display for ConfigError {
             ConfigError::BadFixApplication(other) => write!(f, "fix.application must be venue or echo, not {other:?}"),
             ConfigError::BadFixUnit { symbol, what, value } => write!(f, "instrument {symbol}: {what} {value:?} is not a positive decimal"),
             ConfigError::SymbolClash { symbol, binance } => write!(f, "instrument {symbol}: another instrument's symbol is also written {binance} (letters and digits only), as market data names it"),
+            ConfigError::AssetClash { name, other } => write!(f, "assets {other} and {name} have the same name in another case (the REST API reads an asset's name in any case)"),
             ConfigError::BadAddress { key, value } => write!(f, "{key} {value:?} is not an address (host:port)"),
             ConfigError::BadReplication(why) => write!(f, "replication: {why}"),
             ConfigError::BadNice(nice) => write!(f, "market_data.nice must be 0 to 19, not {nice}"),
@@ -428,7 +432,7 @@ impl std::fmt::Display for ConfigError {
             ConfigError::Refused { what, reason } => write!(f, "{what} is refused by the engine: {reason} (docs/engine.md says why)"),
             ConfigError::NotTheVenues(why) => write!(
                 f,
-                "the configuration does not fit the venue's journal: {why}. A venue's assets and instruments stay as they were added (`crossbook journal inspect` shows them): put those back, and add new ones under new ids, names and symbols"
+                "the configuration does not fit the venue's journal: {why}. A venue's assets and instruments stay as they were added (`crossbook journal inspect` shows them), and an asset's supply within 2^62: add new ones under new ids, names and symbols"
             ),
         }
     }
@@ -469,6 +473,14 @@ impl Config {
         }
         if !(0..=19).contains(&self.market_data.nice) {
             return Err(ConfigError::BadNice(self.market_data.nice));
+        }
+        // Market data's names: an instrument's symbol in letters and
+        // digits, an asset's name in any case (as the REST API reads them).
+        crate::market::instruments(self)?;
+        for (index, asset) in self.assets.iter().enumerate() {
+            if let Some(other) = self.assets[..index].iter().find(|a| a.name.eq_ignore_ascii_case(&asset.name)) {
+                return Err(ConfigError::AssetClash { name: asset.name.clone(), other: other.name.clone() });
+            }
         }
         let token = &self.market_data.admin_token;
         if let Some(bad) = token.chars().find(|c| !c.is_ascii_graphic()) {
@@ -551,9 +563,16 @@ impl Config {
     /// log has them already is not checked again.)
     pub fn checked_setup_commands(&self) -> Result<Vec<Command>, ConfigError> {
         let commands = self.setup_commands()?;
+        Self::try_out(&commands)?;
+        Ok(commands)
+    }
+
+    /// Applies `commands` (set-up commands) to an engine of their own:
+    /// the first the engine refuses, with why.
+    pub fn try_out(commands: &[Command]) -> Result<(), ConfigError> {
         let mut engine = crossbook_engine::Engine::new();
         let mut events = Vec::new();
-        for command in &commands {
+        for command in commands {
             events.clear();
             engine.apply(command, &mut events);
             if let Some(reason) = events.iter().find_map(|e| match e.kind {
@@ -570,7 +589,7 @@ impl Config {
                 return Err(ConfigError::Refused { what, reason: reason.name() });
             }
         }
-        Ok(commands)
+        Ok(())
     }
 
     /// Instruments whose decimal units disagree with their assets'
@@ -696,6 +715,26 @@ mod tests {
             let refused = Config::from_toml(&format!("[market_data]\nadmin_token = \"{token}\"")).unwrap().check().expect_err("refused");
             assert!(refused.to_string().starts_with("market_data.admin_token has '"), "{refused}");
         }
+    }
+
+    #[test]
+    fn names_market_data_cannot_tell_apart_are_refused() {
+        let base = Config::default();
+        let mut config = base.clone();
+        let mut other = config.assets[0].clone();
+        other.id = 9;
+        other.name = other.name.to_ascii_lowercase();
+        config.assets.push(other);
+        assert_eq!(config.check().expect_err("refused").to_string(), "assets BTC and btc have the same name in another case (the REST API reads an asset's name in any case)");
+        let mut config = base.clone();
+        config.instruments[0].symbol = "---".into();
+        assert!(config.check().expect_err("refused").to_string().starts_with("bad instrument symbol (market data writes its letters and digits, and it has none) \"---\""));
+        let mut config = base;
+        let mut other = config.instruments[0].clone();
+        other.id = 9;
+        other.symbol = "btc/usd".into();
+        config.instruments.push(other);
+        assert!(config.check().expect_err("refused").to_string().contains("also written BTCUSD"));
     }
 
     #[test]

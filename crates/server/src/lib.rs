@@ -57,10 +57,18 @@ pub(crate) fn now_ms() -> u64 {
 /// configuration that does not fit the journal is refused before anything
 /// is journaled.
 fn add_what_the_configuration_adds(config: &Config, engine: &mut crossbook_engine::Engine, journal: &mut Journal) -> Result<(), ServeError> {
-    let lacking = sequencer::lacking(&config.checked_setup_commands()?, engine)?;
+    use crossbook_engine::Command;
+    let setup = config.setup_commands()?;
+    let lacking = sequencer::lacking(&setup, engine)?;
     if lacking.is_empty() {
         return Ok(());
     }
+    // The file's definitions, tried on an engine of their own: every
+    // asset and instrument, and the new accounts with their deposits (an
+    // account the venue has is not read again, whatever its deposits say).
+    let opened: std::collections::HashSet<u64> = lacking.iter().filter_map(|c| if let Command::OpenAccount { account } = c { Some(*account) } else { None }).collect();
+    let tried: Vec<Command> = setup.into_iter().filter(|c| !matches!(c, Command::OpenAccount { account } | Command::Deposit { account, .. } if !opened.contains(account))).collect();
+    Config::try_out(&tried)?;
     let refused = sequencer::set_up(engine, journal, &lacking)?;
     if let Some((command, reason)) = refused.first() {
         // `lacking` refuses what the engine would: not reached.

@@ -344,6 +344,9 @@ pub(crate) fn instruments(config: &Config) -> Result<Vec<InstrumentInfo>, crate:
         .zip(fix_units)
         .map(|(i, units)| {
             let binance = binance_symbol(&i.symbol);
+            if binance.is_empty() {
+                return Err(crate::config::ConfigError::BadName { what: "instrument symbol (market data writes its letters and digits, and it has none)", name: i.symbol.clone() });
+            }
             if !seen.insert(binance.clone()) {
                 return Err(crate::config::ConfigError::SymbolClash { symbol: i.symbol.clone(), binance });
             }
