@@ -69,7 +69,7 @@ fn reference_param(params: &Params) -> Result<String, ApiError> {
 
 /// A transfer as the endpoints show it.
 fn transfer_json(trading: &Trading, reference: &str, t: &Transfer) -> Value {
-    let asset = trading.assets.iter().find(|a| a.id == t.asset);
+    let asset = trading.asset(t.asset);
     json!({
         "reference": reference,
         "direction": match t.direction {
@@ -198,13 +198,6 @@ pub(crate) async fn balances(State(hub): State<Arc<Hub>>, headers: HeaderMap, Ra
     if !answered.known {
         return Err(ApiError::new(StatusCode::NOT_FOUND, -2010, format!("Unknown account {account}.")));
     }
-    let balances: Vec<Value> = answered
-        .balances
-        .iter()
-        .filter_map(|&(asset, available, locked)| {
-            let info = trading.assets.iter().find(|a| a.id == asset)?;
-            Some(json!({"asset": info.name, "free": render::decimal(i128::from(available), info.unit), "locked": render::decimal(i128::from(locked), info.unit)}))
-        })
-        .collect();
+    let balances = trading.balances_json(answered.balances.iter());
     Ok(json_response(json!({"account": account, "seq": answered.seq, "balances": balances})))
 }

@@ -255,6 +255,22 @@ impl Trading {
         }
     }
 
+    /// An asset as the REST API shows it.
+    pub(crate) fn asset(&self, id: AssetId) -> Option<&AssetInfo> {
+        self.assets.iter().find(|a| a.id == id)
+    }
+
+    /// Balances, (asset, available, locked), as the REST API lists them:
+    /// `{"asset", "free", "locked"}` in the assets' decimals.
+    pub(crate) fn balances_json<'a>(&self, balances: impl Iterator<Item = &'a (AssetId, u64, u64)>) -> Vec<Value> {
+        balances
+            .filter_map(|&(asset, available, locked)| {
+                let info = self.asset(asset)?;
+                Some(json!({"asset": info.name, "free": render::decimal(i128::from(available), info.unit), "locked": render::decimal(i128::from(locked), info.unit)}))
+            })
+            .collect()
+    }
+
     /// A number for a request to the sequencer (its annex's).
     pub(crate) fn request_number(&self) -> u64 {
         self.next_request.fetch_add(1, Ordering::Relaxed)
@@ -1297,15 +1313,7 @@ pub(crate) async fn account_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value, u
         (market.accounts.accounts.get(&account).map_or(0, |d| d.update_ms), fees)
     };
     let rate = |bps: i64| render::decimal(i128::from(bps), Unit { mantissa: 1, scale: 4 });
-    let balances: Vec<Value> = answered
-        .balances
-        .iter()
-        .filter(|(_, available, locked)| !omit_zero || *available > 0 || *locked > 0)
-        .filter_map(|&(asset, available, locked)| {
-            let info = trading.assets.iter().find(|a| a.id == asset)?;
-            Some(json!({"asset": info.name, "free": render::decimal(i128::from(available), info.unit), "locked": render::decimal(i128::from(locked), info.unit)}))
-        })
-        .collect();
+    let balances = trading.balances_json(answered.balances.iter().filter(|(_, available, locked)| !omit_zero || *available > 0 || *locked > 0));
     Ok((
         json!({
             "makerCommission": fees.0,

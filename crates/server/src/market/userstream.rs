@@ -277,7 +277,7 @@ pub(crate) fn after_command(trading: &Trading, market: &MarketData, command: &Fe
             // `balanceUpdate` (the change), then the asset's balance as an
             // `outboundAccountPosition`.
             EventKind::Deposited { account, asset, amount } | EventKind::Withdrawn { account, asset, amount } => {
-                let (Some(key), Some(info)) = (keys.get(&account), trading.assets.iter().find(|a| a.id == asset)) else { continue };
+                let (Some(key), Some(info)) = (keys.get(&account), trading.asset(asset)) else { continue };
                 let delta = if matches!(event.kind, EventKind::Deposited { .. }) { i128::from(amount) } else { -i128::from(amount) };
                 let message = json!({"e": "balanceUpdate", "E": command.time_ms, "a": info.name, "d": render::decimal(delta, info.unit), "T": command.time_ms});
                 balance_updates.push((key.clone(), message.to_string()));
@@ -351,7 +351,7 @@ pub(crate) fn balances(hub: &Hub, trading: &Trading, market: &MarketData, answer
         .iter()
         .filter(|(asset, _, _)| assets.contains(asset))
         .filter_map(|&(asset, available, locked)| {
-            let info = trading.assets.iter().find(|a| a.id == asset)?;
+            let info = trading.asset(asset)?;
             Some(json!({"a": info.name, "f": render::decimal(i128::from(available), info.unit), "l": render::decimal(i128::from(locked), info.unit)}))
         })
         .collect();
