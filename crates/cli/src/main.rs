@@ -283,7 +283,8 @@ enum OrderAction {
         tif: String,
         #[arg(long)]
         post_only: bool,
-        /// Self-trade prevention: none, cancel-newest, cancel-oldest, cancel-both.
+        /// Self-trade prevention: none, cancel-newest, cancel-oldest, cancel-both
+        /// (or cancel_newest, ... as docs/protocol.md writes them).
         #[arg(long, default_value = "none")]
         stp: String,
         /// A market buy's most quote to spend, fees included.
@@ -377,10 +378,10 @@ fn real_main() -> Result<()> {
         }
         Cmd::Recover { journal } => journaled::recover(&journal),
         Cmd::Serve { config, listen, data, fix_listen, market_listen } => serve(config, listen, data, fix_listen, market_listen, |_| Ok(())),
-        Cmd::Follow { config, listen, data, market_listen, fix_listen, node, standby } => serve(Some(config), listen, data, fix_listen, market_listen, |config| {
+        Cmd::Follow { config, listen, data, market_listen, fix_listen, node, standby } => serve(Some(config), listen, data, fix_listen, market_listen, move |config| {
             let Some(replication) = config.replication.as_mut() else { bail!("crossbook follow needs a [replication] section in the configuration") };
-            if let Some(node) = node {
-                replication.node = node;
+            if let Some(node) = &node {
+                replication.node = node.clone();
             }
             replication.candidate = standby;
             Ok(())
@@ -465,6 +466,7 @@ fn order_action(action: OrderAction) -> Result<order::Action> {
             let order_type = order::parse_type(&order_type)?;
             let price = match (order_type, price) {
                 (crossbook_engine::OrderType::Limit, None) => bail!("a limit order needs --price"),
+                (crossbook_engine::OrderType::Market, Some(_)) => bail!("a market order has no --price (--budget caps what a market buy spends)"),
                 (_, price) => price.unwrap_or(0),
             };
             order::Action::Place(crossbook_protocol::NewOrder {
@@ -495,28 +497,41 @@ fn serve(
     data: Option<PathBuf>,
     fix_listen: Option<String>,
     market_listen: Option<String>,
-    adjust: impl FnOnce(&mut crossbook_server::config::Config) -> Result<()>,
+    adjust: impl Fn(&mut crossbook_server::config::Config) -> Result<()> + Send + Sync + 'static,
 ) -> Result<()> {
-    let mut config = match config {
-        Some(path) => {
-            let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-            crossbook_server::config::Config::from_toml(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+    // The file (or the built-in configuration) with the command line's
+    // overrides: read at start, and again on SIGHUP.
+    let has_file = config.is_some();
+    let path = config;
+    let load = move || -> Result<crossbook_server::config::Config> {
+        let mut config = match &path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+                crossbook_server::config::Config::from_toml(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+            }
+            None => crossbook_server::config::Config::default(),
+        };
+        if let Some(listen) = &listen {
+            config.listen = listen.clone();
         }
-        None => crossbook_server::config::Config::default(),
+        if let Some(data) = &data {
+            config.data_dir = data.clone();
+        }
+        if let Some(fix_listen) = &fix_listen {
+            config.fix.listen = fix_listen.clone();
+        }
+        if let Some(market_listen) = &market_listen {
+            config.market_data.listen = market_listen.clone();
+        }
+        adjust(&mut config)?;
+        Ok(config)
     };
-    if let Some(listen) = listen {
-        config.listen = listen;
-    }
-    if let Some(data) = data {
-        config.data_dir = data;
-    }
-    if let Some(fix_listen) = fix_listen {
-        config.fix.listen = fix_listen;
-    }
-    if let Some(market_listen) = market_listen {
-        config.market_data.listen = market_listen;
-    }
-    adjust(&mut config)?;
+    let mut config = load()?;
+    let load = std::sync::Arc::new(load);
+    let reread: Option<std::sync::Arc<crossbook_server::Reread>> = has_file.then(|| {
+        let load = load.clone();
+        std::sync::Arc::new(move || load().map_err(|e| format!("{e:#}"))) as std::sync::Arc<crossbook_server::Reread>
+    });
     let shutdown = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, shutdown.clone()).context("installing the signal handler")?;
@@ -524,6 +539,9 @@ fn serve(
     // SIGUSR1: take a snapshot now.
     let snapshot = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGUSR1, snapshot.clone()).context("installing the signal handler")?;
+    // SIGHUP: read the configuration again (its accounts: docs/ARCHITECTURE.md).
+    let reload = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone()).context("installing the signal handler")?;
     // A replicated node that loses the lead stops acknowledging at once
     // and starts again as a follower (its journal is checked against the
     // log first); anything else ends the process.
@@ -533,11 +551,16 @@ fn serve(
     let mut restarting_since: Option<std::time::Instant> = None;
     let patience = std::time::Duration::from_secs(config.replication.as_ref().map_or(0, |r| r.connect_timeout_s));
     loop {
-        let controls = crossbook_server::Controls { shutdown: shutdown.clone(), snapshot: snapshot.clone() };
+        let controls = crossbook_server::Controls { shutdown: shutdown.clone(), snapshot: snapshot.clone(), reload: reload.clone(), reread: reread.clone() };
         match crossbook_server::serve(config.clone(), controls, |_| {}) {
             Err(crossbook_server::ServeError::Deposed(why)) if !shutdown.load(std::sync::atomic::Ordering::Acquire) => {
                 eprintln!("no longer the leader ({why}): starting again as a follower");
                 restarting_since = Some(std::time::Instant::now());
+                // With the file as it is now (a reload may have changed it).
+                match load() {
+                    Ok(now) => config = now,
+                    Err(e) => eprintln!("the configuration as it is now does not read ({e:#}): starting again with the one read before"),
+                }
             }
             Err(e)
                 if e.is_nats_unavailable()

@@ -60,11 +60,12 @@ pub(crate) fn parse_tif(text: &str) -> Result<TimeInForce> {
 }
 
 pub(crate) fn parse_stp(text: &str) -> Result<SelfTradePrevention> {
+    // The protocol's names (docs/protocol.md) are written with `_`.
     match text {
         "none" => Ok(SelfTradePrevention::None),
-        "cancel-newest" => Ok(SelfTradePrevention::CancelNewest),
-        "cancel-oldest" => Ok(SelfTradePrevention::CancelOldest),
-        "cancel-both" => Ok(SelfTradePrevention::CancelBoth),
+        "cancel-newest" | "cancel_newest" => Ok(SelfTradePrevention::CancelNewest),
+        "cancel-oldest" | "cancel_oldest" => Ok(SelfTradePrevention::CancelOldest),
+        "cancel-both" | "cancel_both" => Ok(SelfTradePrevention::CancelBoth),
         other => bail!("--stp must be none, cancel-newest, cancel-oldest or cancel-both, not {other:?}"),
     }
 }

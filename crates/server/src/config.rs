@@ -388,6 +388,9 @@ pub enum ConfigError {
     /// Two accounts have the same API key (a REST request names its
     /// account by its key alone).
     SharedApiKey { first: AccountId, second: AccountId },
+    /// Two assets, instruments or accounts with one id (on a venue that
+    /// has run, the second would be read as the first).
+    DuplicateId { what: &'static str, id: u64 },
     /// A set-up command the engine refuses (an instrument's fees or
     /// limits, a deposit in an unknown asset, ...): nothing is started.
     Refused { what: String, reason: &'static str },
@@ -401,6 +404,9 @@ pub enum ConfigError {
     /// `market_data.admin_token` set but shorter than [`MIN_ADMIN_TOKEN`],
     /// or with a character an HTTP header cannot carry as it is.
     BadAdminToken(String),
+    /// `market_data.admin_token` set with `market_data.trading = false`:
+    /// the operator's endpoints are the trading API's.
+    AdminWithoutTrading,
     /// `market_data.orders_kept` or `trades_kept` outside 1 to 1,000,000.
     BadWindow { key: &'static str, value: usize },
 }
@@ -426,8 +432,10 @@ impl std::fmt::Display for ConfigError {
             ConfigError::BadAddress { key, value } => write!(f, "{key} {value:?} is not an address (host:port)"),
             ConfigError::BadReplication(why) => write!(f, "replication: {why}"),
             ConfigError::BadNice(nice) => write!(f, "market_data.nice must be 0 to 19, not {nice}"),
+            ConfigError::AdminWithoutTrading => write!(f, "market_data.admin_token is set but market_data.trading is false: the operator's endpoints are part of the trading API"),
             ConfigError::BadAdminToken(why) => write!(f, "market_data.admin_token {why}: it takes at least {MIN_ADMIN_TOKEN} visible ASCII characters (! to ~), or none (the operator endpoints off)"),
             ConfigError::BadWindow { key, value } => write!(f, "market_data.{key} must be 1 to 1000000, not {value}"),
+            ConfigError::DuplicateId { what, id } => write!(f, "two {what}s have id {id}"),
             ConfigError::SharedApiKey { first, second } => write!(f, "accounts {first} and {second} have the same API key (the REST API names an account by its key)"),
             ConfigError::Refused { what, reason } => write!(f, "{what} is refused by the engine: {reason} (docs/engine.md says why)"),
             ConfigError::NotTheVenues(why) => write!(
@@ -474,6 +482,17 @@ impl Config {
         if !(0..=19).contains(&self.market_data.nice) {
             return Err(ConfigError::BadNice(self.market_data.nice));
         }
+        let ids: [(&'static str, Vec<u64>); 3] = [
+            ("asset", self.assets.iter().map(|a| u64::from(a.id)).collect()),
+            ("instrument", self.instruments.iter().map(|i| u64::from(i.id)).collect()),
+            ("account", self.accounts.iter().map(|a| a.id).collect()),
+        ];
+        for (what, mut ids) in ids {
+            ids.sort_unstable();
+            if let Some(pair) = ids.windows(2).find(|pair| pair[0] == pair[1]) {
+                return Err(ConfigError::DuplicateId { what, id: pair[0] });
+            }
+        }
         // Market data's names: an instrument's symbol in letters and
         // digits, an asset's name in any case (as the REST API reads them).
         crate::market::instruments(self)?;
@@ -483,6 +502,9 @@ impl Config {
             }
         }
         let token = &self.market_data.admin_token;
+        if !token.is_empty() && !self.market_data.trading {
+            return Err(ConfigError::AdminWithoutTrading);
+        }
         if let Some(bad) = token.chars().find(|c| !c.is_ascii_graphic()) {
             return Err(ConfigError::BadAdminToken(format!("has {bad:?}")));
         }
@@ -610,7 +632,7 @@ impl Config {
             let (Some(price), Some(qty)) = (Decimal::parse(i.fix_price_unit.as_bytes()), Decimal::parse(i.fix_qty_unit.as_bytes())) else { continue };
             let lot = Decimal { mantissa: i128::from(i.lot_size), scale: decimals(i.base) };
             if !same(qty, lot) {
-                warnings.push(format!("instrument {}: fix_qty_unit {} is not lot_size {} in units of 10^-{} {} (the asset's decimals)", i.symbol, i.fix_qty_unit, i.lot_size, decimals(i.base), i.base));
+                warnings.push(format!("instrument {}: fix_qty_unit {} is not lot_size {} in units of 10^-{} (asset {}'s decimals)", i.symbol, i.fix_qty_unit, i.lot_size, decimals(i.base), i.base));
             }
             let tick = Decimal { mantissa: i128::from(i.tick_size), scale: decimals(i.quote) };
             let notional = Decimal { mantissa: price.mantissa * qty.mantissa, scale: price.scale + qty.scale };
@@ -619,15 +641,6 @@ impl Config {
             }
         }
         warnings
-    }
-
-    /// The key an account logs in with, padded to the wire's 32 bytes.
-    pub fn api_key(&self, account: AccountId) -> Option<[u8; crossbook_protocol::API_KEY_BYTES]> {
-        let configured = self.accounts.iter().find(|a| a.id == account)?;
-        let mut key = [0u8; crossbook_protocol::API_KEY_BYTES];
-        let bytes = configured.api_key.as_bytes();
-        key[..bytes.len()].copy_from_slice(bytes);
-        Some(key)
     }
 }
 
@@ -709,6 +722,8 @@ mod tests {
         for token in ["", "0123456789abcdef"] {
             assert!(Config::from_toml(&format!("[market_data]\nadmin_token = \"{token}\"")).unwrap().check().is_ok(), "{token:?}");
         }
+        let without_trading = Config::from_toml("[market_data]\ntrading = false\nadmin_token = \"0123456789abcdef\"").unwrap().check();
+        assert!(matches!(without_trading, Err(ConfigError::AdminWithoutTrading)), "{without_trading:?}");
         let refused = Config::from_toml("[market_data]\nadmin_token = \"short\"").unwrap().check().expect_err("refused");
         assert_eq!(refused.to_string(), "market_data.admin_token has 5 characters: it takes at least 16 visible ASCII characters (! to ~), or none (the operator endpoints off)");
         for token in ["0123456789abcdef é", "0123456789 abcdef"] {

@@ -17,6 +17,7 @@
 //! until the journal has made some durable and their reports are out.
 
 use crate::config::{Config, keys_match};
+use crate::keys::Keys;
 use crate::ratelog::RateLog;
 use crate::sequencer::{InFlight, Inbound, Request, Sequencer};
 use crate::sessions::{Session, Sessions};
@@ -151,6 +152,8 @@ struct Gateway<'a> {
     deferred: HashSet<Token>,
     next_id: u64,
     config: &'a Config,
+    /// The accounts' keys (a configuration reload changes them).
+    keys: &'a Keys,
     /// Logged-in sessions, report histories and the frames to write.
     sessions: Sessions,
     /// Commands of this round, for the sequencer.
@@ -173,6 +176,7 @@ pub(crate) fn run(
     poll: Poll,
     listener: std::net::TcpListener,
     config: &Config,
+    keys: &Keys,
     sessions: Sessions,
     inbound: &Receiver<Vec<Inbound>>,
     sequencer: &mut Sequencer<'_>,
@@ -191,6 +195,7 @@ pub(crate) fn run(
         deferred: HashSet::new(),
         next_id: 0,
         config,
+        keys,
         sessions,
         commands: Vec::new(),
         chunk: vec![0u8; READ_BYTES],
@@ -273,6 +278,15 @@ pub(crate) fn run(
         }
         gateway.reap();
         sequencer.tick();
+        // The configuration read again (SIGHUP): sessions that logged in or
+        // signed with credentials it changed or took away are let go.
+        let revoked = sequencer.reload_if_asked()?;
+        if !revoked.is_empty() {
+            gateway.revoke(&revoked);
+            for sink in others.iter_mut() {
+                sink.revoked(&revoked);
+            }
+        }
     }
 }
 
@@ -385,7 +399,7 @@ impl Gateway<'_> {
                 }
             }
             let before = self.commands.len();
-            let mut decoded = decode_all(conn, self.config, &mut self.sessions, &mut self.commands, &self.node);
+            let mut decoded = decode_all(conn, self.config, self.keys, &mut self.sessions, &mut self.commands, &self.node);
             // A login for an account whose session is still registered: if
             // that session's connection is gone (its end not read yet), it
             // is closed now and the login goes ahead; if it is alive, the
@@ -413,7 +427,7 @@ impl Gateway<'_> {
                 }
                 let Some(conn) = self.conns.get_mut(&token) else { break };
                 conn.probed = Some(old);
-                decoded = decode_all(conn, self.config, &mut self.sessions, &mut self.commands, &self.node);
+                decoded = decode_all(conn, self.config, self.keys, &mut self.sessions, &mut self.commands, &self.node);
             }
             let Some(conn) = self.conns.get_mut(&token) else { continue };
             let decoded = decoded.map_err(|stop| match stop {
@@ -569,13 +583,28 @@ impl Gateway<'_> {
         }
     }
 
+    /// Logs out the sessions of `accounts`, whose keys a configuration
+    /// reload changed or took away (Logout, reason `bad_credentials`).
+    fn revoke(&mut self, accounts: &[AccountId]) {
+        let tokens: Vec<Token> = self.conns.iter().filter(|(_, c)| c.account.is_some_and(|a| accounts.contains(&a)) && c.closing.is_none()).map(|(t, _)| *t).collect();
+        for token in tokens {
+            if let Some(conn) = self.conns.get_mut(&token) {
+                conn.queue(&ServerMessage::Logout { reason: ProtocolError::BadCredentials.code() });
+                conn.close_after("the account's key was changed or removed by a configuration reload".into());
+            }
+            self.flush(token);
+        }
+    }
+
     fn begin_shutdown(&mut self) {
         log("shutting down: no new connections; draining");
         let _ = self.poll.registry().deregister(&mut self.listener);
         let tokens: Vec<Token> = self.conns.keys().copied().collect();
         for token in tokens {
             if let Some(conn) = self.conns.get_mut(&token) {
-                conn.queue(&ServerMessage::Logout { reason: 0 });
+                // A session is logged out; a connection not logged in yet
+                // is told the server is busy (docs/protocol.md).
+                conn.queue(&if conn.account.is_some() { ServerMessage::Logout { reason: 0 } } else { ServerMessage::Error { reason: ProtocolError::ServerBusy } });
                 conn.close_after("server shutting down".into());
             }
             self.flush(token);
@@ -586,13 +615,13 @@ impl Gateway<'_> {
 /// Decodes every whole frame in `conn.inbuf` and handles it; stops at
 /// the first that closes the connection, or at a login that conflicts
 /// with a registered session (left in the buffer, to be decoded again).
-fn decode_all(conn: &mut Conn, config: &Config, sessions: &mut Sessions, commands: &mut Vec<Inbound>, node: &NodeState) -> Result<(), Stop> {
+fn decode_all(conn: &mut Conn, config: &Config, keys: &Keys, sessions: &mut Sessions, commands: &mut Vec<Inbound>, node: &NodeState) -> Result<(), Stop> {
     let max_frame = config.limits.max_frame;
     let mut used = 0;
     let result = loop {
         match decode_client(&conn.inbuf[used..], max_frame) {
             Ok(Decoded::NeedMore) => break Ok(()),
-            Ok(Decoded::Message(message, size)) => match handle(message, conn, config, sessions, commands, node) {
+            Ok(Decoded::Message(message, size)) => match handle(message, conn, config, keys, sessions, commands, node) {
                 Ok(()) => used += size,
                 Err(Stop::Close(reason)) => {
                     used += size;
@@ -626,12 +655,12 @@ fn not_leader(message: &ClientMessage, conn: &mut Conn, node: &NodeState) {
     conn.queue(&ServerMessage::Redirect { leader: redirect_field(&node.leader_binary().unwrap_or_default()) });
 }
 
-fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, sessions: &mut Sessions, commands: &mut Vec<Inbound>, node: &NodeState) -> Result<(), Stop> {
+fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, keys: &Keys, sessions: &mut Sessions, commands: &mut Vec<Inbound>, node: &NodeState) -> Result<(), Stop> {
     let id = conn.id;
     let close = |reason: &str| Err(Stop::Close(reason.to_string()));
     match (message, conn.account) {
         (ClientMessage::Login { account: claimed, api_key, last_seen }, None) => {
-            let known = config.api_key(claimed).is_some_and(|key| keys_match(&key, &api_key));
+            let known = keys.wire_key(claimed).is_some_and(|key| keys_match(&key, &api_key));
             if !known {
                 conn.queue(&ServerMessage::LoginRejected { reason: ProtocolError::BadCredentials });
                 return close(&format!("login refused for account {claimed}: bad credentials"));

@@ -20,6 +20,7 @@ pub mod config;
 mod error;
 pub mod fix;
 mod gateway;
+mod keys;
 mod market;
 mod ratelog;
 mod replay;
@@ -31,6 +32,7 @@ mod snapshotter;
 
 pub use crossbook_protocol::reports::OPEN_ORDER_LIMIT;
 pub use error::ServeError;
+pub use sequencer::Reread;
 
 use config::Config;
 use crossbook_journal::{Journal, JournalConfig, recover};
@@ -57,18 +59,10 @@ pub(crate) fn now_ms() -> u64 {
 /// configuration that does not fit the journal is refused before anything
 /// is journaled.
 fn add_what_the_configuration_adds(config: &Config, engine: &mut crossbook_engine::Engine, journal: &mut Journal) -> Result<(), ServeError> {
-    use crossbook_engine::Command;
-    let setup = config.setup_commands()?;
-    let lacking = sequencer::lacking(&setup, engine)?;
+    let lacking = sequencer::additions(config, engine)?;
     if lacking.is_empty() {
         return Ok(());
     }
-    // The file's definitions, tried on an engine of their own: every
-    // asset and instrument, and the new accounts with their deposits (an
-    // account the venue has is not read again, whatever its deposits say).
-    let opened: std::collections::HashSet<u64> = lacking.iter().filter_map(|c| if let Command::OpenAccount { account } = c { Some(*account) } else { None }).collect();
-    let tried: Vec<Command> = setup.into_iter().filter(|c| !matches!(c, Command::OpenAccount { account } | Command::Deposit { account, .. } if !opened.contains(account))).collect();
-    Config::try_out(&tried)?;
     let refused = sequencer::set_up(engine, journal, &lacking)?;
     if let Some((command, reason)) = refused.first() {
         // `lacking` refuses what the engine would: not reached.
@@ -91,6 +85,13 @@ pub struct Controls {
     pub shutdown: Arc<AtomicBool>,
     /// Set to have a snapshot taken now (the flag is cleared).
     pub snapshot: Arc<AtomicBool>,
+    /// Set to have the configuration read again (the flag is cleared):
+    /// `Sequencer::reload_if_asked` says what a running venue takes from
+    /// it (docs/ARCHITECTURE.md, "Configuration reload").
+    pub reload: Arc<AtomicBool>,
+    /// How to read it again (the file, with the command line's
+    /// overrides); `None`: there is no file (the built-in configuration).
+    pub reread: Option<Arc<sequencer::Reread>>,
 }
 
 /// Runs the venue until `shutdown` is set; then stops accepting, drains
@@ -105,7 +106,7 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
 /// must not block: a gateway with clients of its own queues and returns),
 /// and every journaled command at start-up (`ReportSink::recovered`).
 pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<dyn ReportSink + Send>>, listening: impl FnOnce(SocketAddr)) -> Result<Summary, ServeError> {
-    let Controls { shutdown, snapshot: snapshot_now } = controls;
+    let Controls { shutdown, snapshot: snapshot_now, reload, reread } = controls;
     config.check()?;
     for warning in config.unit_warnings() {
         log(&format!("warning: {warning}: the REST API's amounts would not add up"));
@@ -190,6 +191,8 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
 
     // The sequencer's progress, for the gateways that need it.
     let applied = Arc::new(AtomicU64::new(engine.seq()));
+    // The accounts' credentials, every gateway's (a reload changes them).
+    let keys = Arc::new(keys::Keys::new(&config.accounts));
     let gateway = if config.fix.listen.is_empty() {
         None
     } else {
@@ -197,7 +200,7 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         // durability modes: a counterparty's sequence numbers can never be
         // taken back (in async mode a power cut would otherwise lose
         // messages it has, and their numbers would be given again).
-        Some(fix::Gateway::open(&config, true, engine.seq(), applied.clone())?)
+        Some(fix::Gateway::open(&config, keys.clone(), true, engine.seq(), applied.clone())?)
     };
     // The gateways, as the sequencer sees them: the binary sessions (the
     // gateway's loop adds them first) and the others.
@@ -207,7 +210,7 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         None
     } else {
         let fix_sessions = gateway.clone().map(|g| Arc::new(move || g.connected()) as Arc<dyn Fn() -> usize + Send + Sync>);
-        Some(market::Market::new(&config, sessions.logged_in.clone(), fix_sessions, node.clone())?)
+        Some(market::Market::new(&config, keys.clone(), sessions.logged_in.clone(), fix_sessions, node.clone())?)
     };
     let mut market_sink = market.clone().map(market::MarketSink);
     // The FIX stores' messages end there: the start-up replay must begin
@@ -258,6 +261,9 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         snapshot_now: &snapshot_now,
         applied,
         history_commands: config.history_commands,
+        reload_now: &reload,
+        reread: reread.as_deref(),
+        keys: keys.clone(),
     };
     let mut sequencer = Sequencer::new(engine, journal, settings, checkpoint_now)?;
 
@@ -288,7 +294,7 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
     }
     log(&format!("listening on {address}"));
     listening(address);
-    let served = gateway::run(poll, listener, &config, sessions, &inbound, &mut sequencer, &mut others, &shutdown, node.clone());
+    let served = gateway::run(poll, listener, &config, &keys, sessions, &inbound, &mut sequencer, &mut others, &shutdown, node.clone());
     node.stop.store(true, Ordering::Release);
     if let Some(lease) = lease {
         let _ = lease.join();

@@ -9,6 +9,8 @@
 //! out; the journal's writer syncs on its own thread and wakes the gateway
 //! when a group commit is done.
 
+use crate::config::{Config, ConfigError};
+use crate::keys::Keys;
 use crate::replica::NodeState;
 use crate::sink::{Answer, Applied, Checkpoint, Query, QueryKind, Refusal, Released, ReportSink, Source};
 use crossbook_replication::batch::Encoder;
@@ -204,7 +206,7 @@ fn spec_differences(kept: &InstrumentSpec, configured: &InstrumentSpec) -> Strin
 /// keeps the journal's), a new one whose name or symbol another has, new
 /// deposits past an asset's supply limit: whatever the engine would
 /// refuse, so that nothing is journaled half.
-pub(crate) fn lacking(setup: &[Command], engine: &Engine) -> Result<Vec<Command>, crate::config::ConfigError> {
+pub(crate) fn lacking(setup: &[Command], engine: &Engine) -> Result<Vec<Command>, ConfigError> {
     let mut commands = Vec::new();
     let mut conflicts = Vec::new();
     let mut opened = std::collections::HashSet::new();
@@ -240,7 +242,39 @@ pub(crate) fn lacking(setup: &[Command], engine: &Engine) -> Result<Vec<Command>
             _ => {}
         }
     }
-    if conflicts.is_empty() { Ok(commands) } else { Err(crate::config::ConfigError::NotTheVenues(conflicts.join("; "))) }
+    // What the venue has stays in the file: left out, the gateways and
+    // market data (which read the file) would not know it while the
+    // engine trades it, and a new one could take its name.
+    let defined = |wanted: &dyn Fn(&Command) -> bool| setup.iter().any(wanted);
+    for id in engine.asset_ids() {
+        if !defined(&|c| matches!(c, Command::AddAsset { id: other, .. } if *other == id)) {
+            let name = engine.asset_name(id).map(|n| n.to_string()).unwrap_or_default();
+            conflicts.push(format!("asset {id} ({name}) of the venue is not in the configuration (what the venue has stays there)"));
+        }
+    }
+    for id in engine.instrument_ids() {
+        if !defined(&|c| matches!(c, Command::AddInstrument(spec) if spec.id == id)) {
+            let symbol = engine.instrument_spec(id).map(|s| s.symbol.to_string()).unwrap_or_default();
+            conflicts.push(format!("instrument {id} ({symbol}) of the venue is not in the configuration (what the venue has stays there)"));
+        }
+    }
+    if conflicts.is_empty() { Ok(commands) } else { Err(ConfigError::NotTheVenues(conflicts.join("; "))) }
+}
+
+/// What `config` adds to the venue `engine` has ([`lacking`]), tried out
+/// first: every asset and instrument of the file, and the accounts the
+/// venue lacks with their deposits, on an engine of their own (an account
+/// the venue has is not read again, whatever its deposits say).
+pub(crate) fn additions(config: &Config, engine: &Engine) -> Result<Vec<Command>, ConfigError> {
+    let setup = config.setup_commands()?;
+    let lacking = lacking(&setup, engine)?;
+    if lacking.is_empty() {
+        return Ok(lacking);
+    }
+    let opened: std::collections::HashSet<u64> = lacking.iter().filter_map(|c| if let Command::OpenAccount { account } = c { Some(*account) } else { None }).collect();
+    let tried: Vec<Command> = setup.into_iter().filter(|c| !matches!(c, Command::OpenAccount { account } | Command::Deposit { account, .. } if !opened.contains(account))).collect();
+    Config::try_out(&tried)?;
+    Ok(lacking)
 }
 
 /// A replicated node's side of the sequencer (`replica.rs`).
@@ -288,7 +322,16 @@ pub(crate) struct Settings<'a> {
     /// Commands whose reports a restart rebuilds for replay, at least
     /// (snapshots with the gateways' checkpoints that far back are kept).
     pub(crate) history_commands: u64,
+    /// Set (by SIGHUP) to read the configuration again.
+    pub(crate) reload_now: &'a AtomicBool,
+    /// Reads the configuration again (`None`: nothing to read again).
+    pub(crate) reread: Option<&'a Reread>,
+    /// The accounts' credentials, every gateway's.
+    pub(crate) keys: Arc<Keys>,
 }
+
+/// How a served venue reads its configuration again.
+pub type Reread = dyn Fn() -> Result<Config, String> + Send + Sync;
 
 /// A batch applied and waiting for the journal: its last sequence number,
 /// its commands and their reports, the refusals that never reached the
@@ -587,6 +630,74 @@ impl<'a> Sequencer<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Reads the configuration again if SIGHUP asked for it, and takes
+    /// from it what a running venue can take: the accounts. A new account
+    /// is opened with its deposits (journaled; replicated when leading: a
+    /// follower opens it when it takes the lead), and every account's keys
+    /// are the file's from now on. All of it or nothing: a file that does
+    /// not parse or check, that adds an asset or an instrument (a restart
+    /// adds those: the gateways and market data learn them at start), or
+    /// that does not fit the venue (`lacking`), changes nothing and is
+    /// logged. Returns the accounts whose credentials changed or went, for
+    /// the gateways to let go of their sessions.
+    pub(crate) fn reload_if_asked(&mut self) -> Result<Vec<crossbook_engine::AccountId>, ServeError> {
+        if !self.settings.reload_now.swap(false, Ordering::AcqRel) {
+            return Ok(Vec::new());
+        }
+        let Some(reread) = self.settings.reread else {
+            log("configuration reload: the venue runs on the built-in configuration (no --config): nothing to read again");
+            return Ok(Vec::new());
+        };
+        let refused = |why: &dyn std::fmt::Display| log(&format!("configuration reload refused, nothing changed: {why}"));
+        let config = match reread() {
+            Ok(config) => config,
+            Err(why) => {
+                refused(&why);
+                return Ok(Vec::new());
+            }
+        };
+        let adding = match config.check().and_then(|()| additions(&config, &self.engine)) {
+            Ok(adding) => adding,
+            Err(why) => {
+                refused(&why);
+                return Ok(Vec::new());
+            }
+        };
+        let reference: Vec<String> = adding
+            .iter()
+            .filter_map(|c| match c {
+                Command::AddAsset { id, name } => Some(format!("asset {id} ({name})")),
+                Command::AddInstrument(spec) => Some(format!("instrument {} ({})", spec.id, spec.symbol)),
+                _ => None,
+            })
+            .collect();
+        if !reference.is_empty() {
+            refused(&format!("it adds {}: assets and instruments are added by a restart", reference.join(", ")));
+            return Ok(Vec::new());
+        }
+        let opened: Vec<String> = adding.iter().filter_map(|c| if let Command::OpenAccount { account } = c { Some(account.to_string()) } else { None }).collect();
+        if self.leading() {
+            if !adding.is_empty() {
+                let in_flight = InFlight::polled();
+                let mut batch: Vec<Inbound> = adding.into_iter().map(|command| Inbound { request: Request::Command(command), annex: None, source: crate::sink::OTHER, in_flight: in_flight.clone() }).collect();
+                in_flight.add(batch.len() as u32);
+                self.apply(&mut batch)?;
+            }
+        } else if let Some(replication) = self.replication.as_mut() {
+            // A follower journals nothing of its own: what its file adds is
+            // appended if it takes the lead.
+            replication.setup = config.setup_commands().map_err(ServeError::Config)?;
+        }
+        let revoked = self.settings.keys.replace(&config.accounts);
+        log(&format!(
+            "configuration reloaded: {} accounts with keys; opened {}; credentials changed or removed for {}",
+            config.accounts.len(),
+            if opened.is_empty() { "none".to_string() } else if self.leading() { format!("{} (journaled up to seq {})", opened.join(", "), self.engine.seq()) } else { format!("{} when this node leads", opened.join(", ")) },
+            if revoked.is_empty() { "none".to_string() } else { revoked.iter().map(u64::to_string).collect::<Vec<_>>().join(", ") }
+        ));
+        Ok(revoked)
     }
 
     /// A query's answer from the engine as it is now (after every command

@@ -91,15 +91,34 @@ impl ReportSink for Sessions {
     /// frames per logged-in account (one write for all of a session's
     /// reports in the batch). Refusals of this gateway's orders go out
     /// unnumbered (sequence number 0).
+    /// Every message goes out where it came in the sequence: a refusal
+    /// or a query's answer after the reports of the commands before it
+    /// and before those of the commands after it (one connection's
+    /// messages in one batch reach it in the order they were sent).
     fn released(&mut self, batch: &Released<'_>) {
         let mut outgoing: HashMap<AccountId, Vec<u8>> = HashMap::new();
-        for refusal in batch.refused().filter(|r| r.source == BINARY) {
-            let addressed = refusal.report;
-            if self.by_account.contains_key(&addressed.account) {
-                encode_server(&ServerMessage::ExecutionReport(addressed.report), outgoing.entry(addressed.account).or_default());
+        // An answer goes with its account's reports when its connection is
+        // the account's session (always, but for a session replaced since).
+        let mut elsewhere: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut refused = batch.refused().filter(|r| r.source == BINARY).peekable();
+        let mut answers = batch.answers().filter(|a| a.source == BINARY).peekable();
+        let mut before = |upto: u64, sessions: &Sessions, outgoing: &mut HashMap<AccountId, Vec<u8>>| {
+            while let Some(refusal) = refused.next_if(|r| r.after < upto) {
+                let addressed = refusal.report;
+                if sessions.by_account.contains_key(&addressed.account) {
+                    encode_server(&ServerMessage::ExecutionReport(addressed.report), outgoing.entry(addressed.account).or_default());
+                }
             }
-        }
+            while let Some(answer) = answers.next_if(|a| a.seq < upto) {
+                let frames = answer_frames(answer);
+                match sessions.by_account.get(&answer.query.account) {
+                    Some(session) if session.connection == answer.query.token => outgoing.entry(answer.query.account).or_default().extend_from_slice(&frames),
+                    _ => elsewhere.push((answer.query.token, frames)),
+                }
+            }
+        };
         for command in batch.durable() {
+            before(command.seq, self, &mut outgoing);
             for addressed in command.reports {
                 let report = self.histories.entry(addressed.account).or_default().record(addressed.report);
                 if self.by_account.contains_key(&addressed.account) {
@@ -107,16 +126,13 @@ impl ReportSink for Sessions {
                 }
             }
         }
+        before(u64::MAX, self, &mut outgoing);
         for (account, frames) in outgoing {
             if let Some(session) = self.by_account.get(&account) {
                 self.outbox.push((session.connection, frames));
             }
         }
-        // Answers after the batch's reports: an answer reflects every
-        // report its connection was sent before it.
-        for answer in batch.answers().filter(|a| a.source == BINARY) {
-            self.outbox.push((answer.query.token, answer_frames(answer)));
-        }
+        self.outbox.extend(elsewhere);
     }
 
     /// Numbers the reports as they were numbered live.

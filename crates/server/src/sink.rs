@@ -235,4 +235,12 @@ pub trait ReportSink {
     /// start-up does when another gateway's checkpoint in the same
     /// snapshot does not restore, and starts from an older one.
     fn reset(&mut self) {}
+
+    /// A configuration reload changed or took away the credentials of
+    /// `accounts`: a gateway lets go of whoever logged in or signed with
+    /// the old ones (the keys themselves are in the shared table the
+    /// gateway was built with).
+    fn revoked(&mut self, accounts: &[AccountId]) {
+        let _ = accounts;
+    }
 }

@@ -198,15 +198,16 @@ id = 9
 api_key = "carol"
 deposits = [[3, 40], [2, 5000]]
 "#;
-    let refused = |text: String, why: &str| {
+    let refused_saying = |text: String, said_why: &str| {
         std::fs::write(&config, text).unwrap();
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_crossbook"))
             .args(["serve", "--config", &config, "--data", data.to_str().unwrap(), "--listen", "127.0.0.1:0", "--fix-listen", "", "--market-listen", ""])
             .output()
             .unwrap();
         let said = String::from_utf8_lossy(&output.stderr);
-        assert!(!output.status.success() && said.contains(&format!("the configuration does not fit the venue's journal: {why}")), "{said}");
+        assert!(!output.status.success() && said.contains(said_why), "{said}");
     };
+    let refused = |text: String, why: &str| refused_saying(text, &format!("the configuration does not fit the venue's journal: {why}"));
     let bytes = || std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum::<u64>();
     let journaled = bytes();
     refused(grown.replacen("taker_bps = 0\n", "taker_bps = 7\n", 1), "instrument 1 (BTC-USD): taker_bps 0 in the journal, 7 in the configuration");
@@ -216,6 +217,15 @@ deposits = [[3, 40], [2, 5000]]
     // would pass the limit.
     let past = grown.replacen("deposits = [[1, 1000], [2, 1000000]]", "deposits = [[1, 1000], [2, 1]]", 1).replace("deposits = [[3, 40], [2, 5000]]", "deposits = [[3, 40], [2, 4611686018426386903]]");
     refused(past, "account 9's deposit of 4611686018426386903 would take asset 2's supply past 2^62");
+    // What the venue has stays in the file: left out, a new asset could
+    // take its name in another case, and the gateways would not know it.
+    let without_usd = grown.replacen("[[assets]]\nid = 2\nname = \"USD\"\n", "", 1);
+    assert!(!without_usd.contains("\"USD\""));
+    refused(without_usd.clone(), "asset 2 (USD) of the venue is not in the configuration");
+    refused(without_usd + "\n[[assets]]\nid = 4\nname = \"usd\"\n", "asset 2 (USD) of the venue is not in the configuration");
+    refused(grown.replacen("symbol = \"BTC-USD\"", "symbol = \"BTC-EUR\"", 1), "instrument 1 (BTC-USD): symbol BTC-USD in the journal, BTC-EUR in the configuration");
+    // One id twice: the second would be read as the first.
+    refused_saying(grown.clone() + "\n[[accounts]]\nid = 2\napi_key = \"other\"\n", "two accounts have id 2");
     assert_eq!(bytes(), journaled, "nothing was written");
     // What the file says of an account the venue has is not read again,
     // not even to try it out (alone, these deposits would pass the limit).

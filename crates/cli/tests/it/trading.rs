@@ -235,6 +235,32 @@ fn binary_queries_answer_balances_and_open_orders_after_the_reports_they_reflect
         }
     }
     assert_eq!(listed, vec![(7, 12, 18), (8, 0, 10)]);
+    // Sent in one packet, a connection's messages are answered in the
+    // order it sent them: the open orders before the cancel-all's reports,
+    // the balances after them.
+    let mut packet = Vec::new();
+    for message in [
+        limit(20, Side::Buy, 300, 1, TimeInForce::Gtc),
+        ClientMessage::QueryOpenOrders { request: 6, instrument: None },
+        ClientMessage::CancelAll { instrument: None },
+        ClientMessage::QueryBalances { request: 7 },
+    ] {
+        crossbook_protocol::encode_client(&message, &mut packet);
+    }
+    alice.send_bytes(&packet).unwrap();
+    let mut order = Vec::new();
+    loop {
+        match alice.recv() {
+            Some(ServerMessage::ExecutionReport(r)) => order.push(format!("{:?}", r.kind)),
+            Some(ServerMessage::OpenOrder(_)) => order.push("OpenOrder".into()),
+            Some(ServerMessage::Balance { .. }) => order.push("Balance".into()),
+            Some(ServerMessage::QueryDone { request: 6, count: 3, .. }) => order.push("QueryDone 6".into()),
+            Some(ServerMessage::QueryDone { request: 7, count: 2, .. }) => break,
+            other => panic!("unexpected {other:?} after {order:?}"),
+        }
+    }
+    let expected = ["Accepted", "OpenOrder", "OpenOrder", "OpenOrder", "QueryDone 6", "Cancelled", "Cancelled", "Cancelled", "CancelAllDone", "Balance", "Balance"];
+    assert_eq!(order, expected, "in the order sent");
     // Another account's orders are not listed: mallory has none.
     let (mut mallory, _) = Client::login(&server.address, 3, "mallory");
     mallory.send(&ClientMessage::QueryOpenOrders { request: 9, instrument: None });
@@ -1122,4 +1148,92 @@ fn the_operator_deposits_and_withdraws_once_per_reference() {
     let plain = TempDir::new("trading-admin-off");
     let server = start(&plain);
     refused(http(&server.market_address, "POST", "/crossbook/admin/v1/deposit", &[("Authorization", bearer.as_str())], "account=1&asset=BTC&amount=1&reference=r"), 404, -1000);
+}
+
+/// SIGHUP reads the configuration again: the accounts it adds are opened
+/// with their deposits (journaled), and every account's keys are the
+/// file's from then on; whoever logged in or streamed with a key it
+/// changed or took away is let go. A file the running venue cannot take
+/// (an instrument to add, a conflict, garbage) changes nothing.
+#[test]
+fn a_reload_opens_accounts_and_changes_keys_without_a_restart() {
+    let dir = TempDir::new("trading-reload");
+    let config = dir.0.join("crossbook.toml");
+    let server = start(&dir);
+    let market = server.market_address.clone();
+    let hup = || assert!(std::process::Command::new("kill").args(["-HUP", &server.child_id().to_string()]).status().unwrap().success());
+    let (mut alice_session, _) = Client::login(&server.address, 1, "alice");
+    let (mut bob_session, _) = Client::login(&server.address, 2, "bob");
+    let bob_key = ok(http(&market, "POST", "/api/v3/userDataStream", &[("X-MBX-APIKEY", "bob")], ""))["listenKey"].as_str().unwrap().to_string();
+    let mut bob_stream = listen(&market, &format!("/ws/{bob_key}"));
+
+    // What a running venue cannot take changes nothing.
+    let instrument = "\n[[instruments]]\nid = 2\nsymbol = \"ETH-USD\"\nbase = 1\nquote = 2\ntick_size = 1\nlot_size = 1\nmin_qty = 1\nmax_qty = 10\nmin_price = 1\nmax_price = 10\nmaker_bps = 0\ntaker_bps = 0\n";
+    std::fs::write(&config, format!("{CONFIG}{instrument}")).unwrap();
+    hup();
+    server.expect_log("configuration reload refused, nothing changed: it adds instrument 2 (ETH-USD): assets and instruments are added by a restart");
+    std::fs::write(&config, CONFIG.replacen("taker_bps = 10", "taker_bps = 11", 1)).unwrap();
+    hup();
+    server.expect_log("configuration reload refused, nothing changed: the configuration does not fit the venue's journal: instrument 1 (BTC-USD): taker_bps 10 in the journal, 11 in the configuration");
+    std::fs::write(&config, CONFIG.replacen("api_key = \"mallory\"", "api_key = \"alice\"", 1)).unwrap();
+    hup();
+    server.expect_log("configuration reload refused, nothing changed: accounts 1 and 3 have the same API key");
+    std::fs::write(&config, "durability = ").unwrap();
+    hup();
+    server.expect_log("configuration reload refused, nothing changed:");
+    ok(bob(&server, "GET", "/api/v3/account", &[]));
+
+    // Dave is new; bob has a new key and secret; mallory is gone.
+    let reloaded = CONFIG
+        .replacen("api_key = \"bob\"\napi_secret = \"bob-secret\"", "api_key = \"bob-2\"\napi_secret = \"bob-secret-2\"", 1)
+        .replacen("[[accounts]]\nid = 3\napi_key = \"mallory\"\napi_secret = \"mallory-secret\"\ndeposits = [[2, 1000]]\n", "", 1)
+        + "\n[[accounts]]\nid = 5\napi_key = \"dave\"\napi_secret = \"dave-secret\"\ndeposits = [[1, 7000], [2, 250000]]\n";
+    assert!(!reloaded.contains("mallory") && reloaded.contains("bob-2"));
+    std::fs::write(&config, &reloaded).unwrap();
+    hup();
+    let line = server.expect_log("configuration reloaded:");
+    assert!(line.contains("opened 5 (journaled up to seq") && line.ends_with("credentials changed or removed for 2, 3"), "{line}");
+    assert_eq!(bob_session.recv(), Some(ServerMessage::Logout { reason: crossbook_protocol::ProtocolError::BadCredentials.code() }), "bob's session is let go");
+    let ended = messages(&mut bob_stream, Duration::from_secs(2));
+    assert!(ended.iter().any(|m| m["e"] == "listenKeyExpired" && m["listenKey"] == bob_key.as_str()), "{ended:?}");
+    // Alice's session and key are as they were.
+    alice_session.send(&ClientMessage::Heartbeat);
+    assert_eq!(alice_session.recv(), Some(ServerMessage::Heartbeat));
+    ok(alice(&server, "GET", "/api/v3/account", &[]));
+    // The old keys are refused everywhere; the new ones work.
+    let rejected = |account: u64, key: &str| {
+        let (_, reply) = crossbook_client::binary::Client::login(&server.address, account, key, 0).unwrap();
+        assert_eq!(reply, ServerMessage::LoginRejected { reason: crossbook_protocol::ProtocolError::BadCredentials }, "account {account} with {key}");
+    };
+    rejected(2, "bob");
+    rejected(3, "mallory");
+    refused(bob(&server, "GET", "/api/v3/account", &[]), 401, -2015);
+    refused(signed(&market, "GET", "/api/v3/account", &[], "mallory", "mallory-secret"), 401, -2015);
+    refused(signed(&market, "GET", "/api/v3/account", &[], "bob-2", "bob-secret"), 400, -1022);
+    ok(signed(&market, "GET", "/api/v3/account", &[], "bob-2", "bob-secret-2"));
+    let (mut bob_session, reply) = Client::login(&server.address, 2, "bob-2");
+    assert!(matches!(reply, ServerMessage::LoginAccepted { .. }), "{reply:?}");
+    // Dave has his deposits, and trades with bob.
+    let (mut dave_session, _) = Client::login(&server.address, 5, "dave");
+    let (balances, _) = binary_balances(&mut dave_session, 1);
+    assert_eq!(balances, BTreeMap::from([(1, (7000, 0)), (2, (250000, 0))]));
+    let account = ok(signed(&market, "GET", "/api/v3/account", &[], "dave", "dave-secret"));
+    let usd = account["balances"].as_array().unwrap().iter().find(|b| b["asset"] == "USD").unwrap().clone();
+    assert_eq!(usd["free"], "2500.00", "{account}");
+    dave_session.send(&limit(1, Side::Sell, 400, 3, TimeInForce::Gtc));
+    assert_eq!(dave_session.report().kind, ReportKind::Accepted);
+    bob_session.send(&limit(1, Side::Buy, 400, 3, TimeInForce::Ioc));
+    assert_eq!(bob_session.report().kind, ReportKind::Accepted);
+    assert_eq!(bob_session.report().kind, ReportKind::Fill);
+    drop((alice_session, bob_session, dave_session));
+    assert!(server.terminate().success());
+
+    // Dave's account was journaled: a restart with the same file adds
+    // nothing, and he has what he had.
+    let server = spawn_with(&["--config", config.to_str().unwrap(), "--data", dir.0.join("data").to_str().unwrap()], &[]);
+    assert!(!server.startup.iter().any(|line| line.starts_with("from the configuration")), "{:#?}", server.startup);
+    let (mut dave_session, _) = Client::login(&server.address, 5, "dave");
+    assert_eq!(binary_balances(&mut dave_session, 1).0.get(&1), Some(&(6997, 0)));
+    drop(dave_session);
+    assert!(server.terminate().success());
 }

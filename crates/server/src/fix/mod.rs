@@ -190,8 +190,8 @@ pub struct Gateway {
     echo: bool,
     dictionary: Arc<Dictionary>,
     instruments: Vec<FixInstrument>,
-    /// account -> API key, for Logon by Username/Password.
-    keys: HashMap<AccountId, String>,
+    /// The accounts' API keys, for Logon by Username/Password.
+    keys: Arc<crate::keys::Keys>,
     in_flight_limit: u32,
     dir: PathBuf,
     sync: bool,
@@ -234,7 +234,7 @@ impl Gateway {
     /// commands journaled in their place are reported; the messages the
     /// counterparty already has keep their MsgSeqNums, and numbering goes
     /// on after them.
-    pub fn open(config: &Config, sync: bool, journal_end: u64, applied: Arc<AtomicU64>) -> Result<Arc<Gateway>, FixError> {
+    pub(crate) fn open(config: &Config, keys: Arc<crate::keys::Keys>, sync: bool, journal_end: u64, applied: Arc<AtomicU64>) -> Result<Arc<Gateway>, FixError> {
         let fix = config.fix.clone();
         let echo = match fix.application.as_str() {
             "echo" => true,
@@ -280,7 +280,7 @@ impl Gateway {
         let fix_accounts = RwLock::new(state.routes.keys().copied().collect());
         Ok(Arc::new(Gateway {
             instruments: venue::instruments(config).map_err(FixError::Config)?,
-            keys: config.accounts.iter().map(|a| (a.id, a.api_key.clone())).collect(),
+            keys,
             in_flight_limit: config.limits.in_flight.max(1),
             config: fix,
             echo,
@@ -729,7 +729,7 @@ impl Gateway {
             Some(account) => Some(account),
             None if self.echo => None,
             None => {
-                let claimed = message.text(USERNAME).and_then(|u| u.parse::<AccountId>().ok()).filter(|a| self.keys.contains_key(a));
+                let claimed = message.text(USERNAME).and_then(|u| u.parse::<AccountId>().ok()).filter(|&a| self.keys.has(a));
                 let Some(claimed) = claimed else {
                     return Err(AttachRefusal::UnknownCompId { comp_id, username_tried: true });
                 };
@@ -795,7 +795,7 @@ impl Gateway {
         if configured.is_none()
             && !self.echo
             && let Some(bound) = session.bound
-            && !self.keys.contains_key(&bound)
+            && !self.keys.has(bound)
         {
             return Err(AttachRefusal::Revoked { comp_id, account: bound });
         }
@@ -854,7 +854,26 @@ impl Gateway {
             return None;
         }
         let account = account?;
-        Some((account.to_string(), self.keys.get(&account)?.clone()))
+        Some((account.to_string(), self.keys.api_key(account)?))
+    }
+
+    /// Logs out the sessions that logged on as one of `accounts` with its
+    /// key (Username and Password; a `[[fix.sessions]]` CompID needs no
+    /// key and stays): a configuration reload changed or took it away.
+    fn revoke(&self, accounts: &[AccountId]) {
+        let live: Vec<(String, u64)> = {
+            let state = self.lock();
+            state
+                .sessions
+                .iter()
+                .filter(|(comp_id, s)| s.account.is_some_and(|a| accounts.contains(&a)) && !self.config.sessions.iter().any(|c| &&c.comp_id == comp_id))
+                .filter_map(|(comp_id, s)| Some((comp_id.clone(), s.connection.as_ref()?.id)))
+                .collect()
+        };
+        for (comp_id, id) in live {
+            log(&format!("FIX logout comp_id={comp_id}: its account's key was changed or removed by a configuration reload"));
+            self.logout_and_close(&comp_id, id, "the account's key was changed or removed");
+        }
     }
 
     fn logout_and_close(&self, comp_id: &str, id: u64, why: &str) {
@@ -950,6 +969,10 @@ impl FixSink {
 }
 
 impl ReportSink for FixSink {
+    fn revoked(&mut self, accounts: &[AccountId]) {
+        self.gateway.revoke(accounts);
+    }
+
     fn released(&mut self, batch: &Released<'_>) {
         // A refusal goes out where it came in the sequence: a cancel sent
         // behind a refused order is answered after the order's refusal.

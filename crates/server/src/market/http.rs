@@ -275,12 +275,25 @@ async fn trades(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answe
     Ok(json_response(render::trades(&market.instruments[index], limit)))
 }
 
+/// Whether a klines `timeZone` is UTC: `UTC` in any case, or a zero
+/// offset as Binance writes offsets (hours, or hours:minutes, either
+/// signed: `0`, `-0`, `+00:00`, `0:00`).
+fn is_utc(zone: &str) -> bool {
+    if zone.eq_ignore_ascii_case("utc") {
+        return true;
+    }
+    let unsigned = zone.strip_prefix(['+', '-']).unwrap_or(zone);
+    let (hours, minutes) = unsigned.split_once(':').map_or((unsigned, None), |(h, m)| (h, Some(m)));
+    let zeros = |digits: &str, lengths: std::ops::RangeInclusive<usize>| lengths.contains(&digits.len()) && digits.bytes().all(|b| b == b'0');
+    zeros(hours, 1..=2) && minutes.is_none_or(|m| zeros(m, 2..=2))
+}
+
 async fn klines(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
     let params = Params::parse(query.as_deref(), &["symbol", "interval", "startTime", "endTime", "limit", "timeZone"])?;
     let name = params.get("interval").ok_or_else(|| ApiError::mandatory("interval"))?;
     let interval = interval(name).ok_or_else(|| ApiError::bad(-1120, "Invalid interval."))?;
     let (start, end) = params.time_range()?;
-    if params.get("timeZone").is_some_and(|z| !matches!(z, "0" | "+0" | "0:00" | "+00:00" | "UTC")) {
+    if params.get("timeZone").is_some_and(|z| !is_utc(z)) {
         return Err(ApiError::bad(-1100, "Illegal characters found in parameter 'timeZone'; only UTC (0) is served."));
     }
     let limit = params.number("limit", 1..=MAX_KLINES as u64)?.unwrap_or(500) as usize;
@@ -405,7 +418,12 @@ async fn ws_api(State(hub): State<Arc<Hub>>, upgrade: WebSocketUpgrade) -> Respo
     ws::upgrade_api(hub, upgrade)
 }
 
-async fn ws_bare(State(hub): State<Arc<Hub>>, upgrade: WebSocketUpgrade) -> Response {
+async fn ws_bare(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery, upgrade: WebSocketUpgrade) -> Response {
+    // Streams are named in the path (`/ws/<a>/<b>`) or subscribed to:
+    // a parameter here would be read by nobody.
+    if let Err(e) = Params::parse(query.as_deref(), &[]) {
+        return e.into_response();
+    }
     ws::upgrade(hub, upgrade, Vec::new(), false)
 }
 
@@ -518,4 +536,17 @@ pub(crate) fn start(hub: Arc<Hub>) -> Result<Running, ServeError> {
         })
         .map_err(ServeError::io("starting the market-data thread"))?;
     Ok(Running { address, stop, thread })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_zero_offset_is_utc_however_written() {
+        for zone in ["0", "+0", "-0", "00", "0:00", "00:00", "+00:00", "-00:00", "UTC", "utc"] {
+            assert!(super::is_utc(zone), "{zone}");
+        }
+        for zone in ["", "+", "1", "-1:00", "0:0", "0:000", "000", "00:30", "GMT", "0:00:00"] {
+            assert!(!super::is_utc(zone), "{zone}");
+        }
+    }
 }

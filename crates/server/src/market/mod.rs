@@ -379,7 +379,7 @@ pub(crate) struct Market {
 }
 
 impl Market {
-    pub(crate) fn new(config: &Config, sessions: Arc<AtomicUsize>, fix_sessions: Option<Arc<dyn Fn() -> usize + Send + Sync>>, node: Arc<crate::replica::NodeState>) -> Result<Arc<Market>, ServeError> {
+    pub(crate) fn new(config: &Config, keys: Arc<crate::keys::Keys>, sessions: Arc<AtomicUsize>, fix_sessions: Option<Arc<dyn Fn() -> usize + Send + Sync>>, node: Arc<crate::replica::NodeState>) -> Result<Arc<Market>, ServeError> {
         let infos = instruments(config)?;
         let hub = Arc::new(Hub {
             state: RwLock::new(MarketData::new(infos, 0)),
@@ -393,7 +393,7 @@ impl Market {
             slow_dropped: AtomicU64::new(0),
             live: Mutex::new(std::collections::HashMap::new()),
             stopping: AtomicBool::new(false),
-            trading: config.market_data.trading.then(|| Arc::new(Trading::new(config))),
+            trading: config.market_data.trading.then(|| Arc::new(Trading::new(config, keys))),
             node,
         });
         {
@@ -603,6 +603,19 @@ fn feed_command(durable: &Durable<'_>, events: &mut Vec<Event>) -> Option<Queued
 pub(crate) struct MarketSink(pub(crate) Arc<Market>);
 
 impl ReportSink for MarketSink {
+    /// The listen keys of accounts whose API keys a configuration reload
+    /// changed or took away end (`listenKeyExpired`), as when a key's
+    /// hour is up: they were opened with the old credentials.
+    fn revoked(&mut self, accounts: &[AccountId]) {
+        let Some(trading) = &self.0.hub.trading else { return };
+        for &account in accounts {
+            if let Some(key) = trading.streams.end_account(account) {
+                log(&format!("user data stream of account {account} ended: its API key was changed or removed by a configuration reload"));
+                userstream::expired(&self.0.hub, &key);
+            }
+        }
+    }
+
     fn released(&mut self, batch: &Released<'_>) {
         // At most every command and every event of the batch: one
         // allocation each, not a doubling as they come.

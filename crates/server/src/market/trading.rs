@@ -100,7 +100,7 @@ pub(crate) enum Outcome {
 
 struct Credentials {
     account: AccountId,
-    secret: Vec<u8>,
+    secret: Arc<[u8]>,
 }
 
 /// Request weight used in the current minute, and orders in the current
@@ -141,7 +141,8 @@ pub(crate) struct SequencerLink {
 
 /// The trading side of the HTTP gateway.
 pub(crate) struct Trading {
-    keys: HashMap<String, Credentials>,
+    /// The accounts' keys and secrets (a configuration reload changes them).
+    keys: Arc<crate::keys::Keys>,
     pub(crate) assets: Vec<AssetInfo>,
     /// Each instrument's (base, quote) asset ids, by market-data index.
     pub(crate) instrument_assets: Vec<(AssetId, AssetId)>,
@@ -162,8 +163,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Trading {
-    pub(crate) fn new(config: &Config) -> Trading {
-        let keys = config.accounts.iter().map(|a| (a.api_key.clone(), Credentials { account: a.id, secret: a.api_secret.as_bytes().to_vec() })).collect();
+    pub(crate) fn new(config: &Config, keys: Arc<crate::keys::Keys>) -> Trading {
         let assets = config.assets.iter().map(|a| AssetInfo { id: a.id, name: a.name.clone(), unit: Unit { mantissa: 1, scale: a.decimals } }).collect();
         let instrument_assets = config.instruments.iter().map(|i| (i.base, i.quote)).collect();
         Trading {
@@ -388,7 +388,7 @@ impl Trading {
     // ---- authentication and limits -------------------------------------
 
     /// The account behind a request's `X-MBX-APIKEY`, and the key.
-    fn key(&self, headers: &HeaderMap) -> Result<(&str, &Credentials), ApiError> {
+    fn key(&self, headers: &HeaderMap) -> Result<(String, Credentials), ApiError> {
         let Some(value) = headers.get("x-mbx-apikey") else {
             return Err(ApiError::new(StatusCode::UNAUTHORIZED, -2014, "API-key format invalid."));
         };
@@ -397,9 +397,9 @@ impl Trading {
     }
 
     /// The account behind API key `key` (one with a secret), or -2015.
-    fn credentials(&self, key: &str) -> Result<(&str, &Credentials), ApiError> {
-        match self.keys.get_key_value(key) {
-            Some((key, credentials)) if !credentials.secret.is_empty() => Ok((key.as_str(), credentials)),
+    fn credentials(&self, key: &str) -> Result<(String, Credentials), ApiError> {
+        match self.keys.by_key(key) {
+            Some((account, secret)) if !secret.is_empty() => Ok((key.to_string(), Credentials { account, secret })),
             _ => Err(ApiError::new(StatusCode::UNAUTHORIZED, -2015, "Invalid API-key, IP, or permissions for action.")),
         }
     }
@@ -486,18 +486,18 @@ impl Trading {
         let params = match checked {
             Ok(params) => params,
             Err(e) => {
-                self.spend(key, 1, false)?;
+                self.spend(&key, 1, false)?;
                 return Err(e);
             }
         };
-        let used = self.spend(key, weight(&params), order)?;
+        let used = self.spend(&key, weight(&params), order)?;
         Ok((credentials.account, params, used))
     }
 
     /// An endpoint that needs only the API key (the user data stream's).
     fn keyed(&self, headers: &HeaderMap, query: Option<&str>, body: &str, known: &[&str], weight: u32) -> Result<(AccountId, Params, u32), ApiError> {
         let (key, credentials) = self.key(headers)?;
-        let used = self.spend(key, weight, false)?;
+        let used = self.spend(&key, weight, false)?;
         let params = Params::parse_both(query, (!body.is_empty()).then_some(body), known)?;
         Ok((credentials.account, params, used))
     }

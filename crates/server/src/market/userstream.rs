@@ -111,6 +111,15 @@ impl Streams {
         true
     }
 
+    /// Ends the account's key, if it has one; returns it.
+    pub(crate) fn end_account(&self, account: AccountId) -> Option<String> {
+        let mut state = self.state();
+        let key = state.by_account.get(&account)?.clone();
+        Self::remove(&mut state, &key);
+        self.live.store(state.by_key.len(), Ordering::Release);
+        Some(key)
+    }
+
     fn remove(state: &mut State, key: &str) {
         if let Some(gone) = state.by_key.remove(key) {
             state.by_account.remove(&gone.account);

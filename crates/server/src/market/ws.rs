@@ -73,9 +73,15 @@ pub(crate) fn upgrade_api(hub: Arc<Hub>, upgrade: WebSocketUpgrade) -> Response 
 
 fn open(hub: Arc<Hub>, upgrade: WebSocketUpgrade, streams: Vec<String>, combined: bool, api: bool) -> Response {
     let mut names = Vec::with_capacity(streams.len());
+    // A stream named twice is one subscription (as a second SUBSCRIBE).
+    let mut named = std::collections::HashSet::with_capacity(streams.len());
     for stream in &streams {
         match stream_name(&hub, stream) {
-            Some(name) => names.push(name),
+            Some(name) => {
+                if named.insert(name.clone()) {
+                    names.push(name);
+                }
+            }
             None => return ApiError::new(StatusCode::BAD_REQUEST, -1121, format!("Invalid stream name: {stream}.")).into_response(),
         }
     }

@@ -1,0 +1,112 @@
+//! The accounts' credentials, one table for every gateway: the binary
+//! protocol's Login and FIX's Logon check an account's API key here, the
+//! REST API finds the account and the signing secret behind a key here.
+//! It starts as the configuration's `[[accounts]]` and changes when the
+//! configuration is read again (SIGHUP, `Sequencer::reload`): a new
+//! account's keys, a changed key or secret, an account taken out of the
+//! file (it keeps its balances and orders in the engine, and can no longer
+//! log in or sign). Credentials are not journaled: the file is their only
+//! home.
+
+use crate::config::AccountConfig;
+use crossbook_engine::AccountId;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+
+/// What one account signs and logs in with.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Credential {
+    pub(crate) api_key: String,
+    /// The REST API's HMAC-SHA256 secret; empty: no signed requests.
+    pub(crate) secret: Arc<[u8]>,
+}
+
+#[derive(Default)]
+struct Table {
+    by_account: HashMap<AccountId, Credential>,
+    by_key: HashMap<String, AccountId>,
+}
+
+#[derive(Default)]
+pub(crate) struct Keys(RwLock<Table>);
+
+impl Keys {
+    pub(crate) fn new(accounts: &[AccountConfig]) -> Keys {
+        let keys = Keys::default();
+        keys.replace(accounts);
+        keys
+    }
+
+    fn table(&self) -> RwLockReadGuard<'_, Table> {
+        self.0.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The key `account` logs in with, padded to the binary protocol's 32
+    /// bytes (a key is 1 to 32 bytes: `Config::setup_commands`).
+    pub(crate) fn wire_key(&self, account: AccountId) -> Option<[u8; crossbook_protocol::API_KEY_BYTES]> {
+        let table = self.table();
+        let bytes = table.by_account.get(&account)?.api_key.as_bytes();
+        let mut key = [0u8; crossbook_protocol::API_KEY_BYTES];
+        key.get_mut(..bytes.len())?.copy_from_slice(bytes);
+        Some(key)
+    }
+
+    /// The key `account` logs in with (FIX's Password).
+    pub(crate) fn api_key(&self, account: AccountId) -> Option<String> {
+        self.table().by_account.get(&account).map(|c| c.api_key.clone())
+    }
+
+    /// Whether `account` has credentials (is in the configuration).
+    pub(crate) fn has(&self, account: AccountId) -> bool {
+        self.table().by_account.contains_key(&account)
+    }
+
+    /// The account behind API key `key`, and its signing secret.
+    pub(crate) fn by_key(&self, key: &str) -> Option<(AccountId, Arc<[u8]>)> {
+        let table = self.table();
+        let account = *table.by_key.get(key)?;
+        Some((account, table.by_account.get(&account)?.secret.clone()))
+    }
+
+    /// Makes `accounts` (a checked configuration's: no key shared) the
+    /// whole table. Returns the accounts that had credentials and now have
+    /// other ones or none: whoever logged in or signed with the old ones
+    /// is to be let go.
+    pub(crate) fn replace(&self, accounts: &[AccountConfig]) -> Vec<AccountId> {
+        let by_account: HashMap<AccountId, Credential> =
+            accounts.iter().map(|a| (a.id, Credential { api_key: a.api_key.clone(), secret: Arc::from(a.api_secret.as_bytes()) })).collect();
+        let by_key = by_account.iter().map(|(&account, c)| (c.api_key.clone(), account)).collect();
+        let mut table = self.0.write().unwrap_or_else(|e| e.into_inner());
+        let mut changed: Vec<AccountId> = table.by_account.iter().filter(|(account, old)| by_account.get(account) != Some(old)).map(|(&account, _)| account).collect();
+        changed.sort_unstable();
+        *table = Table { by_account, by_key };
+        changed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn account(id: AccountId, key: &str, secret: &str) -> AccountConfig {
+        AccountConfig { id, api_key: key.into(), api_secret: secret.into(), deposits: Vec::new() }
+    }
+
+    #[test]
+    fn a_replacement_names_the_accounts_whose_credentials_changed_or_went() {
+        let keys = Keys::new(&[account(1, "k1", "s1"), account(2, "k2", "s2"), account(3, "k3", "s3")]);
+        assert_eq!(keys.by_key("k2").map(|(a, s)| (a, s.to_vec())), Some((2, b"s2".to_vec())));
+        let mut wire = [0u8; crossbook_protocol::API_KEY_BYTES];
+        wire[..2].copy_from_slice(b"k1");
+        assert_eq!(keys.wire_key(1), Some(wire));
+        // 1 unchanged, 2 a new secret, 3 gone, 4 new.
+        let changed = keys.replace(&[account(1, "k1", "s1"), account(2, "k2", "s2b"), account(4, "k4", "s4")]);
+        assert_eq!(changed, vec![2, 3]);
+        assert!(keys.by_key("k3").is_none() && !keys.has(3) && keys.wire_key(3).is_none());
+        assert_eq!(keys.by_key("k2").map(|(_, s)| s.to_vec()), Some(b"s2b".to_vec()));
+        assert_eq!(keys.api_key(4).as_deref(), Some("k4"));
+        // A key moved to another account: both change.
+        assert_eq!(keys.replace(&[account(1, "k4", "s1"), account(2, "k2", "s2b"), account(4, "k1", "s4")]), vec![1, 4]);
+        assert_eq!(keys.by_key("k1").map(|(a, _)| a), Some(4));
+    }
+}
