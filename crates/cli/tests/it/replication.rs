@@ -263,6 +263,26 @@ fn a_follower_applies_the_log_and_refuses_orders_with_a_redirect() {
     let _ = stream.read_to_string(&mut answer);
     assert!(answer.starts_with("HTTP/1.1 307"), "{answer}");
     assert!(answer.to_ascii_lowercase().contains(&format!("location: http://{}/api/v3/order?symbol=btcusd", leader.market_address).to_ascii_lowercase()), "{answer}");
+    // SIGHUP on the leader opens an account its file adds, replicated; on
+    // the follower (the log brought it the account first), it installs
+    // the account's key: the account logs in there and sees its deposit.
+    let added = "\n[[accounts]]\nid = 98\napi_key = \"key-98\"\ndeposits = [[2, 555]]\n";
+    for (server, name) in [(&leader, "a"), (&follower, "b")] {
+        let config = dir.0.join(format!("{name}.toml"));
+        let grown = std::fs::read_to_string(&config).unwrap() + added;
+        std::fs::write(&config, grown).unwrap();
+        assert!(Command::new("kill").args(["-HUP", &server.child_id().to_string()]).status().unwrap().success());
+        let line = server.expect_log_within("configuration reloaded:", Duration::from_secs(10));
+        let opened = if name == "a" { "opened 98 (journaled up to seq" } else { "opened none" };
+        assert!(line.contains(opened), "{name}: {line}");
+        wait_same_seq(&leader, &follower);
+    }
+    let (follower_session, reply) = crossbook_client::binary::Client::login(&follower.address, 98, "key-98", u64::MAX).unwrap();
+    assert!(matches!(reply, ServerMessage::LoginAccepted { .. }), "{reply:?}");
+    let mut follower_session = Client(follower_session);
+    assert_eq!(redirect(follower_session.recv()), leader.address);
+    assert_eq!(crate::trading::binary_balances(&mut follower_session, 1).0.get(&2), Some(&(555, 0)));
+    drop(follower_session);
     // Both stopped, both journals recover to the same state.
     assert!(follower.terminate().success());
     assert!(leader.terminate().success());
