@@ -286,6 +286,11 @@ pub struct AccountConfig {
     /// Starting balances for a fresh venue: (asset id, amount).
     #[serde(default)]
     pub deposits: Vec<(u32, u64)>,
+    /// When a binary or FIX session of the account ends other than by the
+    /// venue stopping (a Logout, a lost connection, a protocol error), a
+    /// CancelAll of its open orders is journaled for it.
+    #[serde(default)]
+    pub cancel_on_disconnect: bool,
 }
 
 /// Demo accounts in the default configuration (ids 1 to 16).
@@ -348,7 +353,7 @@ impl Default for Config {
             }],
             // 16 demo traders, enough for `crossbook load --connections 16`.
             accounts: (1..=DEMO_ACCOUNTS)
-                .map(|id| AccountConfig { id, api_key: demo_key(id), api_secret: demo_secret(id), deposits: vec![(1, 1 << 40), (2, 1 << 50)] })
+                .map(|id| AccountConfig { id, api_key: demo_key(id), api_secret: demo_secret(id), deposits: vec![(1, 1 << 40), (2, 1 << 50)], cancel_on_disconnect: false })
                 .collect(),
         }
     }

@@ -163,6 +163,9 @@ struct Gateway<'a> {
     ratelog: RateLog,
     /// Whether this node takes orders, and who leads (a replicated venue).
     node: Arc<NodeState>,
+    /// The venue is stopping (or failed): a session that ends now leaves
+    /// its orders (nothing more is journaled for it).
+    stopping: bool,
 }
 
 /// Runs the gateway, and with it the sequencer, on the calling thread
@@ -201,6 +204,7 @@ pub(crate) fn run(
         chunk: vec![0u8; READ_BYTES],
         ratelog: RateLog::default(),
         node,
+        stopping: false,
     };
     let mut events = Events::with_capacity(EVENTS_PER_POLL);
     let mut stopping: Option<Instant> = None;
@@ -546,6 +550,20 @@ impl Gateway<'_> {
         let _ = conn.stream.shutdown(std::net::Shutdown::Both);
         self.sessions.by_account.retain(|_, s| s.connection != conn.id);
         self.sessions.count();
+        // Cancel on disconnect: the session's end is journaled as a
+        // CancelAll for its account, in this round's batch (before any
+        // command of a session that replaces it).
+        if let Some(account) = conn.account
+            && !self.stopping
+            && self.node.accepting.load(Ordering::Acquire)
+            && self.keys.cancels_on_disconnect(account)
+        {
+            let in_flight = InFlight::polled();
+            in_flight.add(1);
+            let command = crossbook_engine::Command::CancelAll { account, instrument: None };
+            self.commands.push(Inbound { request: Request::Command(command), annex: None, source: crate::sink::OTHER, in_flight });
+            log(&format!("cancel on disconnect: account {account}'s open orders are cancelled (connection {})", conn.id));
+        }
         let line = || format!("disconnect connection={} peer={} reason={reason}", conn.id, conn.peer);
         if conn.account.is_some() {
             log(&line());
@@ -559,6 +577,7 @@ impl Gateway<'_> {
     /// told why (`journal_failed`), given up to `FAIL_GRACE` to take what is
     /// queued for it, and closed.
     fn fail(&mut self, why: &ServeError) {
+        self.stopping = true;
         log(&format!("stopping: {why}; telling {} connections", self.conns.len()));
         let reason = if matches!(why, ServeError::Deposed(_)) { ProtocolError::NotLeader } else { ProtocolError::JournalFailed };
         let _ = self.poll.registry().deregister(&mut self.listener);
@@ -597,6 +616,7 @@ impl Gateway<'_> {
     }
 
     fn begin_shutdown(&mut self) {
+        self.stopping = true;
         log("shutting down: no new connections; draining");
         let _ = self.poll.registry().deregister(&mut self.listener);
         let tokens: Vec<Token> = self.conns.keys().copied().collect();

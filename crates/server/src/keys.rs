@@ -25,6 +25,9 @@ pub(crate) struct Credential {
 struct Table {
     by_account: HashMap<AccountId, Credential>,
     by_key: HashMap<String, AccountId>,
+    /// The accounts whose orders are cancelled when a session ends
+    /// (`cancel_on_disconnect`).
+    cancel_on_disconnect: std::collections::HashSet<AccountId>,
 }
 
 #[derive(Default)]
@@ -61,6 +64,11 @@ impl Keys {
         self.table().by_account.contains_key(&account)
     }
 
+    /// Whether a session of `account` that ends takes its orders with it.
+    pub(crate) fn cancels_on_disconnect(&self, account: AccountId) -> bool {
+        self.table().cancel_on_disconnect.contains(&account)
+    }
+
     /// The account behind API key `key`, and its signing secret.
     pub(crate) fn by_key(&self, key: &str) -> Option<(AccountId, Arc<[u8]>)> {
         let table = self.table();
@@ -76,10 +84,11 @@ impl Keys {
         let by_account: HashMap<AccountId, Credential> =
             accounts.iter().map(|a| (a.id, Credential { api_key: a.api_key.clone(), secret: Arc::from(a.api_secret.as_bytes()) })).collect();
         let by_key = by_account.iter().map(|(&account, c)| (c.api_key.clone(), account)).collect();
+        let cancel_on_disconnect = accounts.iter().filter(|a| a.cancel_on_disconnect).map(|a| a.id).collect();
         let mut table = self.0.write().unwrap_or_else(|e| e.into_inner());
         let mut changed: Vec<AccountId> = table.by_account.iter().filter(|(account, old)| by_account.get(account) != Some(old)).map(|(&account, _)| account).collect();
         changed.sort_unstable();
-        *table = Table { by_account, by_key };
+        *table = Table { by_account, by_key, cancel_on_disconnect };
         changed
     }
 }
@@ -89,7 +98,7 @@ mod tests {
     use super::*;
 
     fn account(id: AccountId, key: &str, secret: &str) -> AccountConfig {
-        AccountConfig { id, api_key: key.into(), api_secret: secret.into(), deposits: Vec::new() }
+        AccountConfig { id, api_key: key.into(), api_secret: secret.into(), deposits: Vec::new(), cancel_on_disconnect: id == 4 }
     }
 
     #[test]
@@ -105,6 +114,7 @@ mod tests {
         assert!(keys.by_key("k3").is_none() && !keys.has(3) && keys.wire_key(3).is_none());
         assert_eq!(keys.by_key("k2").map(|(_, s)| s.to_vec()), Some(b"s2b".to_vec()));
         assert_eq!(keys.api_key(4).as_deref(), Some("k4"));
+        assert!(keys.cancels_on_disconnect(4) && !keys.cancels_on_disconnect(1));
         // A key moved to another account: both change.
         assert_eq!(keys.replace(&[account(1, "k4", "s1"), account(2, "k2", "s2b"), account(4, "k1", "s4")]), vec![1, 4]);
         assert_eq!(keys.by_key("k1").map(|(a, _)| a), Some(4));

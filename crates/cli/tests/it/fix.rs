@@ -415,3 +415,85 @@ fn sequence_numbers_and_missed_reports_survive_a_restart() {
     let resent = alice.next();
     expect(&resent, &[(35, "8"), (34, "4"), (43, "Y"), (150, "F"), (39, "2"), (11, "A1"), (14, "5"), (151, "0")]);
 }
+
+/// The cids of the logged-in account's open orders (binary query).
+fn open_cids(client: &mut crate::serve::Client, request: u64) -> Vec<u64> {
+    use crossbook_protocol::{ClientMessage, ServerMessage};
+    client.send(&ClientMessage::QueryOpenOrders { request, instrument: None });
+    let mut cids = Vec::new();
+    loop {
+        match client.recv() {
+            Some(ServerMessage::OpenOrder(o)) => cids.push(o.cid),
+            Some(ServerMessage::QueryDone { request: r, .. }) if r == request => return cids,
+            Some(ServerMessage::ExecutionReport(_)) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+/// An account with `cancel_on_disconnect` loses its open orders when a
+/// session of it ends, binary or FIX, by a lost connection or a Logout
+/// (a CancelAll journaled for it, reported and replayed as any); another
+/// account keeps its own; when the venue stops, orders stay.
+#[test]
+fn a_session_that_ends_cancels_its_accounts_orders_when_the_account_asks() {
+    use crate::serve::{CONFIG, Client, limit, spawn_with};
+    use crossbook_engine::{Side, TimeInForce};
+    use crossbook_protocol::{ClientMessage, ReportKind, ServerMessage};
+    let dir = temp_dir("cancel-on-disconnect");
+    let config = dir.join("crossbook.toml");
+    let text = CONFIG.replacen("[[accounts]]\nid = 1\napi_key = \"alice\"\n", "[[accounts]]\nid = 1\napi_key = \"alice\"\ncancel_on_disconnect = true\n", 1);
+    assert_ne!(text, CONFIG);
+    std::fs::write(&config, text).unwrap();
+    let data = dir.join("data");
+    let args = ["--config", config.to_str().unwrap(), "--data", data.to_str().unwrap()];
+    let server = spawn_with(&args, &[]);
+    let rest = |client: &mut Client, cid: u64, price: i64| {
+        client.send(&limit(cid, Side::Buy, price, 1, TimeInForce::Gtc));
+        assert_eq!(client.report().kind, ReportKind::Accepted);
+    };
+    // Binary, the connection lost: alice's two orders go, bob's stays.
+    let (mut alice, _) = Client::login(&server.address, 1, "alice");
+    rest(&mut alice, 1, 100);
+    rest(&mut alice, 2, 101);
+    let (mut bob, _) = Client::login(&server.address, 2, "bob");
+    rest(&mut bob, 3, 102);
+    drop(alice);
+    server.expect_log("cancel on disconnect: account 1's open orders are cancelled");
+    let (client, reply) = crossbook_client::binary::Client::login(&server.address, 1, "alice", 2).unwrap();
+    assert!(matches!(reply, ServerMessage::LoginAccepted { .. }), "{reply:?}");
+    let mut alice = Client(client);
+    let replayed: Vec<(ReportKind, u8)> = (0..3).map(|_| alice.report()).map(|r| (r.kind, r.reason)).collect();
+    assert_eq!(replayed, vec![(ReportKind::Cancelled, 5), (ReportKind::Cancelled, 5), (ReportKind::CancelAllDone, 0)], "replayed as a CancelAll's reports");
+    assert_eq!(open_cids(&mut alice, 1), Vec::<u64>::new());
+    assert_eq!(open_cids(&mut bob, 2), vec![3]);
+    // Binary, a Logout: the same.
+    rest(&mut alice, 4, 100);
+    alice.send(&ClientMessage::Logout);
+    assert!(matches!(alice.recv(), Some(ServerMessage::Logout { .. })));
+    drop(alice);
+    server.expect_log("cancel on disconnect: account 1's open orders are cancelled");
+    // FIX, the connection lost.
+    let mut fix = FixClient::connect(&server.fix_address, "ALICEFIX");
+    fix.logon(1, "alice");
+    send_owned(&mut fix, "D", &order("f1", "1", "99", "1"));
+    // (The account's reports come to its FIX session: the binary
+    // session's cancel may come first.)
+    let accepted = std::iter::repeat_with(|| fix.next()).find(|m| m.text(11) == Some("f1")).unwrap();
+    expect(&accepted, &[(35, "8"), (150, "0")]);
+    drop(fix);
+    server.expect_log("cancel on disconnect: account 1's open orders are cancelled (FIX connection");
+    let (mut alice, _) = Client::login(&server.address, 1, "alice");
+    assert_eq!(open_cids(&mut alice, 3), Vec::<u64>::new(), "the FIX order went");
+    // Bob's session ending leaves his order; the venue stopping leaves alice's.
+    drop(bob);
+    rest(&mut alice, 5, 100);
+    assert!(server.terminate().success());
+    let server = spawn_with(&args, &[]);
+    let (mut alice, _) = Client::login(&server.address, 1, "alice");
+    assert_eq!(open_cids(&mut alice, 4), vec![5], "orders stay when the venue stops");
+    let (mut bob, _) = Client::login(&server.address, 2, "bob");
+    assert_eq!(open_cids(&mut bob, 5), vec![3]);
+    drop((alice, bob));
+    assert!(server.terminate().success());
+}

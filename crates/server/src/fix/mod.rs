@@ -136,6 +136,9 @@ struct Connection {
     /// A handle on the socket: to see whether the peer is still there when
     /// its account logs on again, and to close it then.
     stream: TcpStream,
+    /// A Logon was accepted on it (its end cancels the account's orders
+    /// when the account has `cancel_on_disconnect`).
+    logged_on: bool,
 }
 
 /// Whether the peer of `stream` is still there: no end and no error
@@ -216,6 +219,10 @@ pub struct Gateway {
     login_timeout: Duration,
     /// Connection events a flood could multiply, rate-limited.
     ratelog: Mutex<crate::ratelog::RateLog>,
+    /// Accounts whose logged-on session `attach` closed (its connection
+    /// was gone) for a new connection, for that connection's reader to
+    /// cancel their orders (cancel on disconnect).
+    ended: Mutex<Vec<AccountId>>,
 }
 
 fn session_config(fix: &FixConfig, comp_id: &str) -> SessionConfig {
@@ -298,6 +305,7 @@ impl Gateway {
             waiting: Mutex::new(std::collections::VecDeque::new()),
             max_unauthenticated: config.limits.max_unauthenticated.max(1),
             login_timeout: Duration::from_secs(config.limits.login_timeout_s),
+            ended: Mutex::new(Vec::new()),
             ratelog: Mutex::new(crate::ratelog::RateLog::default()),
         }))
     }
@@ -659,7 +667,12 @@ impl Gateway {
                     Frame::Message(n) => {
                         let raw: Vec<u8> = buffer.drain(..n).collect();
                         if bound.is_none() {
-                            match self.attach(&raw, id, &out, &stream) {
+                            let attached = self.attach(&raw, id, &out, &stream);
+                            let ended = std::mem::take(&mut *self.ended.lock().unwrap_or_else(|e| e.into_inner()));
+                            for account in ended {
+                                self.cancel_on_disconnect(account, id, queue, wake, shutdown);
+                            }
+                            match attached {
                                 Ok(comp_id) => {
                                     self.unwait(id);
                                     bound = Some(comp_id);
@@ -710,11 +723,28 @@ impl Gateway {
             }
         };
         let logged_on = bound.is_some();
-        if let Some(comp_id) = bound {
-            self.detach(&comp_id, id);
+        if let Some(account) = bound.and_then(|comp_id| self.detach(&comp_id, id)) {
+            self.cancel_on_disconnect(account, id, queue, wake, shutdown);
         }
         let _ = out.try_send(Out::Close);
         (reason, logged_on)
+    }
+
+    /// A logged-on session of `account` ended (its connection `id`): unless
+    /// the venue is stopping, a CancelAll of the account's open orders is
+    /// journaled if the account has `cancel_on_disconnect`.
+    fn cancel_on_disconnect(&self, account: AccountId, id: u64, queue: &SyncSender<Vec<Inbound>>, wake: &dyn Fn(), shutdown: &AtomicBool) {
+        if self.echo || shutdown.load(Ordering::Acquire) || !self.keys.cancels_on_disconnect(account) {
+            return;
+        }
+        let in_flight = crate::sequencer::InFlight::polled();
+        in_flight.add(1);
+        let command = crossbook_engine::Command::CancelAll { account, instrument: None };
+        let batch = vec![Inbound { request: crate::sequencer::Request::Command(command), annex: None, source: crate::sink::OTHER, in_flight }];
+        if queue.send(batch).is_ok() {
+            wake();
+            log(&format!("cancel on disconnect: account {account}'s open orders are cancelled (FIX connection {id})"));
+        }
     }
 
     /// The first message on a connection: which session it is for. Nothing
@@ -766,6 +796,13 @@ impl Gateway {
         {
             let _ = old.stream.shutdown(std::net::Shutdown::Both);
             let _ = old.out.try_send(Out::Close);
+            if old.logged_on
+                && let Some(account) = session.account
+            {
+                // Its reader would find the session taken: this one
+                // cancels for it (`read_loop`).
+                self.ended.lock().unwrap_or_else(|e| e.into_inner()).push(account);
+            }
             session.connection = None;
             let mut requests = Vec::new();
             with_app(self, session, &mut state.book, &mut requests, |session, app| session.session.disconnected(app));
@@ -800,7 +837,7 @@ impl Gateway {
             return Err(AttachRefusal::Revoked { comp_id, account: bound });
         }
         let handle = stream.try_clone().map_err(AttachRefusal::Socket)?;
-        session.connection = Some(Connection { id, out: out.clone(), stream: handle });
+        session.connection = Some(Connection { id, out: out.clone(), stream: handle, logged_on: false });
         session.session.connect(now_ms());
         Ok(comp_id)
     }
@@ -832,6 +869,9 @@ impl Gateway {
         });
         let closed = actions.iter().find_map(|a| if let Action::Disconnect(why) = a { Some(why.clone()) } else { None });
         if !was_logged_on && session.session.is_logged_on() {
+            if let Some(connection) = session.connection.as_mut() {
+                connection.logged_on = true;
+            }
             log(&format!("FIX login connection={id} comp_id={comp_id} account={}", account.map_or("-".into(), |a| a.to_string())));
             if let Some(account) = account
                 && !self.echo
@@ -889,15 +929,16 @@ impl Gateway {
         }
     }
 
-    fn detach(&self, comp_id: &str, id: u64) {
+    /// The connection `id` of session `comp_id` is gone. Returns the
+    /// session's account if it was logged on (through a Logout too).
+    fn detach(&self, comp_id: &str, id: u64) -> Option<AccountId> {
         let mut guard = self.lock();
         let state = &mut *guard;
-        let Some(session) = state.sessions.get_mut(comp_id) else { return };
-        if session.connection.as_ref().is_some_and(|c| c.id == id) {
-            session.connection = None;
-            let mut requests = Vec::new();
-            with_app(self, session, &mut state.book, &mut requests, |session, app| session.session.disconnected(app));
-        }
+        let session = state.sessions.get_mut(comp_id)?;
+        let connection = session.connection.take_if(|c| c.id == id)?;
+        let mut requests = Vec::new();
+        with_app(self, session, &mut state.book, &mut requests, |session, app| session.session.disconnected(app));
+        session.account.filter(|_| connection.logged_on)
     }
 }
 
