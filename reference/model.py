@@ -82,6 +82,8 @@ FIELDS = {
     "replace": {"account": "u64", "order": "u64", "price": "i64", "qty": "u64"},
     "amend": {"account": "u64", "order": "u64", "qty": "u64"},
     "cancel_all": {"account": "u64", "instrument": "u32"},
+    "halt": {"instrument": "u32"},
+    "resume": {"instrument": "u32"},
 }
 
 # verb -> {key: default}. place's `price` is special: required for a limit
@@ -211,6 +213,7 @@ class Instrument:
         self.taker_bps = f["taker_bps"]
         # side -> {price: [orders, oldest first]}
         self.book = {"buy": {}, "sell": {}}
+        self.halted = False
 
     def unit_lock(self, price):
         """Quote units locked per lot by a limit buy at `price`."""
@@ -623,6 +626,8 @@ class Engine:
                                         or (side == "sell" and tif != "fok")):
             return "invalid_budget"
         # 6
+        if inst.halted:
+            return "instrument_halted"
         if qty == 0 or qty < inst.min_qty or qty > inst.max_qty:
             return "invalid_quantity"
         # 7-8
@@ -736,6 +741,8 @@ class Engine:
             return None
         inst = self.instruments[order.instrument]
         # 5-7
+        if inst.halted:
+            return "instrument_halted"
         if qty < inst.min_qty or qty > inst.max_qty:
             return "invalid_quantity"
         if price <= 0:
@@ -800,6 +807,24 @@ class Engine:
         for order_id in ids:
             self.cancel_resting(self.orders[order_id], "cancel_all")
         self.emit("mass_cancelled", ("account", account), ("count", len(ids)))
+
+    def do_halt(self, f):
+        inst = self.instruments.get(f["instrument"])
+        if inst is None:
+            return "unknown_instrument"
+        if inst.halted:
+            return "instrument_halted"
+        inst.halted = True
+        self.emit("halted", ("instrument", f["instrument"]))
+
+    def do_resume(self, f):
+        inst = self.instruments.get(f["instrument"])
+        if inst is None:
+            return "unknown_instrument"
+        if not inst.halted:
+            return "not_halted"
+        inst.halted = False
+        self.emit("resumed", ("instrument", f["instrument"]))
 
     # ---- invariants (--check) ---------------------------------------------
 

@@ -1,6 +1,7 @@
 //! The compact binary encoding of commands, as the journal stores them:
-//! a tag byte, then fixed-width little-endian fields. Version 2 (version 1
-//! is the same without tag 10; its segments are still read).
+//! a tag byte, then fixed-width little-endian fields. Version 3 (version 2
+//! is the same without tags 11 and 12, version 1 without tag 10 either;
+//! their segments are still read).
 //!
 //! | tag | command | fields |
 //! | --- | --- | --- |
@@ -14,6 +15,8 @@
 //! | 8 | replace | account u64, order u64, price i64, qty u64 |
 //! | 9 | cancel_all | account u64, has_instrument u8, instrument u32 |
 //! | 10 | amend | account u64, order u64, qty u64 |
+//! | 11 | halt | instrument u32 |
+//! | 12 | resume | instrument u32 |
 //!
 //! Enumerations: side 0 buy, 1 sell; type 0 limit, 1 market; tif 0 gtc,
 //! 1 ioc, 2 fok; stp 0 none, 1 cancel_newest, 2 cancel_oldest,
@@ -22,7 +25,7 @@
 
 use crate::types::*;
 
-pub const COMMAND_FORMAT_VERSION: u32 = 2;
+pub const COMMAND_FORMAT_VERSION: u32 = 3;
 
 /// The longest encoded command (an instrument).
 pub const MAX_COMMAND_BYTES: usize = 1 + 4 + 33 + 4 + 4 + 8 * 8;
@@ -317,6 +320,14 @@ pub fn encode_command(command: &Command, out: &mut Vec<u8>) {
             w.u8(u8::from(instrument.is_some()));
             w.u32(instrument.unwrap_or(0));
         }
+        Command::Halt { instrument } => {
+            w.u8(11);
+            w.u32(*instrument);
+        }
+        Command::Resume { instrument } => {
+            w.u8(12);
+            w.u32(*instrument);
+        }
     }
 }
 
@@ -376,6 +387,8 @@ pub fn decode_command_prefix(bytes: &[u8]) -> Result<(Command, usize), DecodeErr
             Command::CancelAll { account, instrument: has.then_some(instrument) }
         }
         10 => Command::Amend { account: r.u64()?, order: r.u64()?, qty: r.u64()? },
+        11 => Command::Halt { instrument: r.u32()? },
+        12 => Command::Resume { instrument: r.u32()? },
         other => return Err(DecodeError::UnknownTag(other)),
     };
     Ok((command, r.position()))

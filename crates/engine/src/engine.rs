@@ -37,6 +37,13 @@ pub(crate) struct Instrument {
     /// Index of the quote asset in the asset table.
     pub(crate) quote: u32,
     pub(crate) book: Book,
+    /// Stopped by `halt`: no new order, no replace.
+    pub(crate) halted: bool,
+    /// How far above `min_qty` a new order's quantity may be, plus one:
+    /// `max_qty - min_qty + 1` while trading, 0 while halted, so that
+    /// `place` finds a halted instrument in the quantity's one compare and
+    /// tells the two apart only on that cold path.
+    pub(crate) qty_room: u64,
 }
 
 impl Instrument {
@@ -319,6 +326,8 @@ impl Engine {
             Command::Replace { account, order, price, qty } => self.replace(*account, *order, *price, *qty, out),
             Command::Amend { account, order, qty } => self.amend(*account, *order, *qty, out),
             Command::CancelAll { account, instrument } => self.cancel_all(*account, *instrument, out),
+            Command::Halt { instrument } => self.set_halted(*instrument, true, out),
+            Command::Resume { instrument } => self.set_halted(*instrument, false, out),
         };
         if let Err(reason) = result {
             out.push(Event { seq, kind: EventKind::Rejected { reason } });
@@ -415,7 +424,7 @@ impl Engine {
             return Err(RejectReason::InvalidInstrument);
         }
         let index = self.instruments.len() as u32;
-        self.instruments.push(Instrument { spec: *spec, base, quote, book: Book::default() });
+        self.instruments.push(Instrument { spec: *spec, base, quote, book: Book::default(), halted: false, qty_room: spec.max_qty - spec.min_qty + 1 });
         self.instrument_index.insert(spec.id.into(), index);
         self.emit(out, EventKind::InstrumentAdded { instrument: spec.id, symbol: spec.symbol });
         Ok(())
@@ -495,8 +504,8 @@ impl Engine {
         // Each range in one compare: `add_instrument` holds `1 <= min <=
         // max` for both, so a value below the least wraps to above the span
         // (a zero quantity and a price at or below zero among them).
-        if order.qty.wrapping_sub(spec.min_qty) > spec.max_qty - spec.min_qty {
-            return Err(RejectReason::InvalidQuantity);
+        if order.qty.wrapping_sub(spec.min_qty) >= inst.qty_room {
+            return Err(if inst.halted { RejectReason::InstrumentHalted } else { RejectReason::InvalidQuantity });
         }
         if is_limit && order.price.wrapping_sub(spec.min_price) as u64 > (spec.max_price - spec.min_price) as u64 {
             return Err(if order.price <= 0 { RejectReason::InvalidPrice } else { RejectReason::PriceOutOfBand });
@@ -929,8 +938,9 @@ impl Engine {
         }
         let inst = &self.instruments[order.instrument as usize];
         let spec = &inst.spec;
-        if qty < spec.min_qty || qty > spec.max_qty {
-            return Err(RejectReason::InvalidQuantity);
+        // A halted instrument has no room for any quantity (see `place`).
+        if qty.wrapping_sub(spec.min_qty) >= inst.qty_room {
+            return Err(if inst.halted { RejectReason::InstrumentHalted } else { RejectReason::InvalidQuantity });
         }
         if price <= 0 {
             return Err(RejectReason::InvalidPrice);
@@ -1029,6 +1039,20 @@ impl Engine {
         );
         self.instruments[order.instrument as usize].book.reduce_level(order.level, order.qty - qty);
         self.orders.get_mut(slot).qty = qty;
+    }
+
+    /// `halt` (`halted`) or `resume`: refused if the instrument is already
+    /// so. Resting orders are left as they are.
+    fn set_halted(&mut self, instrument: InstrumentId, halted: bool, out: &mut Vec<Event>) -> Result<(), RejectReason> {
+        let index = self.instrument_index.get(instrument.into()).ok_or(RejectReason::UnknownInstrument)?;
+        let inst = &mut self.instruments[index as usize];
+        if inst.halted == halted {
+            return Err(if halted { RejectReason::InstrumentHalted } else { RejectReason::NotHalted });
+        }
+        inst.halted = halted;
+        inst.qty_room = if halted { 0 } else { inst.spec.max_qty - inst.spec.min_qty + 1 };
+        self.emit(out, if halted { EventKind::Halted { instrument } } else { EventKind::Resumed { instrument } });
+        Ok(())
     }
 
     fn cancel_all(&mut self, account_id: AccountId, instrument: Option<InstrumentId>, out: &mut Vec<Event>) -> Result<(), RejectReason> {
@@ -1204,6 +1228,12 @@ impl Engine {
     pub fn instrument_spec(&self, instrument: InstrumentId) -> Option<InstrumentSpec> {
         let index = self.instrument_index.get(instrument.into())?;
         Some(self.instruments[index as usize].spec)
+    }
+
+    /// Whether trading on `instrument` is halted; `None` if it is unknown.
+    pub fn is_halted(&self, instrument: InstrumentId) -> Option<bool> {
+        let index = self.instrument_index.get(instrument.into())?;
+        Some(self.instruments[index as usize].halted)
     }
 
     /// Deposits minus withdrawals of an asset.

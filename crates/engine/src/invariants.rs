@@ -17,6 +17,10 @@ impl Engine {
         for (inst_index, inst) in self.instruments.iter().enumerate() {
             let book = &inst.book;
             let symbol = inst.spec.symbol;
+            let room = if inst.halted { 0 } else { inst.spec.max_qty - inst.spec.min_qty + 1 };
+            if inst.qty_room != room {
+                return Err(format!("{symbol}: quantity room {} where halted = {} says {room}", inst.qty_room, inst.halted));
+            }
             if let (Some(bid), Some(ask)) = (book.bids.best(), book.asks.best())
                 && bid.price >= ask.price {
                     return Err(format!("{symbol}: book crossed: bid {} >= ask {}", bid.price, ask.price));

@@ -6,12 +6,14 @@
 //! commands serialize to the same bytes, and an engine restored from a
 //! snapshot serializes exactly as the one that wrote it.
 //!
-//! Layout (little-endian, version 1):
+//! Layout (little-endian, version 2; version 1, without `halted`, is still
+//! read as every instrument trading):
 //!
 //! ```text
 //! "XBS1" | version u32 | seq u64
 //! asset count u32,      per asset:      id u32, name (33 bytes), supply u64
-//! instrument count u32, per instrument: spec (as in the command codec)
+//! instrument count u32, per instrument: spec (as in the command codec),
+//!   halted u8
 //! account count u32,    per account:    id u64
 //! per account, per asset (table order): available u64, locked u64
 //! per instrument, bids then asks:       level count u32, per level (best
@@ -27,7 +29,7 @@ use crate::engine::Engine;
 use crate::types::*;
 
 pub const STATE_MAGIC: &[u8; 4] = b"XBS1";
-pub const STATE_VERSION: u32 = 1;
+pub const STATE_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StateError {
@@ -74,6 +76,7 @@ impl Engine {
         w.u32(self.instruments.len() as u32);
         for inst in &self.instruments {
             w.spec(&inst.spec);
+            w.u8(u8::from(inst.halted));
         }
         w.u32(self.accounts.len() as u32);
         for account in &self.accounts {
@@ -118,7 +121,7 @@ impl Engine {
             return Err(StateError::BadMagic);
         }
         let version = r.u32()?;
-        if version != STATE_VERSION {
+        if !(1..=STATE_VERSION).contains(&version) {
             return Err(StateError::UnsupportedVersion(version));
         }
         let seq = r.u64()?;
@@ -137,6 +140,9 @@ impl Engine {
         for _ in 0..instrument_count {
             let spec = r.spec()?;
             engine.apply(&Command::AddInstrument(spec), &mut scratch);
+            if version >= 2 && r.flag("halted")? {
+                engine.apply(&Command::Halt { instrument: spec.id }, &mut scratch);
+            }
         }
         let account_count = r.u32()?;
         if account_count == 0 {

@@ -144,6 +144,12 @@ pub enum Command {
     /// total, filled lots included): the order keeps its place.
     Amend { account: AccountId, order: OrderId, qty: u64 },
     CancelAll { account: AccountId, instrument: Option<InstrumentId> },
+    /// Stops trading on an instrument: new orders and replaces are refused
+    /// (`instrument_halted`); resting orders stay, and may be cancelled
+    /// or amended down.
+    Halt { instrument: InstrumentId },
+    /// Trading on a halted instrument goes on.
+    Resume { instrument: InstrumentId },
 }
 
 impl Command {
@@ -203,10 +209,12 @@ pub enum RejectReason {
     FeeAccount = 19,
     PostOnlyWouldTake = 20,
     FokCannotFill = 21,
+    InstrumentHalted = 22,
+    NotHalted = 23,
 }
 
 impl RejectReason {
-    pub const ALL: [RejectReason; 21] = [
+    pub const ALL: [RejectReason; 23] = [
         RejectReason::UnknownAccount,
         RejectReason::UnknownAsset,
         RejectReason::UnknownInstrument,
@@ -228,6 +236,8 @@ impl RejectReason {
         RejectReason::FeeAccount,
         RejectReason::PostOnlyWouldTake,
         RejectReason::FokCannotFill,
+        RejectReason::InstrumentHalted,
+        RejectReason::NotHalted,
     ];
 
     pub fn code(self) -> u8 {
@@ -261,6 +271,8 @@ impl RejectReason {
             RejectReason::FeeAccount => "fee_account",
             RejectReason::PostOnlyWouldTake => "post_only_would_take",
             RejectReason::FokCannotFill => "fok_cannot_fill",
+            RejectReason::InstrumentHalted => "instrument_halted",
+            RejectReason::NotHalted => "not_halted",
         }
     }
 }
@@ -303,6 +315,14 @@ pub enum EventKind {
     InstrumentAdded {
         instrument: InstrumentId,
         symbol: Symbol,
+    },
+    /// Trading on the instrument stopped (`halt`).
+    Halted {
+        instrument: InstrumentId,
+    },
+    /// Trading on the instrument went on (`resume`).
+    Resumed {
+        instrument: InstrumentId,
     },
     AccountOpened {
         account: AccountId,

@@ -13,14 +13,15 @@
 //! id u32, side u8, price i64, remaining u64); then (version 2) the
 //! accounts' orders and trades (`accounts.rs`, `Accounts::encode`); then
 //! (version 3) the operator's transfers by reference (`transfers.rs`,
-//! `Transfers::encode`).
+//! `Transfers::encode`); then (version 4) the halted instruments: count
+//! u32 and their ids u32. Version 3 is still read (nothing halted).
 
 use crate::candles::{Candle, INTERVALS};
 use crate::{Live, MarketData, Trade};
 use crossbook_engine::Side;
 
 const MAGIC: &[u8; 4] = b"XBMD";
-const VERSION: u32 = 3;
+const VERSION: u32 = 4;
 
 /// What is wrong with a checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,6 +86,11 @@ pub fn encode(market: &MarketData) -> Vec<u8> {
     let ids: Vec<u32> = market.instruments.iter().map(|d| d.info.id).collect();
     market.accounts.encode(&mut out, &ids);
     market.transfers.encode(&mut out);
+    let halted: Vec<u32> = market.instruments.iter().filter(|d| d.halted).map(|d| d.info.id).collect();
+    put32(&mut out, halted.len() as u32);
+    for id in halted {
+        put32(&mut out, id);
+    }
     out
 }
 
@@ -97,7 +103,7 @@ pub fn restore(market: &mut MarketData, bytes: &[u8]) -> Result<(), CodecError> 
         return Err(CodecError("not a market-data checkpoint".into()));
     }
     let version = r.u32()?;
-    if version != VERSION {
+    if !(3..=VERSION).contains(&version) {
         return Err(CodecError(format!("market-data checkpoint of version {version}, this build reads {VERSION}")));
     }
     market.seq = r.u64()?;
@@ -155,6 +161,13 @@ pub fn restore(market: &mut MarketData, bytes: &[u8]) -> Result<(), CodecError> 
     let by_id = market.by_id.clone();
     market.accounts.restore(&mut r, &|id| by_id.get(&id).copied())?;
     market.transfers.restore(&mut r)?;
+    if version >= 4 {
+        for _ in 0..r.count(false, 4)? {
+            let id = r.u32()?;
+            let index = *market.by_id.get(&id).ok_or_else(|| CodecError(format!("halted instrument {id} is not in the configuration")))?;
+            market.instruments[index as usize].halted = true;
+        }
+    }
     r.end()?;
     let seq = market.seq;
     market.diffs_from(seq);

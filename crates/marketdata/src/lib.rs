@@ -193,6 +193,8 @@ pub struct Live {
 pub struct InstrumentData {
     pub info: InstrumentInfo,
     pub book: Book,
+    /// Trading is halted (the engine's `halt`): `exchangeInfo` says `HALT`.
+    pub halted: bool,
     /// The last `TRADES_KEPT` trades, oldest first.
     pub trades: VecDeque<Trade>,
     pub next_trade_id: u64,
@@ -219,6 +221,7 @@ impl InstrumentData {
         InstrumentData {
             info,
             book: Book::default(),
+            halted: false,
             trades: VecDeque::new(),
             next_trade_id: 1,
             candles: Candles::default(),
@@ -445,6 +448,10 @@ impl MarketData {
             _ => None,
         });
         match *kind {
+            EventKind::Halted { instrument } | EventKind::Resumed { instrument } => {
+                let Some(&index) = self.by_id.get(&instrument) else { return };
+                self.instruments[index as usize].halted = matches!(kind, EventKind::Halted { .. });
+            }
             EventKind::Rejected { reason: RejectReason::FokCannotFill } => {
                 let Some((place, details)) = place else { return };
                 let Some(&index) = self.by_id.get(&place.instrument) else { return };

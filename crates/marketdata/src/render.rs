@@ -54,7 +54,7 @@ pub fn exchange_info(market: &MarketData, server_time_ms: u64, rate_limits: Valu
             let info = &data.info;
             json!({
                 "symbol": info.binance,
-                "status": "TRADING",
+                "status": if data.halted { "HALT" } else { "TRADING" },
                 "baseAsset": info.base_asset,
                 "baseAssetPrecision": info.qty_unit.scale,
                 "quoteAsset": info.quote_asset,

@@ -50,7 +50,10 @@ fn books_and_trades_follow_the_engine_command_by_command() {
 
 #[test]
 fn a_checkpoint_restores_the_same_market_data() {
-    let commands = generate(Workload::Mixed, 9, 12_000);
+    let mut commands = generate(Workload::Mixed, 9, 12_000);
+    // An instrument halted before the checkpoint (its status is in it).
+    let halted = infos(&commands)[0].id;
+    commands.insert(5_000, Command::Halt { instrument: halted });
     let mut engine = Engine::new();
     let mut live = MarketData::new(infos(&commands), 0);
     let mut events = Vec::new();
@@ -66,6 +69,7 @@ fn a_checkpoint_restores_the_same_market_data() {
             let mut copy = MarketData::new(infos(&commands), 0);
             codec::restore(&mut copy, &bytes).expect("a checkpoint restores");
             assert_eq!(codec::encode(&copy), bytes);
+            assert_eq!(copy.instruments.iter().filter(|d| d.halted).map(|d| d.info.id).collect::<Vec<_>>(), vec![halted]);
             for cut in [0, 1, bytes.len() / 2, bytes.len() - 1] {
                 let mut broken = MarketData::new(infos(&commands), 0);
                 assert!(codec::restore(&mut broken, &bytes[..cut]).is_err(), "cut at {cut}");

@@ -125,7 +125,7 @@ impl ExecutionReport {
 }
 
 /// Every engine reject code is below [`OPEN_ORDER_LIMIT`].
-const _: () = assert!((RejectReason::ALL.len() as u8) < OPEN_ORDER_LIMIT && RejectReason::FokCannotFill as u8 == RejectReason::ALL.len() as u8);
+const _: () = assert!((RejectReason::ALL.len() as u8) < OPEN_ORDER_LIMIT && RejectReason::NotHalted as u8 == RejectReason::ALL.len() as u8);
 
 impl ReportBuilder {
     pub fn new() -> Self {

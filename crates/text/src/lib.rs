@@ -104,6 +104,8 @@ pub fn parse_line(line: &str) -> Result<Option<Command>, SyntaxError> {
         },
         "amend" => Command::Amend { account: fields.int("account")?, order: fields.int("order")?, qty: fields.int("qty")? },
         "cancel_all" => Command::CancelAll { account: fields.int("account")?, instrument: fields.optional_int("instrument")? },
+        "halt" => Command::Halt { instrument: fields.int("instrument")? },
+        "resume" => Command::Resume { instrument: fields.int("instrument")? },
         "" => return Err(error("missing verb")),
         other => return Err(error(format!("unknown command {other:?}"))),
     };
@@ -262,9 +264,11 @@ replace account=2 order=8 price=-3 qty=4
 amend account=2 order=8 qty=3
 cancel_all account=2
 cancel_all account=2 instrument=1
+halt instrument=1
+resume instrument=1
 ";
         let commands = parse_commands(text).unwrap();
-        assert_eq!(commands.len(), 12);
+        assert_eq!(commands.len(), 14);
         let mut written = String::new();
         for command in &commands {
             write_command(&mut written, command);

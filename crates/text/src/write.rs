@@ -80,6 +80,8 @@ pub fn write_command(out: &mut String, command: &Command) {
             Some(instrument) => write!(out, "cancel_all account={account} instrument={instrument}"),
             None => write!(out, "cancel_all account={account}"),
         },
+        Command::Halt { instrument } => write!(out, "halt instrument={instrument}"),
+        Command::Resume { instrument } => write!(out, "resume instrument={instrument}"),
     };
 }
 
@@ -132,6 +134,14 @@ pub fn write_event(out: &mut Vec<u8>, event: &Event) {
             line.word("instrument_added");
             line.int("instrument", instrument);
             line.text("symbol", symbol.as_str());
+        }
+        EventKind::Halted { instrument } => {
+            line.word("halted");
+            line.int("instrument", instrument);
+        }
+        EventKind::Resumed { instrument } => {
+            line.word("resumed");
+            line.int("instrument", instrument);
         }
         EventKind::AccountOpened { account } => {
             line.word("account_opened");

@@ -26,16 +26,20 @@ fn model_events(file: &std::path::Path) -> Vec<u8> {
 }
 
 fn check_seed(seed: u64, count: usize, dir: &std::path::Path) -> Result<(), String> {
-    let commands = generate(Workload::Mixed, seed, count);
-    let file = dir.join(format!("mixed-{seed}.txt"));
-    std::fs::write(&file, commands_text(&commands)).map_err(|e| e.to_string())?;
-    let ours = events_text(&commands);
+    check_commands(seed, &generate(Workload::Mixed, seed, count), "mixed", dir)
+}
+
+fn check_commands(seed: u64, commands: &[crossbook_engine::Command], name: &str, dir: &std::path::Path) -> Result<(), String> {
+    let count = commands.len();
+    let file = dir.join(format!("{name}-{seed}.txt"));
+    std::fs::write(&file, commands_text(commands)).map_err(|e| e.to_string())?;
+    let ours = events_text(commands);
     let theirs = model_events(&file);
     match first_difference(&ours, &theirs) {
         None => Ok(()),
         Some((line, rust, python)) => Err(format!(
             "seed {seed}: event files differ at line {line}\n  rust:   {rust}\n  python: {python}\n  \
-             reproduce: crossbook gen --workload mixed --seed {seed} --commands {count} > f && \
+             reproduce ({name}): crossbook gen --workload mixed --seed {seed} --commands {count} > f && \
              diff <(crossbook run --commands f) <(python3 reference/model.py f)"
         )),
     }
@@ -86,4 +90,23 @@ fn reference_model_invariants_hold_on_mixed_runs() {
         assert_eq!(output.stdout, events_text(&commands), "seed {seed}");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Halts and resumes over `mixed`: places and replaces on a halted
+/// instrument refused, cancels and amends taken, the same as the model.
+#[test]
+fn rust_engine_matches_python_reference_model_with_halts() {
+    let dir = std::env::temp_dir().join(format!("crossbook-diff-halts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut failures = Vec::new();
+    let mut refused = 0;
+    for seed in seeds(8).into_iter().take(8) {
+        let commands = with_halts(generate(Workload::Mixed, seed, commands_per_run(20_000)), seed);
+        let events = events_text(&commands);
+        refused += String::from_utf8_lossy(&events).matches("reason=instrument_halted").count();
+        failures.extend(check_commands(seed, &commands, "halts", &dir).err());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(refused > 100, "the runs refused only {refused} commands for a halt: they test little");
 }

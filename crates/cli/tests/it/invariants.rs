@@ -121,7 +121,8 @@ fn invariants_hold_after_every_command_and_the_market_drains() {
     let mut coverage = Coverage::default();
     let count = commands_per_run(20_000);
     for seed in seeds(32) {
-        let commands = generate(Workload::Mixed, seed, count);
+        // With the operator's halts and resumes now and then (`with_halts`).
+        let commands = with_halts(generate(Workload::Mixed, seed, count), seed);
         let mut engine = Engine::new();
         let mut events = Vec::new();
         for command in &commands {

@@ -7,7 +7,8 @@ use crossbook_workload::{Workload, generate};
 
 #[test]
 fn every_command_round_trips_through_the_binary_codec() {
-    let commands = generate(Workload::Mixed, 4, 20_000);
+    let mut commands = generate(Workload::Mixed, 4, 20_000);
+    commands.extend([crossbook_engine::Command::Halt { instrument: 7 }, crossbook_engine::Command::Resume { instrument: u32::MAX }]);
     let mut buffer = Vec::new();
     for command in &commands {
         buffer.clear();
@@ -124,4 +125,51 @@ fn damaged_state_bytes_are_refused_not_trusted() {
     // caught by the decoder or the invariant check. The file checksum
     // catches the rest.
     assert!(refused > 150, "only {refused} of 300 corruptions refused");
+}
+
+/// A halted instrument is part of the state: restored halted (it refuses
+/// a new order), and a state of version 1 (before `halt`) reads as every
+/// instrument trading.
+#[test]
+fn a_halted_instrument_is_restored_halted_and_version_1_reads_as_trading() {
+    use crossbook_engine::{Command, EventKind, RejectReason};
+    let commands = generate(Workload::Mixed, 4, 3_000);
+    let mut engine = Engine::new();
+    let mut events = Vec::new();
+    for command in &commands {
+        engine.apply(command, &mut events);
+    }
+    let place = commands.iter().rev().find_map(|c| if let Command::Place(p) = c { Some(*p) } else { None }).unwrap();
+    let mut trading = Vec::new();
+    engine.encode_state(&mut trading);
+    events.clear();
+    engine.apply(&Command::Halt { instrument: place.instrument }, &mut events);
+    assert!(matches!(events[..], [crossbook_engine::Event { kind: EventKind::Halted { .. }, .. }]), "{events:?}");
+    let mut halted = Vec::new();
+    engine.encode_state(&mut halted);
+    let mut restored = Engine::decode_state(&halted).unwrap();
+    assert_eq!(restored.is_halted(place.instrument), Some(true));
+    let mut again = Vec::new();
+    restored.encode_state(&mut again);
+    assert_eq!(again, halted);
+    events.clear();
+    restored.apply(&Command::Place(crossbook_engine::PlaceOrder { cid: u64::MAX - 1, ..place }), &mut events);
+    assert!(matches!(events[..], [crossbook_engine::Event { kind: EventKind::Rejected { reason: RejectReason::InstrumentHalted }, .. }]), "{events:?}");
+    // Version 1: no `halted` byte after each instrument's spec.
+    let assets = u32::from_le_bytes(trading[16..20].try_into().unwrap()) as usize;
+    let mut at = 20 + assets * (4 + 33 + 8);
+    let instruments = u32::from_le_bytes(trading[at..at + 4].try_into().unwrap()) as usize;
+    at += 4;
+    let mut v1 = trading[..at].to_vec();
+    v1[4..8].copy_from_slice(&1u32.to_le_bytes());
+    for _ in 0..instruments {
+        assert_eq!(trading[at + 109], 0, "trading");
+        v1.extend_from_slice(&trading[at..at + 109]);
+        at += 110;
+    }
+    v1.extend_from_slice(&trading[at..]);
+    let old = Engine::decode_state(&v1).expect("version 1 is read");
+    let mut reencoded = Vec::new();
+    old.encode_state(&mut reencoded);
+    assert_eq!(reencoded, trading, "read as every instrument trading");
 }

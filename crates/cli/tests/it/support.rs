@@ -98,3 +98,45 @@ pub fn number_pairs(path: &Path) -> Vec<(u64, u64)> {
         })
         .collect()
 }
+
+/// `mixed` with trading halted and resumed now and then on its
+/// instruments (and the refusals: a halt of a halted instrument, a resume
+/// of one that trades, an unknown instrument), placed by a small
+/// generator of its own so that `mixed` itself is unchanged.
+pub fn with_halts(commands: Vec<crossbook_engine::Command>, seed: u64) -> Vec<crossbook_engine::Command> {
+    use crossbook_engine::Command;
+    let instruments: Vec<u32> = commands.iter().filter_map(|c| if let Command::AddInstrument(spec) = c { Some(spec.id) } else { None }).collect();
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut halted = std::collections::BTreeSet::new();
+    let mut out = Vec::with_capacity(commands.len() + commands.len() / 100);
+    for command in commands {
+        let trading = matches!(command, Command::Place(_) | Command::Cancel { .. } | Command::Replace { .. } | Command::Amend { .. } | Command::CancelAll { .. });
+        out.push(command);
+        if !trading || next() % 150 != 0 {
+            continue;
+        }
+        let roll = next();
+        let instrument = instruments[(roll % instruments.len() as u64) as usize];
+        out.push(match roll % 17 {
+            // Now and then what the engine refuses.
+            0 => Command::Halt { instrument: 999 },
+            1 => Command::Resume { instrument },
+            2 => Command::Halt { instrument },
+            _ if halted.contains(&instrument) => {
+                halted.remove(&instrument);
+                Command::Resume { instrument }
+            }
+            _ => {
+                halted.insert(instrument);
+                Command::Halt { instrument }
+            }
+        });
+    }
+    out
+}

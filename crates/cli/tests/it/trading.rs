@@ -1237,3 +1237,57 @@ fn a_reload_opens_accounts_and_changes_keys_without_a_restart() {
     drop(dave_session);
     assert!(server.terminate().success());
 }
+
+/// The operator halts trading on an instrument: new orders (REST, binary)
+/// and replaces are refused, cancels go through, `exchangeInfo` says
+/// `HALT`; a second halt, or a resume of a trading instrument, is refused;
+/// the halt survives a restart; a resume lets orders in again.
+#[test]
+fn the_operator_halts_and_resumes_trading_on_an_instrument() {
+    const TOKEN: &str = "operator-token-0123";
+    let dir = TempDir::new("trading-halt");
+    let config = dir.0.join("crossbook.toml");
+    std::fs::write(&config, CONFIG.replace("max_orders_per_10s = 50", &format!("max_orders_per_10s = 50\nadmin_token = \"{TOKEN}\""))).unwrap();
+    let start_admin = || spawn_with(&["--config", config.to_str().unwrap(), "--data", dir.0.join("data").to_str().unwrap()], &[]);
+    let server = start_admin();
+    let market = server.market_address.clone();
+    let bearer = format!("Bearer {TOKEN}");
+    let admin = |market: &str, target: &str| http(market, "POST", &format!("/crossbook/admin/v1/{target}"), &[("Authorization", bearer.as_str())], "symbol=BTCUSD");
+    let status = |market: &str| {
+        let info: Value = serde_json::from_str(&crate::marketdata::http_get(market, "/api/v3/exchangeInfo?symbol=BTCUSD").1).unwrap();
+        info["symbols"][0]["status"].as_str().unwrap().to_string()
+    };
+    let sell = |server: &Server, id: &str| alice(server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.010"), ("price", "5000"), ("newClientOrderId", id)]);
+
+    refused(http(&market, "POST", "/crossbook/admin/v1/halt", &[], "symbol=BTCUSD"), 401, -2015);
+    let resting = ok(sell(&server, "s1"));
+    assert_eq!(status(&market), "TRADING");
+    let halted = ok(admin(&market, "halt"));
+    assert_eq!((&halted["symbol"], &halted["status"]), (&json!("BTCUSD"), &json!("HALT")));
+    assert_eq!(status(&market), "HALT");
+    let closed = refused(sell(&server, "s2"), 400, -2010);
+    assert_eq!(closed.body["msg"], "Market is closed.");
+    let (mut bob, _) = Client::login(&server.address, 2, "bob");
+    bob.send(&limit(9, Side::Buy, 500, 1, TimeInForce::Gtc));
+    let report = bob.report();
+    assert_eq!((report.kind, report.reason), (ReportKind::Rejected, crossbook_engine::RejectReason::InstrumentHalted.code()));
+    // A second halt is refused, saying how things stand.
+    let again = refused(admin(&market, "halt"), 400, -2010);
+    assert_eq!((again.body["msg"].as_str(), &again.body["data"]["status"]), (Some("Halt refused: instrument_halted."), &json!("HALT")));
+    drop(bob);
+    assert!(server.terminate().success());
+
+    // Still halted after a restart; the resting order can be cancelled.
+    let server = start_admin();
+    let market = server.market_address.clone();
+    assert_eq!(status(&market), "HALT");
+    refused(sell(&server, "s3"), 400, -2010);
+    let order_id = resting["orderId"].to_string();
+    let cancelled = ok(alice(&server, "DELETE", "/api/v3/order", &[("symbol", "BTCUSD"), ("orderId", &order_id)]));
+    assert_eq!(cancelled["status"], "CANCELED");
+    assert_eq!(ok(admin(&market, "resume"))["status"], "TRADING");
+    assert_eq!(status(&market), "TRADING");
+    assert_eq!(refused(admin(&market, "resume"), 400, -2010).body["msg"], "Resume refused: not_halted.");
+    assert_eq!(ok(sell(&server, "s4"))["status"], "NEW");
+    assert!(server.terminate().success());
+}

@@ -587,6 +587,7 @@ fn ord_rej_reason(reason: Option<crossbook_engine::RejectReason>) -> &'static st
         Some(UnknownAccount) => "15",
         Some(DuplicateClientOrderId) => "6",
         Some(InvalidQuantity) => "13",
+        Some(InstrumentHalted) => "2",
         _ => "99",
     }
 }

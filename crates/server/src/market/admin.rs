@@ -1,7 +1,7 @@
 //! The operator's endpoints on the market-data port (`docs/trading.md`,
-//! "Deposits and withdrawals"): money into and out of accounts while the
-//! venue runs, a transfer looked up by its reference, and an account's
-//! balances. Off unless `[market_data] admin_token` is set; every request
+//! "The operator's endpoints"): money into and out of accounts while the
+//! venue runs, a transfer looked up by its reference, an account's
+//! balances, and trading on an instrument halted and resumed. Off unless `[market_data] admin_token` is set; every request
 //! carries it as `Authorization: Bearer <token>`.
 //!
 //! A deposit or a withdrawal is a command like an order: journaled with
@@ -200,4 +200,46 @@ pub(crate) async fn balances(State(hub): State<Arc<Hub>>, headers: HeaderMap, Ra
     }
     let balances = trading.balances_json(answered.balances.iter());
     Ok(json_response(json!({"account": account, "seq": answered.seq, "balances": balances})))
+}
+
+/// `POST /crossbook/admin/v1/halt`: trading on an instrument stops (new
+/// orders and replaces are refused; resting orders stay, and may be
+/// cancelled or amended down).
+pub(crate) async fn halt(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
+    trading_status(&hub, &headers, query.as_deref(), body, true).await
+}
+
+/// `POST /crossbook/admin/v1/resume`: trading on a halted instrument goes on.
+pub(crate) async fn resume(State(hub): State<Arc<Hub>>, headers: HeaderMap, RawQuery(query): RawQuery, body: Body) -> Reply {
+    trading_status(&hub, &headers, query.as_deref(), body, false).await
+}
+
+/// The engine's `halt` or `resume`, journaled (and replicated) like any
+/// command, answered once durable.
+async fn trading_status(hub: &Hub, headers: &HeaderMap, query: Option<&str>, body: Body, halt: bool) -> Reply {
+    let trading = authorized(hub, headers)?;
+    let (verb, path) = if halt { ("Halt", "halt") } else { ("Resume", "resume") };
+    follower(hub, &format!("{PATH}/{path}"), query)?;
+    let body = body_text(body, hub)?;
+    let params = Params::parse_both(query, Some(&body), &["symbol"])?;
+    let (instrument, symbol) = {
+        let market = hub.read();
+        let index = params.instrument(&market)?;
+        (market.instruments[index].info.id, market.instruments[index].info.binance.clone())
+    };
+    let command = if halt { Command::Halt { instrument } } else { Command::Resume { instrument } };
+    let annex = RestAnnex { request: trading.request_number(), client_id: String::new() };
+    let Outcome::Applied { seq, time_ms, reject, .. } = trading.ask(Request::Command(command), Some(annex), None).await? else {
+        return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, -1000, "Unexpected answer."));
+    };
+    // Refused only when it is so already: the status is what was asked.
+    let answer = json!({"symbol": symbol, "status": if halt { "HALT" } else { "TRADING" }, "seq": seq, "time": time_ms});
+    match reject {
+        Some(reason) => {
+            let mut error = ApiError::bad(-2010, format!("{verb} refused: {}.", reason.name()));
+            error.data = Some(answer);
+            Err(error)
+        }
+        None => Ok(json_response(answer)),
+    }
 }

@@ -468,6 +468,8 @@ fn router(hub: Arc<Hub>) -> Router {
         .route("/crossbook/admin/v1/withdraw", post(super::admin::withdraw))
         .route("/crossbook/admin/v1/transfer", get(super::admin::transfer_by_reference))
         .route("/crossbook/admin/v1/balances", get(super::admin::balances))
+        .route("/crossbook/admin/v1/halt", post(super::admin::halt))
+        .route("/crossbook/admin/v1/resume", post(super::admin::resume))
         .route("/ws", get(ws_bare))
         .route("/ws/{*streams}", get(ws_raw))
         .route("/stream", get(ws_combined))

@@ -708,6 +708,7 @@ fn order_reject(reason: RejectReason) -> ApiError {
         RejectReason::InvalidBudget => ApiError::bad(-1013, "Filter failure: NOTIONAL"),
         RejectReason::InvalidTimeInForce => ApiError::bad(-1115, "Invalid timeInForce."),
         RejectReason::UnknownInstrument => ApiError::invalid_symbol(),
+        RejectReason::InstrumentHalted => ApiError::bad(-2010, "Market is closed."),
         other => ApiError::bad(-2010, format!("Order rejected: {}.", other.name())),
     }
 }
