@@ -58,7 +58,14 @@ def main():
     args = parser.parse_args()
     checks = Checks()
     data = tempfile.mkdtemp(prefix="crossbook-dashboard-")
-    server, binary_address, market = start_server(args.binary, data)
+    # The built-in venue, with the operator's endpoints on (to halt BTCUSD).
+    token = "dashboard-test-operator-token"
+    config = os.path.join(data, "crossbook.toml")
+    with open(os.path.join(REPO, "crossbook.toml")) as f:
+        text = f.read().replace('admin_token = ""', f'admin_token = "{token}"', 1)
+    with open(config, "w") as f:
+        f.write(text)
+    server, binary_address, market = start_server(args.binary, os.path.join(data, "data"), config)
     try:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=args.chromium, args=CHROMIUM_ARGS)
@@ -115,6 +122,18 @@ def main():
                          wait_for(page, "window.crossbook.statusHistory.some(s => s.startsWith('out of sync'))", 5),
                          page.evaluate("window.crossbook.statusHistory"))
             checks.check("and the page resyncs", wait_for(page, "document.getElementById('status').textContent === 'live'"), page.text_content("#status"))
+            # The operator halts BTCUSD: its button says so; resumed, no more.
+            operator = lambda path: urllib.request.urlopen(urllib.request.Request(
+                f"http://{market}/crossbook/admin/v1/{path}", data=b"symbol=BTCUSD", headers={"Authorization": f"Bearer {token}"}), timeout=10).read()
+            operator("halt")
+            checks.check("a halted instrument is marked on its button",
+                         wait_for(page, "document.querySelector('#symbols button[data-symbol=\"BTCUSD\"]').classList.contains('halted')", 5),
+                         page.evaluate("document.querySelector('#symbols').innerHTML"))
+            page.screenshot(path=args.screenshot.replace(".png", "-halted.png"))
+            operator("resume")
+            checks.check("and unmarked once resumed",
+                         wait_for(page, "!document.querySelector('#symbols button[data-symbol=\"BTCUSD\"]').classList.contains('halted')", 5),
+                         page.evaluate("document.querySelector('#symbols').innerHTML"))
             # The server stops: the page says the connection is lost.
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=30)

@@ -350,7 +350,7 @@ async fn stats(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer
         "webSockets": hub.connections.load(std::sync::atomic::Ordering::Relaxed),
         "messagesSent": hub.sent.load(std::sync::atomic::Ordering::Relaxed),
         "slowClientsDropped": hub.slow_dropped.load(std::sync::atomic::Ordering::Relaxed),
-        "instruments": market.instruments.iter().map(|d| json!({"symbol": d.info.binance, "name": d.info.symbol, "baseAsset": d.info.base_asset, "quoteAsset": d.info.quote_asset, "pricePrecision": d.info.price_unit.scale, "qtyPrecision": d.info.qty_unit.scale})).collect::<Vec<_>>(),
+        "instruments": market.instruments.iter().map(|d| json!({"symbol": d.info.binance, "name": d.info.symbol, "baseAsset": d.info.base_asset, "quoteAsset": d.info.quote_asset, "pricePrecision": d.info.price_unit.scale, "qtyPrecision": d.info.qty_unit.scale, "status": if d.halted { "HALT" } else { "TRADING" }})).collect::<Vec<_>>(),
     })))
 }
 

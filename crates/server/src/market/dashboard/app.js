@@ -330,6 +330,14 @@ async function pollStats() {
   const now = performance.now();
   const previous = state.previousStats;
   $('stat-seq').textContent = stats.seq;
+  // An instrument the operator halted is marked on its button.
+  for (const i of stats.instruments || []) {
+    const button = document.querySelector(`#symbols button[data-symbol="${i.symbol}"]`);
+    if (button) {
+      button.classList.toggle('halted', i.status === 'HALT');
+      button.title = i.status === 'HALT' ? `${i.name}: trading halted by the operator` : i.name;
+    }
+  }
   $('stat-sessions').textContent = stats.tradingSessions;
   $('stat-sockets').textContent = stats.webSockets;
   if (previous) {
