@@ -741,7 +741,7 @@ class Engine:
             return None
         inst = self.instruments[order.instrument]
         # 5-7
-        if inst.halted:
+        if inst.halted and not (price == order.price and qty < order.qty):
             return "instrument_halted"
         if qty < inst.min_qty or qty > inst.max_qty:
             return "invalid_quantity"

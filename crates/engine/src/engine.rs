@@ -938,9 +938,16 @@ impl Engine {
         }
         let inst = &self.instruments[order.instrument as usize];
         let spec = &inst.spec;
-        // A halted instrument has no room for any quantity (see `place`).
+        // A halted instrument has no room for any quantity (see `place`):
+        // there, only a replace that lowers the quantity at the order's own
+        // price (it cannot trade) goes on, to the range check itself.
         if qty.wrapping_sub(spec.min_qty) >= inst.qty_room {
-            return Err(if inst.halted { RejectReason::InstrumentHalted } else { RejectReason::InvalidQuantity });
+            if inst.halted && !(price == order.price && qty < order.qty) {
+                return Err(RejectReason::InstrumentHalted);
+            }
+            if qty < spec.min_qty || qty > spec.max_qty {
+                return Err(RejectReason::InvalidQuantity);
+            }
         }
         if price <= 0 {
             return Err(RejectReason::InvalidPrice);

@@ -393,6 +393,9 @@ pub enum ConfigError {
     /// Two accounts have the same API key (a REST request names its
     /// account by its key alone).
     SharedApiKey { first: AccountId, second: AccountId },
+    /// An `[[accounts]]` entry for account 0, the venue's fee account (it
+    /// is opened with the venue, holds the fees, and places no orders).
+    FeeAccount,
     /// Two assets, instruments or accounts with one id (on a venue that
     /// has run, the second would be read as the first).
     DuplicateId { what: &'static str, id: u64 },
@@ -441,6 +444,7 @@ impl std::fmt::Display for ConfigError {
             ConfigError::BadAdminToken(why) => write!(f, "market_data.admin_token {why}: it takes at least {MIN_ADMIN_TOKEN} visible ASCII characters (! to ~), or none (the operator endpoints off)"),
             ConfigError::BadWindow { key, value } => write!(f, "market_data.{key} must be 1 to 1000000, not {value}"),
             ConfigError::DuplicateId { what, id } => write!(f, "two {what}s have id {id}"),
+            ConfigError::FeeAccount => write!(f, "account 0 is the venue's fee account: it has no [[accounts]] entry (no keys, no deposits)"),
             ConfigError::SharedApiKey { first, second } => write!(f, "accounts {first} and {second} have the same API key (the REST API names an account by its key)"),
             ConfigError::Refused { what, reason } => write!(f, "{what} is refused by the engine: {reason} (docs/engine.md says why)"),
             ConfigError::NotTheVenues(why) => write!(
@@ -492,6 +496,9 @@ impl Config {
             ("instrument", self.instruments.iter().map(|i| u64::from(i.id)).collect()),
             ("account", self.accounts.iter().map(|a| a.id).collect()),
         ];
+        if self.accounts.iter().any(|a| a.id == crossbook_engine::FEE_ACCOUNT) {
+            return Err(ConfigError::FeeAccount);
+        }
         for (what, mut ids) in ids {
             ids.sort_unstable();
             if let Some(pair) = ids.windows(2).find(|pair| pair[0] == pair[1]) {
@@ -727,6 +734,8 @@ mod tests {
         for token in ["", "0123456789abcdef"] {
             assert!(Config::from_toml(&format!("[market_data]\nadmin_token = \"{token}\"")).unwrap().check().is_ok(), "{token:?}");
         }
+        let fee = Config::from_toml("[[accounts]]\nid = 0\napi_key = \"fees\"").unwrap().check();
+        assert!(matches!(fee, Err(ConfigError::FeeAccount)), "{fee:?}");
         let without_trading = Config::from_toml("[market_data]\ntrading = false\nadmin_token = \"0123456789abcdef\"").unwrap().check();
         assert!(matches!(without_trading, Err(ConfigError::AdminWithoutTrading)), "{without_trading:?}");
         let refused = Config::from_toml("[market_data]\nadmin_token = \"short\"").unwrap().check().expect_err("refused");

@@ -85,6 +85,9 @@ struct Conn {
     /// Bytes of `outbuf` already written.
     written: usize,
     account: Option<AccountId>,
+    /// The account had `cancel_on_disconnect` when this session logged in:
+    /// its end cancels the account's orders.
+    cancel_on_disconnect: bool,
     in_flight: Arc<InFlight>,
     /// Close once `outbuf` is out (why, and since when).
     closing: Option<(String, Instant)>,
@@ -346,6 +349,7 @@ impl Gateway<'_> {
             outbuf: Vec::new(),
             written: 0,
             account: None,
+            cancel_on_disconnect: false,
             in_flight: InFlight::polled(),
             closing: None,
             want_write: false,
@@ -554,9 +558,9 @@ impl Gateway<'_> {
         // CancelAll for its account, in this round's batch (before any
         // command of a session that replaces it).
         if let Some(account) = conn.account
+            && conn.cancel_on_disconnect
             && !self.stopping
             && self.node.accepting.load(Ordering::Acquire)
-            && self.keys.cancels_on_disconnect(account)
         {
             let in_flight = InFlight::polled();
             in_flight.add(1);
@@ -728,6 +732,7 @@ fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, keys: &Keys,
                 }
             }
             conn.account = Some(claimed);
+            conn.cancel_on_disconnect = keys.cancels_on_disconnect(claimed);
             if !node.accepting.load(Ordering::Acquire) {
                 // A follower: the session replays and hears its reports,
                 // and learns where orders go.

@@ -77,20 +77,42 @@ impl Keys {
     }
 
     /// Makes `accounts` (a checked configuration's: no key shared) the
-    /// whole table. Returns the accounts that had credentials and now have
-    /// other ones or none: whoever logged in or signed with the old ones
-    /// is to be let go.
-    pub(crate) fn replace(&self, accounts: &[AccountConfig]) -> Vec<AccountId> {
+    /// whole table. Returns the accounts that had an API key and now have
+    /// another or none (whoever logged in or opened a listen key with the
+    /// old one is to be let go), and those whose signing secret alone
+    /// changed (nothing to let go: no session holds a secret; the next
+    /// signed request needs the new one).
+    pub(crate) fn replace(&self, accounts: &[AccountConfig]) -> Changed {
         let by_account: HashMap<AccountId, Credential> =
             accounts.iter().map(|a| (a.id, Credential { api_key: a.api_key.clone(), secret: Arc::from(a.api_secret.as_bytes()) })).collect();
         let by_key = by_account.iter().map(|(&account, c)| (c.api_key.clone(), account)).collect();
         let cancel_on_disconnect = accounts.iter().filter(|a| a.cancel_on_disconnect).map(|a| a.id).collect();
         let mut table = self.0.write().unwrap_or_else(|e| e.into_inner());
-        let mut changed: Vec<AccountId> = table.by_account.iter().filter(|(account, old)| by_account.get(account) != Some(old)).map(|(&account, _)| account).collect();
-        changed.sort_unstable();
+        let mut changed = Changed::default();
+        for (&account, old) in &table.by_account {
+            match by_account.get(&account) {
+                Some(new) if new.api_key == old.api_key => {
+                    if new.secret != old.secret {
+                        changed.secrets.push(account);
+                    }
+                }
+                _ => changed.keys.push(account),
+            }
+        }
+        changed.keys.sort_unstable();
+        changed.secrets.sort_unstable();
         *table = Table { by_account, by_key, cancel_on_disconnect };
         changed
     }
+}
+
+/// What [`Keys::replace`] changed for accounts that had credentials.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Changed {
+    /// API key changed, or the account left the file.
+    pub(crate) keys: Vec<AccountId>,
+    /// Only the signing secret changed.
+    pub(crate) secrets: Vec<AccountId>,
 }
 
 #[cfg(test)]
@@ -102,7 +124,7 @@ mod tests {
     }
 
     #[test]
-    fn a_replacement_names_the_accounts_whose_credentials_changed_or_went() {
+    fn a_replacement_names_the_accounts_whose_key_changed_or_went_and_those_with_a_new_secret() {
         let keys = Keys::new(&[account(1, "k1", "s1"), account(2, "k2", "s2"), account(3, "k3", "s3")]);
         assert_eq!(keys.by_key("k2").map(|(a, s)| (a, s.to_vec())), Some((2, b"s2".to_vec())));
         let mut wire = [0u8; crossbook_protocol::API_KEY_BYTES];
@@ -110,13 +132,13 @@ mod tests {
         assert_eq!(keys.wire_key(1), Some(wire));
         // 1 unchanged, 2 a new secret, 3 gone, 4 new.
         let changed = keys.replace(&[account(1, "k1", "s1"), account(2, "k2", "s2b"), account(4, "k4", "s4")]);
-        assert_eq!(changed, vec![2, 3]);
+        assert_eq!(changed, Changed { keys: vec![3], secrets: vec![2] });
         assert!(keys.by_key("k3").is_none() && !keys.has(3) && keys.wire_key(3).is_none());
         assert_eq!(keys.by_key("k2").map(|(_, s)| s.to_vec()), Some(b"s2b".to_vec()));
         assert_eq!(keys.api_key(4).as_deref(), Some("k4"));
         assert!(keys.cancels_on_disconnect(4) && !keys.cancels_on_disconnect(1));
         // A key moved to another account: both change.
-        assert_eq!(keys.replace(&[account(1, "k4", "s1"), account(2, "k2", "s2b"), account(4, "k1", "s4")]), vec![1, 4]);
+        assert_eq!(keys.replace(&[account(1, "k4", "s1"), account(2, "k2", "s2b"), account(4, "k1", "s4")]).keys, vec![1, 4]);
         assert_eq!(keys.by_key("k1").map(|(a, _)| a), Some(4));
     }
 }

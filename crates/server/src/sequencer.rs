@@ -640,7 +640,7 @@ impl<'a> Sequencer<'a> {
     /// not parse or check, that adds an asset or an instrument (a restart
     /// adds those: the gateways and market data learn them at start), or
     /// that does not fit the venue (`lacking`), changes nothing and is
-    /// logged. Returns the accounts whose credentials changed or went, for
+    /// logged. Returns the accounts whose API key changed or went, for
     /// the gateways to let go of their sessions.
     pub(crate) fn reload_if_asked(&mut self) -> Result<Vec<crossbook_engine::AccountId>, ServeError> {
         if !self.settings.reload_now.swap(false, Ordering::AcqRel) {
@@ -690,14 +690,16 @@ impl<'a> Sequencer<'a> {
             // appended if it takes the lead.
             replication.setup = config.setup_commands().map_err(ServeError::Config)?;
         }
-        let revoked = self.settings.keys.replace(&config.accounts);
+        let changed = self.settings.keys.replace(&config.accounts);
+        let list = |accounts: &[u64]| if accounts.is_empty() { "none".to_string() } else { accounts.iter().map(u64::to_string).collect::<Vec<_>>().join(", ") };
         log(&format!(
-            "configuration reloaded: {} accounts with keys; opened {}; credentials changed or removed for {}",
+            "configuration reloaded: {} accounts with keys; opened {}; API keys changed or removed for {}; secrets changed for {} (a reload takes the accounts alone: every other setting is read at start)",
             config.accounts.len(),
             if opened.is_empty() { "none".to_string() } else if self.leading() { format!("{} (journaled up to seq {})", opened.join(", "), self.engine.seq()) } else { format!("{} when this node leads", opened.join(", ")) },
-            if revoked.is_empty() { "none".to_string() } else { revoked.iter().map(u64::to_string).collect::<Vec<_>>().join(", ") }
+            list(&changed.keys),
+            list(&changed.secrets)
         ));
-        Ok(revoked)
+        Ok(changed.keys)
     }
 
     /// A query's answer from the engine as it is now (after every command

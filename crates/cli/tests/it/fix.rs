@@ -485,6 +485,22 @@ fn a_session_that_ends_cancels_its_accounts_orders_when_the_account_asks() {
     server.expect_log("cancel on disconnect: account 1's open orders are cancelled (FIX connection");
     let (mut alice, _) = Client::login(&server.address, 1, "alice");
     assert_eq!(open_cids(&mut alice, 3), Vec::<u64>::new(), "the FIX order went");
+    drop(alice);
+    server.expect_log("cancel on disconnect: account 1's open orders are cancelled");
+    // FIX, a Logout: the same (another CompID of hers: a new client
+    // starts its sequence numbers at 1).
+    let mut fix = FixClient::connect(&server.fix_address, "ALICEFIX2");
+    fix.logon(1, "alice");
+    send_owned(&mut fix, "D", &order("f2", "1", "98", "1"));
+    let accepted = std::iter::repeat_with(|| fix.next()).find(|m| m.text(11) == Some("f2")).unwrap();
+    expect(&accepted, &[(35, "8"), (150, "0")]);
+    fix.send("5", &[]);
+    let answer = std::iter::repeat_with(|| fix.next()).find(|m| m.text(35) == Some("5")).unwrap();
+    expect(&answer, &[(35, "5")]);
+    assert!(fix.closed());
+    server.expect_log("cancel on disconnect: account 1's open orders are cancelled (FIX connection");
+    let (mut alice, _) = Client::login(&server.address, 1, "alice");
+    assert_eq!(open_cids(&mut alice, 6), Vec::<u64>::new(), "the FIX order went with the Logout");
     // Bob's session ending leaves his order; the venue stopping leaves alice's.
     drop(bob);
     rest(&mut alice, 5, 100);

@@ -1182,9 +1182,18 @@ fn a_reload_opens_accounts_and_changes_keys_without_a_restart() {
     hup();
     server.expect_log("configuration reload refused, nothing changed:");
     ok(bob(&server, "GET", "/api/v3/account", &[]));
+    std::fs::write(&config, CONFIG.replacen("api_key = \"mallory\"", "api_key = \"mallory\"\ncancel_on_disconnect = true", 1)).unwrap();
+    hup();
+    server.expect_log("configuration reloaded: 4 accounts with keys; opened none; API keys changed or removed for none; secrets changed for none");
+    // Mallory logs in with cancel on disconnect and rests a buy.
+    let (mut mallory_session, _) = Client::login(&server.address, 3, "mallory");
+    mallory_session.send(&limit(1, Side::Buy, 50, 1, TimeInForce::Gtc));
+    assert_eq!(mallory_session.report().kind, ReportKind::Accepted);
 
-    // Dave is new; bob has a new key and secret; mallory is gone.
+    // Dave is new; bob has a new key and secret; alice a new secret only;
+    // mallory is gone.
     let reloaded = CONFIG
+        .replacen("api_secret = \"alice-secret\"", "api_secret = \"alice-secret-2\"", 1)
         .replacen("api_key = \"bob\"\napi_secret = \"bob-secret\"", "api_key = \"bob-2\"\napi_secret = \"bob-secret-2\"", 1)
         .replacen("[[accounts]]\nid = 3\napi_key = \"mallory\"\napi_secret = \"mallory-secret\"\ndeposits = [[2, 1000]]\n", "", 1)
         + "\n[[accounts]]\nid = 5\napi_key = \"dave\"\napi_secret = \"dave-secret\"\ndeposits = [[1, 7000], [2, 250000]]\n";
@@ -1192,14 +1201,20 @@ fn a_reload_opens_accounts_and_changes_keys_without_a_restart() {
     std::fs::write(&config, &reloaded).unwrap();
     hup();
     let line = server.expect_log("configuration reloaded:");
-    assert!(line.contains("opened 5 (journaled up to seq") && line.ends_with("credentials changed or removed for 2, 3"), "{line}");
+    assert!(line.contains("opened 5 (journaled up to seq") && line.contains("API keys changed or removed for 2, 3; secrets changed for 1 ("), "{line}");
     assert_eq!(bob_session.recv(), Some(ServerMessage::Logout { reason: crossbook_protocol::ProtocolError::BadCredentials.code() }), "bob's session is let go");
+    assert_eq!(mallory_session.recv(), Some(ServerMessage::Logout { reason: crossbook_protocol::ProtocolError::BadCredentials.code() }), "mallory's too");
+    // Taken out of the file, mallory logged in with cancel on disconnect:
+    // her order goes with her session.
+    server.expect_log("cancel on disconnect: account 3's open orders are cancelled");
     let ended = messages(&mut bob_stream, Duration::from_secs(2));
     assert!(ended.iter().any(|m| m["e"] == "listenKeyExpired" && m["listenKey"] == bob_key.as_str()), "{ended:?}");
-    // Alice's session and key are as they were.
+    // Alice's session stays (no session holds a secret); her requests need
+    // the new secret.
     alice_session.send(&ClientMessage::Heartbeat);
     assert_eq!(alice_session.recv(), Some(ServerMessage::Heartbeat));
-    ok(alice(&server, "GET", "/api/v3/account", &[]));
+    refused(alice(&server, "GET", "/api/v3/account", &[]), 400, -1022);
+    ok(signed(&market, "GET", "/api/v3/account", &[], "alice", "alice-secret-2"));
     // The old keys are refused everywhere; the new ones work.
     let rejected = |account: u64, key: &str| {
         let (_, reply) = crossbook_client::binary::Client::login(&server.address, account, key, 0).unwrap();
@@ -1261,16 +1276,27 @@ fn the_operator_halts_and_resumes_trading_on_an_instrument() {
 
     refused(http(&market, "POST", "/crossbook/admin/v1/halt", &[], "symbol=BTCUSD"), 401, -2015);
     let resting = ok(sell(&server, "s1"));
+    let (mut bob, _) = Client::login(&server.address, 2, "bob");
+    bob.send(&limit(8, Side::Buy, 10, 3, TimeInForce::Gtc));
+    let bid = bob.report();
+    assert_eq!(bid.kind, ReportKind::Accepted);
     assert_eq!(status(&market), "TRADING");
     let halted = ok(admin(&market, "halt"));
     assert_eq!((&halted["symbol"], &halted["status"]), (&json!("BTCUSD"), &json!("HALT")));
     assert_eq!(status(&market), "HALT");
     let closed = refused(sell(&server, "s2"), 400, -2010);
     assert_eq!(closed.body["msg"], "Market is closed.");
-    let (mut bob, _) = Client::login(&server.address, 2, "bob");
     bob.send(&limit(9, Side::Buy, 500, 1, TimeInForce::Gtc));
     let report = bob.report();
     assert_eq!((report.kind, report.reason), (ReportKind::Rejected, crossbook_engine::RejectReason::InstrumentHalted.code()));
+    // A replace that only lowers the quantity at the order's price goes
+    // on (it cannot trade); one to another price does not.
+    bob.send(&ClientMessage::Replace { order: bid.order, price: 10, qty: 2 });
+    let lowered = bob.report();
+    assert_eq!((lowered.kind, lowered.leaves_qty), (ReportKind::Replaced, 2));
+    bob.send(&ClientMessage::Replace { order: bid.order, price: 11, qty: 2 });
+    let moved = bob.report();
+    assert_eq!((moved.kind, moved.reason), (ReportKind::Rejected, crossbook_engine::RejectReason::InstrumentHalted.code()));
     // A second halt is refused, saying how things stand.
     let again = refused(admin(&market, "halt"), 400, -2010);
     assert_eq!((again.body["msg"].as_str(), &again.body["data"]["status"]), (Some("Halt refused: instrument_halted."), &json!("HALT")));

@@ -136,9 +136,9 @@ struct Connection {
     /// A handle on the socket: to see whether the peer is still there when
     /// its account logs on again, and to close it then.
     stream: TcpStream,
-    /// A Logon was accepted on it (its end cancels the account's orders
-    /// when the account has `cancel_on_disconnect`).
-    logged_on: bool,
+    /// A Logon was accepted on it while the account had
+    /// `cancel_on_disconnect`: its end cancels the account's orders.
+    cancel_on_disconnect: bool,
 }
 
 /// Whether the peer of `stream` is still there: no end and no error
@@ -178,6 +178,10 @@ struct FixSession {
     poisoned: Option<StoreError>,
     /// The engine sequence number the store has reports up to.
     through: u64,
+    /// The connection the session layer dropped (a Logout, an error, a
+    /// failed store) that was to cancel its account's orders: its reader
+    /// does, in `detach`.
+    dropped: Option<u64>,
 }
 
 struct State {
@@ -282,7 +286,7 @@ impl Gateway {
                 state.routes.insert(account, comp_id.clone());
             }
             let app = if echo { App::Echo(EchoApplication::default()) } else { App::Venue };
-            state.sessions.insert(comp_id, FixSession { session, store, account: restored.account, bound: restored.account, connection: None, app, poisoned: None, through: restored.through_seq });
+            state.sessions.insert(comp_id, FixSession { session, store, account: restored.account, bound: restored.account, connection: None, app, poisoned: None, through: restored.through_seq, dropped: None });
         }
         let fix_accounts = RwLock::new(state.routes.keys().copied().collect());
         Ok(Arc::new(Gateway {
@@ -730,11 +734,11 @@ impl Gateway {
         (reason, logged_on)
     }
 
-    /// A logged-on session of `account` ended (its connection `id`): unless
-    /// the venue is stopping, a CancelAll of the account's open orders is
-    /// journaled if the account has `cancel_on_disconnect`.
+    /// A logged-on session of `account` that logged on with
+    /// `cancel_on_disconnect` ended (its connection `id`): unless the venue
+    /// is stopping, a CancelAll of the account's open orders is journaled.
     fn cancel_on_disconnect(&self, account: AccountId, id: u64, queue: &SyncSender<Vec<Inbound>>, wake: &dyn Fn(), shutdown: &AtomicBool) {
-        if self.echo || shutdown.load(Ordering::Acquire) || !self.keys.cancels_on_disconnect(account) {
+        if self.echo || shutdown.load(Ordering::Acquire) {
             return;
         }
         let in_flight = crate::sequencer::InFlight::polled();
@@ -781,7 +785,7 @@ impl Gateway {
                 .map_err(|source| AttachRefusal::Store(StoreError::Io { path: self.dir.clone(), doing: "syncing the directory", source }))?;
             let session = Session::restore(session_config(&self.config, &comp_id), self.dictionary.clone(), restored.next_in, restored.next_out, restored.stored);
             let app = if self.echo { App::Echo(EchoApplication::default()) } else { App::Venue };
-            state.sessions.insert(comp_id.clone(), FixSession { session, store, account: restored.account, bound: restored.account, connection: None, app, poisoned: None, through: restored.through_seq });
+            state.sessions.insert(comp_id.clone(), FixSession { session, store, account: restored.account, bound: restored.account, connection: None, app, poisoned: None, through: restored.through_seq, dropped: None });
         }
         let Some(session) = state.sessions.get_mut(&comp_id) else {
             return Err(AttachRefusal::Vanished);
@@ -796,7 +800,7 @@ impl Gateway {
         {
             let _ = old.stream.shutdown(std::net::Shutdown::Both);
             let _ = old.out.try_send(Out::Close);
-            if old.logged_on
+            if old.cancel_on_disconnect
                 && let Some(account) = session.account
             {
                 // Its reader would find the session taken: this one
@@ -837,7 +841,7 @@ impl Gateway {
             return Err(AttachRefusal::Revoked { comp_id, account: bound });
         }
         let handle = stream.try_clone().map_err(AttachRefusal::Socket)?;
-        session.connection = Some(Connection { id, out: out.clone(), stream: handle, logged_on: false });
+        session.connection = Some(Connection { id, out: out.clone(), stream: handle, cancel_on_disconnect: false });
         session.session.connect(now_ms());
         Ok(comp_id)
     }
@@ -870,7 +874,7 @@ impl Gateway {
         let closed = actions.iter().find_map(|a| if let Action::Disconnect(why) = a { Some(why.clone()) } else { None });
         if !was_logged_on && session.session.is_logged_on() {
             if let Some(connection) = session.connection.as_mut() {
-                connection.logged_on = true;
+                connection.cancel_on_disconnect = account.is_some_and(|a| !self.echo && self.keys.cancels_on_disconnect(a));
             }
             log(&format!("FIX login connection={id} comp_id={comp_id} account={}", account.map_or("-".into(), |a| a.to_string())));
             if let Some(account) = account
@@ -935,10 +939,13 @@ impl Gateway {
         let mut guard = self.lock();
         let state = &mut *guard;
         let session = state.sessions.get_mut(comp_id)?;
-        let connection = session.connection.take_if(|c| c.id == id)?;
+        let Some(connection) = session.connection.take_if(|c| c.id == id) else {
+            // Dropped by the session layer already (a Logout, say).
+            return session.dropped.take_if(|dropped| *dropped == id).and(session.account);
+        };
         let mut requests = Vec::new();
         with_app(self, session, &mut state.book, &mut requests, |session, app| session.session.disconnected(app));
-        session.account.filter(|_| connection.logged_on)
+        session.account.filter(|_| connection.cancel_on_disconnect)
     }
 }
 
@@ -1159,6 +1166,7 @@ impl FixSession {
         self.poisoned = Some(why);
         if let Some(connection) = self.connection.take() {
             let _ = connection.out.try_send(Out::Close);
+            self.dropped = connection.cancel_on_disconnect.then_some(connection.id);
         }
     }
 
@@ -1182,6 +1190,7 @@ impl FixSession {
         }
         if close {
             let _ = connection.out.try_send(Out::Close);
+            self.dropped = connection.cancel_on_disconnect.then_some(connection.id);
             self.connection = None;
         }
     }
