@@ -19,6 +19,10 @@ pub const HEADER_SEQ: &str = "Crossbook-Seq";
 pub const HEADER_PREVIOUS: &str = "Crossbook-Previous";
 pub const HEADER_CHAIN: &str = "Crossbook-Chain";
 pub const HEADER_LEADER: &str = "Crossbook-Leader";
+/// The command encoding of the message's records
+/// (`crossbook_engine::codec::COMMAND_FORMAT_VERSION`; absent: 2 or
+/// before): a node that reads an older one stops rather than misread.
+pub const HEADER_ENCODING: &str = "Crossbook-Encoding";
 
 /// The segment format version whose record payloads carry a time stamp.
 const TIMED: u32 = 3;
