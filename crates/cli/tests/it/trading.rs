@@ -1317,3 +1317,53 @@ fn the_operator_halts_and_resumes_trading_on_an_instrument() {
     assert_eq!(ok(sell(&server, "s4"))["status"], "NEW");
     assert!(server.terminate().success());
 }
+
+/// The WebSocket API's market-data methods answer what the REST
+/// endpoints answer (the same checks, the same errors).
+#[test]
+fn the_websocket_api_answers_market_data_as_rest_does() {
+    let dir = TempDir::new("trading-ws-market");
+    let server = start(&dir);
+    let market = server.market_address.clone();
+    ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.020"), ("price", "4000")]));
+    ok(bob(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "IOC"), ("quantity", "0.005"), ("price", "4000")]));
+    ok(bob(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.003"), ("price", "3900")]));
+    let mut socket = listen(&market, "/ws-api/v3");
+    let mut events = Vec::new();
+    let rest = |path: &str| -> Value { serde_json::from_str(&crate::marketdata::http_get(&market, path).1).unwrap() };
+    let cases: [(&str, Value, &str); 8] = [
+        ("depth", json!({"symbol": "BTCUSD", "limit": 5}), "/api/v3/depth?symbol=BTCUSD&limit=5"),
+        ("trades.recent", json!({"symbol": "btcusd"}), "/api/v3/trades?symbol=BTCUSD"),
+        ("trades.aggregate", json!({"symbol": "BTCUSD", "limit": 10}), "/api/v3/aggTrades?symbol=BTCUSD&limit=10"),
+        ("klines", json!({"symbol": "BTCUSD", "interval": "1m"}), "/api/v3/klines?symbol=BTCUSD&interval=1m"),
+        ("uiKlines", json!({"symbol": "BTCUSD", "interval": "1h", "limit": 2}), "/api/v3/uiKlines?symbol=BTCUSD&interval=1h&limit=2"),
+        ("ticker.book", json!({"symbol": "BTCUSD"}), "/api/v3/ticker/bookTicker?symbol=BTCUSD"),
+        ("ticker.price", json!({"symbols": "[\"BTCUSD\"]"}), "/api/v3/ticker/price?symbols=%5B%22BTCUSD%22%5D"),
+        ("ticker.24hr", json!({"symbol": "BTCUSD"}), "/api/v3/ticker/24hr?symbol=BTCUSD"),
+    ];
+    for (id, (method, params, path)) in cases.iter().enumerate() {
+        let request = json!({"id": id, "method": method, "params": params}).to_string();
+        let answer = ws_api_answer(&mut socket, &request, id as u64, &mut events);
+        assert_eq!(answer["status"], 200, "{method}: {answer}");
+        let mut result = answer["result"].clone();
+        let mut expected = rest(path);
+        // The 24-hour window ends at the last command's time (the same),
+        // but its figures are read twice: compare what does not move.
+        if *method == "ticker.24hr" {
+            for value in [&mut result, &mut expected] {
+                value.as_object_mut().unwrap().retain(|k, _| !["openTime", "closeTime"].contains(&k.as_str()));
+            }
+        }
+        assert_eq!(result, expected, "{method}");
+        assert!(result != json!([]) && result != json!({}), "{method} answered with something: {result}");
+    }
+    let info = ws_api_answer(&mut socket, &json!({"id": 20, "method": "exchangeInfo", "params": {"symbol": "BTCUSD"}}).to_string(), 20, &mut events);
+    assert_eq!(info["result"]["symbols"][0]["symbol"], "BTCUSD", "{info}");
+    // Errors as REST gives them.
+    let mut error = |id: u64, method: &str, params: Value| ws_api_answer(&mut socket, &json!({"id": id, "method": method, "params": params}).to_string(), id, &mut Vec::new());
+    assert_eq!(error(21, "depth", json!({"symbol": "NOPE"}))["error"]["code"], -1121);
+    assert_eq!(error(22, "depth", json!({"symbol": "BTCUSD", "limit": 6000}))["error"]["code"], -1100);
+    assert_eq!(error(23, "klines", json!({"symbol": "BTCUSD", "interval": "2m"}))["error"]["code"], -1120);
+    assert_eq!(error(24, "depth", json!({"symbol": "BTCUSD", "level": 2}))["error"]["code"], -1103);
+    assert_eq!(error(25, "avgPrice", json!({"symbol": "BTCUSD"}))["error"]["code"], -1020);
+}

@@ -248,31 +248,124 @@ fn rate_limits(hub: &Hub) -> Value {
     }
 }
 
-async fn exchange_info(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
-    let params = Params::parse(query.as_deref(), &["symbol", "symbols"])?;
-    let market = hub.read();
-    let mut info = render::exchange_info(&market, now_ms(), rate_limits(&hub));
-    if let Some(only) = params.instruments(&market)? {
-        let symbols: Vec<Value> = only.iter().map(|&i| info["symbols"][i].clone()).collect();
-        info["symbols"] = Value::Array(symbols);
+/// The public market-data endpoints, as REST serves them and as the
+/// WebSocket API's market-data methods do (`docs/trading.md`, "The
+/// WebSocket API"): one answer, whichever way it is asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Public {
+    ExchangeInfo,
+    Depth,
+    Trades,
+    AggTrades,
+    Klines,
+    Ticker24hr,
+    BookTicker,
+    PriceTicker,
+}
+
+impl Public {
+    /// The parameters it reads.
+    pub(crate) fn known(self) -> &'static [&'static str] {
+        match self {
+            Public::ExchangeInfo | Public::BookTicker | Public::PriceTicker => &["symbol", "symbols"],
+            Public::Depth | Public::Trades => &["symbol", "limit"],
+            Public::AggTrades => &["symbol", "fromId", "startTime", "endTime", "limit"],
+            Public::Klines => &["symbol", "interval", "startTime", "endTime", "limit", "timeZone"],
+            Public::Ticker24hr => &["symbol", "symbols", "type"],
+        }
     }
-    Ok(json_response(info))
+
+    /// The WebSocket API method that asks for it (Binance's names).
+    pub(crate) fn of_method(method: &str) -> Option<Public> {
+        Some(match method {
+            "exchangeInfo" => Public::ExchangeInfo,
+            "depth" => Public::Depth,
+            "trades.recent" => Public::Trades,
+            "trades.aggregate" => Public::AggTrades,
+            "klines" | "uiKlines" => Public::Klines,
+            "ticker.24hr" => Public::Ticker24hr,
+            "ticker.book" => Public::BookTicker,
+            "ticker.price" => Public::PriceTicker,
+            _ => return None,
+        })
+    }
+}
+
+/// A public endpoint's answer to `params` (read as [`Public::known`]).
+pub(crate) fn public(hub: &Hub, endpoint: Public, params: &Params) -> Result<Value, ApiError> {
+    match endpoint {
+        Public::ExchangeInfo => {
+            let market = hub.read();
+            let mut info = render::exchange_info(&market, now_ms(), rate_limits(hub));
+            if let Some(only) = params.instruments(&market)? {
+                let symbols: Vec<Value> = only.iter().map(|&i| info["symbols"][i].clone()).collect();
+                info["symbols"] = Value::Array(symbols);
+            }
+            Ok(info)
+        }
+        Public::Depth => {
+            let limit = params.number("limit", 1..=MAX_DEPTH as u64)?.unwrap_or(100) as usize;
+            let market = hub.read();
+            let index = params.instrument(&market)?;
+            Ok(render::depth(&market, &market.instruments[index], limit))
+        }
+        Public::Trades => {
+            let limit = params.number("limit", 1..=MAX_TRADES as u64)?.unwrap_or(500) as usize;
+            let market = hub.read();
+            let index = params.instrument(&market)?;
+            Ok(render::trades(&market.instruments[index], limit))
+        }
+        Public::AggTrades => super::trading::agg_trades_json(&hub.read(), params),
+        Public::Klines => {
+            let name = params.get("interval").ok_or_else(|| ApiError::mandatory("interval"))?;
+            let interval = interval(name).ok_or_else(|| ApiError::bad(-1120, "Invalid interval."))?;
+            let (start, end) = params.time_range()?;
+            if params.get("timeZone").is_some_and(|z| !is_utc(z)) {
+                return Err(ApiError::bad(-1100, "Illegal characters found in parameter 'timeZone'; only UTC (0) is served."));
+            }
+            let limit = params.number("limit", 1..=MAX_KLINES as u64)?.unwrap_or(500) as usize;
+            let market = hub.read();
+            let index = params.instrument(&market)?;
+            Ok(render::klines(&market.instruments[index], interval, start, end, limit))
+        }
+        Public::Ticker24hr => {
+            if params.get("type").is_some_and(|t| t != "FULL") {
+                return Err(ApiError::illegal("type", "FULL"));
+            }
+            let market = hub.read();
+            per_symbol(params, &market, |i| render::ticker_24hr(&market, i))
+        }
+        Public::BookTicker => {
+            let market = hub.read();
+            per_symbol(params, &market, |i| render::book_ticker(&market.instruments[i]))
+        }
+        Public::PriceTicker => {
+            let market = hub.read();
+            per_symbol(params, &market, |i| render::price_ticker(&market.instruments[i]))
+        }
+    }
+}
+
+/// A public endpoint over REST.
+fn serve_public(hub: &Hub, endpoint: Public, query: Option<String>) -> Answer {
+    let params = Params::parse(query.as_deref(), endpoint.known())?;
+    Ok(json_response(public(hub, endpoint, &params)?))
+}
+
+async fn exchange_info(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
+    serve_public(&hub, Public::ExchangeInfo, query)
 }
 
 async fn depth(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
-    let params = Params::parse(query.as_deref(), &["symbol", "limit"])?;
-    let limit = params.number("limit", 1..=MAX_DEPTH as u64)?.unwrap_or(100) as usize;
-    let market = hub.read();
-    let index = params.instrument(&market)?;
-    Ok(json_response(render::depth(&market, &market.instruments[index], limit)))
+    serve_public(&hub, Public::Depth, query)
 }
 
 async fn trades(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
-    let params = Params::parse(query.as_deref(), &["symbol", "limit"])?;
-    let limit = params.number("limit", 1..=MAX_TRADES as u64)?.unwrap_or(500) as usize;
-    let market = hub.read();
-    let index = params.instrument(&market)?;
-    Ok(json_response(render::trades(&market.instruments[index], limit)))
+    serve_public(&hub, Public::Trades, query)
+}
+
+async fn agg_trades(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
+    serve_public(&hub, Public::AggTrades, query)
 }
 
 /// Whether a klines `timeZone` is UTC: `UTC` in any case, or a zero
@@ -289,48 +382,29 @@ fn is_utc(zone: &str) -> bool {
 }
 
 async fn klines(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
-    let params = Params::parse(query.as_deref(), &["symbol", "interval", "startTime", "endTime", "limit", "timeZone"])?;
-    let name = params.get("interval").ok_or_else(|| ApiError::mandatory("interval"))?;
-    let interval = interval(name).ok_or_else(|| ApiError::bad(-1120, "Invalid interval."))?;
-    let (start, end) = params.time_range()?;
-    if params.get("timeZone").is_some_and(|z| !is_utc(z)) {
-        return Err(ApiError::bad(-1100, "Illegal characters found in parameter 'timeZone'; only UTC (0) is served."));
-    }
-    let limit = params.number("limit", 1..=MAX_KLINES as u64)?.unwrap_or(500) as usize;
-    let market = hub.read();
-    let index = params.instrument(&market)?;
-    Ok(json_response(render::klines(&market.instruments[index], interval, start, end, limit)))
+    serve_public(&hub, Public::Klines, query)
 }
 
 /// A ticker's answer: one object for `symbol`, an array for `symbols` or,
 /// without either, for every instrument.
-fn per_symbol(params: &Params, market: &MarketData, one: impl Fn(usize) -> Value) -> Answer {
-    Ok(json_response(match params.instruments(market)? {
+fn per_symbol(params: &Params, market: &MarketData, one: impl Fn(usize) -> Value) -> Result<Value, ApiError> {
+    Ok(match params.instruments(market)? {
         Some(only) if params.get("symbol").is_some() => one(only[0]),
         Some(only) => Value::Array(only.iter().map(|&i| one(i)).collect()),
         None => Value::Array((0..market.instruments.len()).map(one).collect()),
-    }))
+    })
 }
 
 async fn ticker_24hr(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
-    let params = Params::parse(query.as_deref(), &["symbol", "symbols", "type"])?;
-    if params.get("type").is_some_and(|t| t != "FULL") {
-        return Err(ApiError::illegal("type", "FULL"));
-    }
-    let market = hub.read();
-    per_symbol(&params, &market, |i| render::ticker_24hr(&market, i))
+    serve_public(&hub, Public::Ticker24hr, query)
 }
 
 async fn book_ticker(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
-    let params = Params::parse(query.as_deref(), &["symbol", "symbols"])?;
-    let market = hub.read();
-    per_symbol(&params, &market, |i| render::book_ticker(&market.instruments[i]))
+    serve_public(&hub, Public::BookTicker, query)
 }
 
 async fn price_ticker(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
-    let params = Params::parse(query.as_deref(), &["symbol", "symbols"])?;
-    let market = hub.read();
-    per_symbol(&params, &market, |i| render::price_ticker(&market.instruments[i]))
+    serve_public(&hub, Public::PriceTicker, query)
 }
 
 /// The dashboard's figures: what the venue has done, who is connected.
@@ -452,7 +526,7 @@ fn router(hub: Arc<Hub>) -> Router {
         .route("/api/v3/ticker/24hr", get(ticker_24hr))
         .route("/api/v3/ticker/bookTicker", get(book_ticker))
         .route("/api/v3/ticker/price", get(price_ticker))
-        .route("/api/v3/aggTrades", get(super::trading::agg_trades))
+        .route("/api/v3/aggTrades", get(agg_trades))
         .route("/api/v3/order", post(super::trading::new_order).delete(super::trading::cancel_order).get(super::trading::query_order))
         .route("/api/v3/order/cancelReplace", post(super::trading::cancel_replace))
         .route("/api/v3/order/test", post(super::trading::test_order))

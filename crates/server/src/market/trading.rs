@@ -531,7 +531,7 @@ pub(crate) enum Auth<'a> {
 /// (the order its signature covers them in): `known`, `apiKey`,
 /// `timestamp`, `recvWindow`, `signature` and `returnRateLimits`; any other
 /// is refused.
-fn ws_params(params: &serde_json::Map<String, Value>, known: &[&str]) -> Result<Params, ApiError> {
+pub(crate) fn ws_params(params: &serde_json::Map<String, Value>, known: &[&str]) -> Result<Params, ApiError> {
     let mut pairs: Vec<(String, String)> = Vec::with_capacity(params.len());
     for (name, value) in params {
         if !known.contains(&name.as_str()) && !["apiKey", "timestamp", "recvWindow", "signature", "returnRateLimits"].contains(&name.as_str()) {
@@ -1403,16 +1403,15 @@ pub(crate) async fn close_listen_key(State(hub): State<Arc<Hub>>, headers: Heade
     Ok(answer(json!({}), used))
 }
 
-/// `GET /api/v3/aggTrades` (public): the recent trades, each its own
-/// aggregate (`a` is the trade's id), oldest first.
-pub(crate) async fn agg_trades(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Reply {
-    let params = Params::parse(query.as_deref(), &["symbol", "fromId", "startTime", "endTime", "limit"])?;
+/// `GET /api/v3/aggTrades` (public, `http::Public::AggTrades`): the
+/// recent trades, each its own aggregate (`a` is the trade's id), oldest
+/// first.
+pub(crate) fn agg_trades_json(market: &MarketData, params: &Params) -> Result<Value, ApiError> {
     let limit = params.number("limit", 1..=super::http::MAX_TRADES as u64)?.unwrap_or(500) as usize;
     let from_id = params.number("fromId", 0..=u64::MAX)?;
     let (start, end) = params.time_range()?;
-    let market = hub.read();
-    let data = &market.instruments[params.instrument(&market)?];
+    let data = &market.instruments[params.instrument(market)?];
     let trades: Vec<&crossbook_marketdata::Trade> = data.trades.iter().filter(|t| from_id.is_none_or(|f| t.id >= f) && start.is_none_or(|s| t.time_ms >= s) && end.is_none_or(|e| t.time_ms <= e)).collect();
     let chosen = window(trades, from_id.is_some() || start.is_some(), limit);
-    Ok(json_response(Value::Array(chosen.iter().map(|t| render::agg_trade(data, t)).collect())))
+    Ok(Value::Array(chosen.iter().map(|t| render::agg_trade(data, t)).collect()))
 }

@@ -399,6 +399,13 @@ impl Session {
         if matches!(method, "ping" | "time" | "session.subscriptions") && !params.is_empty() {
             return api_error(id, &ApiError::bad(-1103, "An unknown parameter was sent."));
         }
+        // Market data, answered as its REST endpoint answers.
+        if let Some(endpoint) = super::http::Public::of_method(method) {
+            return match trading::ws_params(params, endpoint.known()).and_then(|params| super::http::public(hub, endpoint, &params)) {
+                Ok(result) => json!({"id": id, "status": 200, "result": result}),
+                Err(e) => api_error(id, &e),
+            };
+        }
         match method {
             "userDataStream.subscribe.signature" => {
                 let (account, _, used) = match trading.signed(&Auth::Ws(params), &[], |_| 2, false) {
