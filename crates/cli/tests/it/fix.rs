@@ -473,14 +473,19 @@ fn a_session_that_ends_cancels_its_accounts_orders_when_the_account_asks() {
     assert!(matches!(alice.recv(), Some(ServerMessage::Logout { .. })));
     drop(alice);
     server.expect_log("cancel on disconnect: account 1's open orders are cancelled");
+    // Alice logs on over FIX as `comp_id` and rests an order `cl_ord_id`.
+    let fix_resting = |comp_id: &str, cl_ord_id: &str, price: &str| {
+        let mut fix = FixClient::connect(&server.fix_address, comp_id);
+        fix.logon(1, "alice");
+        send_owned(&mut fix, "D", &order(cl_ord_id, "1", price, "1"));
+        // (The account's reports come to its FIX session: the binary
+        // session's cancel may come first.)
+        let accepted = std::iter::repeat_with(|| fix.next()).find(|m| m.text(11) == Some(cl_ord_id)).unwrap();
+        expect(&accepted, &[(35, "8"), (150, "0")]);
+        fix
+    };
     // FIX, the connection lost.
-    let mut fix = FixClient::connect(&server.fix_address, "ALICEFIX");
-    fix.logon(1, "alice");
-    send_owned(&mut fix, "D", &order("f1", "1", "99", "1"));
-    // (The account's reports come to its FIX session: the binary
-    // session's cancel may come first.)
-    let accepted = std::iter::repeat_with(|| fix.next()).find(|m| m.text(11) == Some("f1")).unwrap();
-    expect(&accepted, &[(35, "8"), (150, "0")]);
+    let fix = fix_resting("ALICEFIX", "f1", "99");
     drop(fix);
     server.expect_log("cancel on disconnect: account 1's open orders are cancelled (FIX connection");
     let (mut alice, _) = Client::login(&server.address, 1, "alice");
@@ -489,11 +494,7 @@ fn a_session_that_ends_cancels_its_accounts_orders_when_the_account_asks() {
     server.expect_log("cancel on disconnect: account 1's open orders are cancelled");
     // FIX, a Logout: the same (another CompID of hers: a new client
     // starts its sequence numbers at 1).
-    let mut fix = FixClient::connect(&server.fix_address, "ALICEFIX2");
-    fix.logon(1, "alice");
-    send_owned(&mut fix, "D", &order("f2", "1", "98", "1"));
-    let accepted = std::iter::repeat_with(|| fix.next()).find(|m| m.text(11) == Some("f2")).unwrap();
-    expect(&accepted, &[(35, "8"), (150, "0")]);
+    let mut fix = fix_resting("ALICEFIX2", "f2", "98");
     fix.send("5", &[]);
     let answer = std::iter::repeat_with(|| fix.next()).find(|m| m.text(35) == Some("5")).unwrap();
     expect(&answer, &[(35, "5")]);

@@ -1055,6 +1055,17 @@ fn rest_history_and_numbering_survive_a_kill() {
     assert!(number(&next) < 1_000, "{}", next["clientOrderId"]);
 }
 
+/// The operator's token of `operator_venue`.
+const OPERATOR_TOKEN: &str = "operator-token-0123";
+
+/// The test venue with the operator's endpoints on, in `dir`: how to
+/// start it (and start it again on the same data).
+fn operator_venue(dir: &TempDir) -> impl Fn() -> Server + '_ {
+    let config = dir.0.join("crossbook.toml");
+    std::fs::write(&config, CONFIG.replace("max_orders_per_10s = 50", &format!("max_orders_per_10s = 50\nadmin_token = \"{OPERATOR_TOKEN}\""))).unwrap();
+    move || spawn_with(&["--config", config.to_str().unwrap(), "--data", dir.0.join("data").to_str().unwrap()], &[])
+}
+
 /// The operator's endpoints (`docs/trading.md`, "Deposits and
 /// withdrawals"): money in and out while the venue runs, only with the
 /// admin token; a reference moves money once, also after a kill -9; the
@@ -1062,14 +1073,11 @@ fn rest_history_and_numbering_survive_a_kill() {
 /// a reason.
 #[test]
 fn the_operator_deposits_and_withdraws_once_per_reference() {
-    const TOKEN: &str = "operator-token-0123";
     let dir = TempDir::new("trading-admin");
-    let config = dir.0.join("crossbook.toml");
-    std::fs::write(&config, CONFIG.replace("max_orders_per_10s = 50", &format!("max_orders_per_10s = 50\nadmin_token = \"{TOKEN}\""))).unwrap();
-    let start_admin = || spawn_with(&["--config", config.to_str().unwrap(), "--data", dir.0.join("data").to_str().unwrap()], &[]);
+    let start_admin = operator_venue(&dir);
     let server = start_admin();
     let market = server.market_address.clone();
-    let bearer = format!("Bearer {TOKEN}");
+    let bearer = format!("Bearer {OPERATOR_TOKEN}");
     let admin = |market: &str, method: &str, target: &str, body: &str| http(market, method, &format!("/crossbook/admin/v1/{target}"), &[("Authorization", bearer.as_str())], body);
 
     refused(http(&market, "POST", "/crossbook/admin/v1/deposit", &[], "account=1&asset=BTC&amount=1&reference=r"), 401, -2015);
@@ -1125,7 +1133,7 @@ fn the_operator_deposits_and_withdraws_once_per_reference() {
     let balances = ok(admin(&market, "GET", "balances?account=1", ""));
     assert_eq!(balances["balances"][0], json!({"asset": "BTC", "free": "101.000", "locked": "0.000"}));
     assert_eq!(ok(admin(&market, "GET", "balances", "account=1"))["balances"], balances["balances"], "parameters in a form body too");
-    let lower = http(&market, "GET", "/crossbook/admin/v1/balances?account=1", &[("Authorization", &format!("bearer {TOKEN}"))], "");
+    let lower = http(&market, "GET", "/crossbook/admin/v1/balances?account=1", &[("Authorization", &format!("bearer {OPERATOR_TOKEN}"))], "");
     assert_eq!(ok(lower)["balances"], balances["balances"], "the scheme in any case");
     refused(admin(&market, "GET", "balances?account=1", "colour=red"), 400, -1104);
     refused(admin(&market, "GET", "balances?account=99", ""), 404, -2010);
@@ -1259,14 +1267,11 @@ fn a_reload_opens_accounts_and_changes_keys_without_a_restart() {
 /// the halt survives a restart; a resume lets orders in again.
 #[test]
 fn the_operator_halts_and_resumes_trading_on_an_instrument() {
-    const TOKEN: &str = "operator-token-0123";
     let dir = TempDir::new("trading-halt");
-    let config = dir.0.join("crossbook.toml");
-    std::fs::write(&config, CONFIG.replace("max_orders_per_10s = 50", &format!("max_orders_per_10s = 50\nadmin_token = \"{TOKEN}\""))).unwrap();
-    let start_admin = || spawn_with(&["--config", config.to_str().unwrap(), "--data", dir.0.join("data").to_str().unwrap()], &[]);
+    let start_admin = operator_venue(&dir);
     let server = start_admin();
     let market = server.market_address.clone();
-    let bearer = format!("Bearer {TOKEN}");
+    let bearer = format!("Bearer {OPERATOR_TOKEN}");
     let admin = |market: &str, target: &str| http(market, "POST", &format!("/crossbook/admin/v1/{target}"), &[("Authorization", bearer.as_str())], "symbol=BTCUSD");
     let status = |market: &str| {
         let info: Value = serde_json::from_str(&crate::marketdata::http_get(market, "/api/v3/exchangeInfo?symbol=BTCUSD").1).unwrap();
