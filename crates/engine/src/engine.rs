@@ -1139,10 +1139,15 @@ impl Engine {
         slots.sort_unstable_by_key(|&slot| self.orders.get(slot).id);
     }
 
+    /// An instrument by its id, for the queries.
+    fn instrument_by_id(&self, instrument: InstrumentId) -> Option<&Instrument> {
+        let index = self.instrument_index.get(instrument.into())?;
+        Some(&self.instruments[index as usize])
+    }
+
     /// Best bid and best ask prices of an instrument.
     pub fn top_of_book(&self, instrument: InstrumentId) -> Option<(Option<i64>, Option<i64>)> {
-        let index = self.instrument_index.get(instrument.into())?;
-        let book = &self.instruments[index as usize].book;
+        let book = &self.instrument_by_id(instrument)?.book;
         Some((book.bids.best().map(|l| l.price), book.asks.best().map(|l| l.price)))
     }
 
@@ -1165,8 +1170,7 @@ impl Engine {
     /// The book of an instrument level by level: asks from the best up,
     /// then bids from the best down, as (side, price, total lots, orders).
     pub fn depth(&self, instrument: InstrumentId) -> Option<Vec<(Side, i64, u64, u32)>> {
-        let index = self.instrument_index.get(instrument.into())?;
-        let book = &self.instruments[index as usize].book;
+        let book = &self.instrument_by_id(instrument)?.book;
         let mut levels = Vec::new();
         for (side, book_side) in [(Side::Sell, &book.asks), (Side::Buy, &book.bids)] {
             for level_ref in book_side.iter_best_first() {
@@ -1233,14 +1237,12 @@ impl Engine {
 
     /// An instrument's definition, if the instrument exists.
     pub fn instrument_spec(&self, instrument: InstrumentId) -> Option<InstrumentSpec> {
-        let index = self.instrument_index.get(instrument.into())?;
-        Some(self.instruments[index as usize].spec)
+        Some(self.instrument_by_id(instrument)?.spec)
     }
 
     /// Whether trading on `instrument` is halted; `None` if it is unknown.
     pub fn is_halted(&self, instrument: InstrumentId) -> Option<bool> {
-        let index = self.instrument_index.get(instrument.into())?;
-        Some(self.instruments[index as usize].halted)
+        Some(self.instrument_by_id(instrument)?.halted)
     }
 
     /// Deposits minus withdrawals of an asset.

@@ -203,9 +203,11 @@ fn spec_differences(kept: &InstrumentSpec, configured: &InstrumentSpec) -> Strin
 /// balances). Refused, with every reason: an asset or instrument the
 /// configuration defines otherwise than the journal (a venue's cannot
 /// change: the gateways would show the configuration's while the engine
-/// keeps the journal's), a new one whose name or symbol another has, new
-/// deposits past an asset's supply limit: whatever the engine would
-/// refuse, so that nothing is journaled half.
+/// keeps the journal's), one the venue has and the configuration leaves
+/// out (the gateways, which read the file, would not know it), a new one
+/// whose name or symbol another has, new deposits past an asset's supply
+/// limit: whatever the engine would refuse, so that nothing is journaled
+/// half.
 pub(crate) fn lacking(setup: &[Command], engine: &Engine) -> Result<Vec<Command>, ConfigError> {
     let mut commands = Vec::new();
     let mut conflicts = Vec::new();
