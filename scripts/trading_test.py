@@ -21,6 +21,7 @@ the accounts must be the engine's. Ends with "N passed, M failed".
 """
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import time
 import traceback
+import urllib.request
 
 import ccxt
 from binance.client import Client
@@ -468,6 +470,10 @@ def python_binance_part(checks, market, state):
         now = time.time() * 1000
         server = client.get_server_time()["serverTime"]
         checks.check("python-binance: get_server_time is now", abs(server - now) < 5000, f"server {server}, here {now}")
+        average = client.get_avg_price(symbol=BINANCE_SYMBOL)
+        with urllib.request.urlopen(f"http://{market}/api/v3/avgPrice?symbol={BINANCE_SYMBOL}", timeout=HTTP_TIMEOUT_S) as answer:
+            rest = json.load(answer)
+        checks.equal("python-binance: get_avg_price is GET /api/v3/avgPrice's", (average.get("mins"), average.get("price")), (5, rest["price"]))
         start = balances(client.get_account())
         checks.equal(f"python-binance: get_account of account {PYB}: its deposits, nothing locked", start,
                      {asset: (amount, 0) for asset, amount in DEPOSIT.items()})

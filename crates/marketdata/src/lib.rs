@@ -614,9 +614,15 @@ impl MarketData {
     /// The 24-hour figures of an instrument, from its one-minute candles
     /// whose minute ends within a day before the last command's time.
     pub fn ticker(&self, index: usize) -> Ticker {
+        self.rolling(index, 86_400_000)
+    }
+
+    /// An instrument's figures over the `span_ms` before the last
+    /// command's time, from its one-minute candles whose minute ends in it.
+    pub fn rolling(&self, index: usize, span_ms: u64) -> Ticker {
         let data = &self.instruments[index];
         let now = self.time_ms;
-        let since = now.saturating_sub(86_400_000);
+        let since = now.saturating_sub(span_ms);
         let minutes = &data.candles.series[0];
         let window: Vec<&candles::Candle> = minutes.iter().filter(|c| c.open_ms + 60_000 > since).collect();
         let before = minutes.iter().rev().find(|c| c.open_ms + 60_000 <= since);

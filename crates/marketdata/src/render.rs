@@ -166,10 +166,31 @@ fn weighted_average(data: &InstrumentData, ticker: &Ticker) -> String {
     if ticker.volume == 0 {
         return price(data, 0);
     }
-    // quote_volume / volume in ticks, with the price unit's decimals plus 4.
-    let extra = 4u32;
-    let value = ticker.quote_volume as i128 * 10i128.pow(extra) / i128::from(ticker.volume);
-    decimal(value, Unit { mantissa: data.info.price_unit.mantissa, scale: data.info.price_unit.scale + extra })
+    average(data, ticker.quote_volume as i128 * 10i128.pow(AVERAGE_DECIMALS) / i128::from(ticker.volume))
+}
+
+/// Decimals an average price has beyond the price unit's: an average is
+/// not on the tick grid.
+const AVERAGE_DECIMALS: u32 = 4;
+
+/// An average price in ticks times 10^AVERAGE_DECIMALS, as text.
+fn average(data: &InstrumentData, scaled_ticks: i128) -> String {
+    decimal(scaled_ticks, Unit { mantissa: data.info.price_unit.mantissa, scale: data.info.price_unit.scale + AVERAGE_DECIMALS })
+}
+
+/// `GET /api/v3/avgPrice`: the volume-weighted average price of the last
+/// five minutes' trades (the one-minute candles whose minute ends in
+/// them), or with none the last trade's price (zero before the first);
+/// `closeTime` is the last trade's time (0 before the first).
+pub fn avg_price(market: &MarketData, index: usize) -> Value {
+    let data = &market.instruments[index];
+    let window = market.rolling(index, 5 * 60_000);
+    let scaled = if window.volume > 0 {
+        window.quote_volume as i128 * 10i128.pow(AVERAGE_DECIMALS) / i128::from(window.volume)
+    } else {
+        i128::from(window.last_price) * 10i128.pow(AVERAGE_DECIMALS)
+    };
+    json!({"mins": 5, "price": average(data, scaled), "closeTime": data.trades.back().map_or(0, |t| t.time_ms)})
 }
 
 /// `GET /api/v3/ticker/24hr` for one instrument.

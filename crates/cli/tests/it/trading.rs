@@ -1336,7 +1336,8 @@ fn the_websocket_api_answers_market_data_as_rest_does() {
     let mut socket = listen(&market, "/ws-api/v3");
     let mut events = Vec::new();
     let rest = |path: &str| -> Value { serde_json::from_str(&crate::marketdata::http_get(&market, path).1).unwrap() };
-    let cases: [(&str, Value, &str); 8] = [
+    let cases: [(&str, Value, &str); 9] = [
+        ("avgPrice", json!({"symbol": "BTCUSD"}), "/api/v3/avgPrice?symbol=BTCUSD"),
         ("depth", json!({"symbol": "BTCUSD", "limit": 5}), "/api/v3/depth?symbol=BTCUSD&limit=5"),
         ("trades.recent", json!({"symbol": "btcusd"}), "/api/v3/trades?symbol=BTCUSD"),
         ("trades.aggregate", json!({"symbol": "BTCUSD", "limit": 10}), "/api/v3/aggTrades?symbol=BTCUSD&limit=10"),
@@ -1362,6 +1363,11 @@ fn the_websocket_api_answers_market_data_as_rest_does() {
         assert_eq!(result, expected, "{method}");
         assert!(result != json!([]) && result != json!({}), "{method} answered with something: {result}");
     }
+    // One trade, 0.005 at 4000, in the last five minutes: its price, with
+    // four decimals more than the price unit's (none).
+    let average = rest("/api/v3/avgPrice?symbol=BTCUSD");
+    assert_eq!((&average["mins"], &average["price"]), (&json!(5), &json!("4000.0000")), "{average}");
+    assert!(average["closeTime"].as_u64().is_some_and(|t| t > 0), "{average}");
     let info = ws_api_answer(&mut socket, &json!({"id": 20, "method": "exchangeInfo", "params": {"symbol": "BTCUSD"}}).to_string(), 20, &mut events);
     assert_eq!(info["result"]["symbols"][0]["symbol"], "BTCUSD", "{info}");
     // Errors as REST gives them.
@@ -1370,5 +1376,5 @@ fn the_websocket_api_answers_market_data_as_rest_does() {
     assert_eq!(error(22, "depth", json!({"symbol": "BTCUSD", "limit": 6000}))["error"]["code"], -1100);
     assert_eq!(error(23, "klines", json!({"symbol": "BTCUSD", "interval": "2m"}))["error"]["code"], -1120);
     assert_eq!(error(24, "depth", json!({"symbol": "BTCUSD", "level": 2}))["error"]["code"], -1103);
-    assert_eq!(error(25, "avgPrice", json!({"symbol": "BTCUSD"}))["error"]["code"], -1020);
+    assert_eq!(error(25, "ticker.tradingDay", json!({"symbol": "BTCUSD"}))["error"]["code"], -1020);
 }

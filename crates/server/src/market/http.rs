@@ -261,6 +261,7 @@ pub(crate) enum Public {
     Ticker24hr,
     BookTicker,
     PriceTicker,
+    AvgPrice,
 }
 
 impl Public {
@@ -269,6 +270,7 @@ impl Public {
         match self {
             Public::ExchangeInfo | Public::BookTicker | Public::PriceTicker => &["symbol", "symbols"],
             Public::Depth | Public::Trades => &["symbol", "limit"],
+            Public::AvgPrice => &["symbol"],
             Public::AggTrades => &["symbol", "fromId", "startTime", "endTime", "limit"],
             Public::Klines => &["symbol", "interval", "startTime", "endTime", "limit", "timeZone"],
             Public::Ticker24hr => &["symbol", "symbols", "type"],
@@ -286,6 +288,7 @@ impl Public {
             "ticker.24hr" => Public::Ticker24hr,
             "ticker.book" => Public::BookTicker,
             "ticker.price" => Public::PriceTicker,
+            "avgPrice" => Public::AvgPrice,
             _ => return None,
         })
     }
@@ -342,6 +345,11 @@ pub(crate) fn public(hub: &Hub, endpoint: Public, params: &Params) -> Result<Val
         Public::PriceTicker => {
             let market = hub.read();
             per_symbol(params, &market, |i| render::price_ticker(&market.instruments[i]))
+        }
+        Public::AvgPrice => {
+            let market = hub.read();
+            let index = params.instrument(&market)?;
+            Ok(render::avg_price(&market, index))
         }
     }
 }
@@ -405,6 +413,10 @@ async fn book_ticker(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> 
 
 async fn price_ticker(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
     serve_public(&hub, Public::PriceTicker, query)
+}
+
+async fn avg_price(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer {
+    serve_public(&hub, Public::AvgPrice, query)
 }
 
 /// The dashboard's figures: what the venue has done, who is connected.
@@ -526,6 +538,7 @@ fn router(hub: Arc<Hub>) -> Router {
         .route("/api/v3/ticker/24hr", get(ticker_24hr))
         .route("/api/v3/ticker/bookTicker", get(book_ticker))
         .route("/api/v3/ticker/price", get(price_ticker))
+        .route("/api/v3/avgPrice", get(avg_price))
         .route("/api/v3/aggTrades", get(agg_trades))
         .route("/api/v3/order", post(super::trading::new_order).delete(super::trading::cancel_order).get(super::trading::query_order))
         .route("/api/v3/order/cancelReplace", post(super::trading::cancel_replace))
