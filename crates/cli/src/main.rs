@@ -609,7 +609,13 @@ pub(crate) fn read_commands(path: &PathBuf) -> Result<Vec<Command>> {
     let text = match std::str::from_utf8(&bytes) {
         Ok(text) => text,
         Err(e) => {
-            let line = 1 + bytes[..e.valid_up_to()].iter().filter(|b| **b == b'\n').count();
+            // The first bad line is named: a syntax error on a line before
+            // the one that is not UTF-8 comes first.
+            let line_start = bytes[..e.valid_up_to()].iter().rposition(|b| *b == b'\n').map_or(0, |at| at + 1);
+            if let Ok(before) = std::str::from_utf8(&bytes[..line_start]) {
+                crossbook_text::parse_commands(before).with_context(|| format!("{}", path.display()))?;
+            }
+            let line = 1 + bytes[..line_start].iter().filter(|b| **b == b'\n').count();
             anyhow::bail!("{}: line {line}: not UTF-8", path.display());
         }
     };

@@ -122,7 +122,7 @@ pub fn split_payload(payload: &[u8]) -> Result<(crossbook_engine::Command, Optio
     let rest = &payload[used..];
     match rest.split_first() {
         None => Ok((command, None)),
-        Some((&len, annex)) if len as usize == annex.len() && !annex.is_empty() => Ok((command, Some(annex))),
+        Some((&len, annex)) if len as usize == annex.len() && !annex.is_empty() && annex.len() <= MAX_ANNEX => Ok((command, Some(annex))),
         Some(_) => Err(format!("bad annex after the command ({} bytes)", rest.len())),
     }
 }
@@ -354,6 +354,23 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotParts<'_>, SnapshotError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An annex is 1 to `MAX_ANNEX` bytes, its length byte exact.
+    #[test]
+    fn an_annex_is_one_to_max_annex_bytes() {
+        let mut payload = Vec::new();
+        crossbook_engine::codec::encode_command(&crossbook_engine::Command::OpenAccount { account: 7 }, &mut payload);
+        let command = payload.len();
+        for (len, ok) in [(1, true), (MAX_ANNEX, true), (MAX_ANNEX + 1, false)] {
+            payload.truncate(command);
+            payload.push(len as u8);
+            payload.extend(std::iter::repeat_n(b'a', len));
+            assert_eq!(split_payload(&payload).is_ok(), ok, "an annex of {len} bytes");
+        }
+        payload.truncate(command);
+        payload.extend([2, b'a']);
+        assert!(split_payload(&payload).is_err(), "a length that is not the annex's");
+    }
 
     #[test]
     fn records_read_back_and_chain() {

@@ -34,3 +34,21 @@ fn reference_model_reproduces_every_hand_written_example() {
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout.trim_end().ends_with(" 0 failed"), "{stdout}");
 }
+
+/// A command file is refused at its first bad line, whether that line is
+/// a syntax error or not UTF-8 (docs/formats.md, "Command file").
+#[test]
+fn a_command_file_is_refused_at_its_first_bad_line() {
+    let dir = TempDir::new("first-bad-line");
+    let run = |name: &str, bytes: &[u8]| {
+        let path = dir.0.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_crossbook")).args(["run", "--commands", path.to_str().unwrap()]).output().unwrap();
+        assert!(!output.status.success() && output.stdout.is_empty(), "{name}");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let said = run("syntax-first.txt", b"asset id=x name=A\nasset id=2 name=\xff\n");
+    assert!(said.contains("line 1"), "{said}");
+    let said = run("utf8-first.txt", b"asset id=1 name=A\nasset id=2 name=\xff\nasset id=x name=B\n");
+    assert!(said.contains("line 2: not UTF-8"), "{said}");
+}
