@@ -562,10 +562,7 @@ impl Gateway<'_> {
             && !self.stopping
             && self.node.accepting.load(Ordering::Acquire)
         {
-            let in_flight = InFlight::polled();
-            in_flight.add(1);
-            let command = crossbook_engine::Command::CancelAll { account, instrument: None };
-            self.commands.push(Inbound { request: Request::Command(command), annex: None, source: crate::sink::OTHER, in_flight });
+            self.commands.extend(crate::sequencer::own_commands([crossbook_engine::Command::CancelAll { account, instrument: None }]));
             log(&format!("cancel on disconnect: account {account}'s open orders are cancelled (connection {})", conn.id));
         }
         let line = || format!("disconnect connection={} peer={} reason={reason}", conn.id, conn.peer);

@@ -72,6 +72,16 @@ impl PartialEq for Placed {
 
 impl Eq for Placed {}
 
+/// Commands the venue sends itself (reference data from its
+/// configuration, a cancel on disconnect): journaled like any, from no
+/// gateway's client (`OTHER`), counted in flight of their own.
+pub(crate) fn own_commands(commands: impl IntoIterator<Item = Command>) -> Vec<Inbound> {
+    let in_flight = InFlight::polled();
+    let batch: Vec<Inbound> = commands.into_iter().map(|command| Inbound { request: Request::Command(command), annex: None, source: crate::sink::OTHER, in_flight: in_flight.clone() }).collect();
+    in_flight.add(batch.len() as u32);
+    batch
+}
+
 /// A command (or query) for the sequencer, from a gateway.
 pub(crate) struct Inbound {
     pub(crate) request: Request,
@@ -620,9 +630,7 @@ impl<'a> Sequencer<'a> {
             })
         };
         if !setup.is_empty() {
-            let in_flight = InFlight::polled();
-            let mut batch: Vec<Inbound> = setup.into_iter().map(|command| Inbound { request: Request::Command(command), annex: None, source: crate::sink::OTHER, in_flight: in_flight.clone() }).collect();
-            in_flight.add(batch.len() as u32);
+            let mut batch = own_commands(setup);
             let count = batch.len();
             self.apply(&mut batch)?;
             if new {
@@ -682,10 +690,7 @@ impl<'a> Sequencer<'a> {
         let opened: Vec<String> = adding.iter().filter_map(|c| if let Command::OpenAccount { account } = c { Some(account.to_string()) } else { None }).collect();
         if self.leading() {
             if !adding.is_empty() {
-                let in_flight = InFlight::polled();
-                let mut batch: Vec<Inbound> = adding.into_iter().map(|command| Inbound { request: Request::Command(command), annex: None, source: crate::sink::OTHER, in_flight: in_flight.clone() }).collect();
-                in_flight.add(batch.len() as u32);
-                self.apply(&mut batch)?;
+                self.apply(&mut own_commands(adding))?;
             }
         } else if let Some(replication) = self.replication.as_mut() {
             // A follower journals nothing of its own: what its file adds is

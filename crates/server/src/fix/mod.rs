@@ -741,11 +741,7 @@ impl Gateway {
         if self.echo || shutdown.load(Ordering::Acquire) {
             return;
         }
-        let in_flight = crate::sequencer::InFlight::polled();
-        in_flight.add(1);
-        let command = crossbook_engine::Command::CancelAll { account, instrument: None };
-        let batch = vec![Inbound { request: crate::sequencer::Request::Command(command), annex: None, source: crate::sink::OTHER, in_flight }];
-        if queue.send(batch).is_ok() {
+        if queue.send(crate::sequencer::own_commands([crossbook_engine::Command::CancelAll { account, instrument: None }])).is_ok() {
             wake();
             log(&format!("cancel on disconnect: account {account}'s open orders are cancelled (FIX connection {id})"));
         }
