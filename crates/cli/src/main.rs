@@ -539,7 +539,8 @@ fn serve(
     // SIGUSR1: take a snapshot now.
     let snapshot = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGUSR1, snapshot.clone()).context("installing the signal handler")?;
-    // SIGHUP: read the configuration again (its accounts: docs/ARCHITECTURE.md).
+    // SIGHUP: read the configuration again (its new assets, instruments and
+    // accounts, its keys: docs/ARCHITECTURE.md).
     let reload = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone()).context("installing the signal handler")?;
     // A replicated node that loses the lead stops acknowledging at once

@@ -51,6 +51,9 @@ pub struct InstrumentInfo {
     pub symbol: String,
     /// Binance's way of writing it (`BTCUSD`): [`binance_symbol`].
     pub binance: String,
+    /// The engine's ids of the base and quote assets.
+    pub base: crossbook_engine::AssetId,
+    pub quote: crossbook_engine::AssetId,
     pub base_asset: String,
     pub quote_asset: String,
     pub price_unit: Unit,
@@ -76,6 +79,8 @@ impl InstrumentInfo {
             id: spec.id,
             symbol: spec.symbol.as_str().to_string(),
             binance: binance_symbol(spec.symbol.as_str()),
+            base: spec.base,
+            quote: spec.quote,
             base_asset: "B".into(),
             quote_asset: "Q".into(),
             price_unit: Unit::ONE,
@@ -376,6 +381,20 @@ impl MarketData {
             accounts: Accounts::default(),
             transfers: transfers::Transfers::default(),
         }
+    }
+
+    /// Lists an instrument the venue added by the command applied last:
+    /// its book empty and its diffs following on from that command.
+    /// `false`: one with its id or its Binance symbol is listed already.
+    pub fn add_instrument(&mut self, info: InstrumentInfo) -> bool {
+        if self.by_id.contains_key(&info.id) || self.by_symbol.contains_key(&info.binance) {
+            return false;
+        }
+        let index = self.instruments.len() as u32;
+        self.by_id.insert(info.id, index);
+        self.by_symbol.insert(info.binance.clone(), index);
+        self.instruments.push(InstrumentData::new(info, self.seq));
+        true
     }
 
     /// The instrument with Binance symbol `symbol` (upper case).

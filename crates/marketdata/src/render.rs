@@ -679,6 +679,8 @@ mod tests {
             id: 1,
             symbol: "BTC-USD".into(),
             binance: "BTCUSD".into(),
+            base: 1,
+            quote: 2,
             base_asset: "BTC".into(),
             quote_asset: "USD".into(),
             price_unit: Unit { mantissa: 1, scale: 2 },

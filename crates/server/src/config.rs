@@ -563,21 +563,8 @@ impl Config {
             commands.push(Command::AddAsset { id: asset.id, name });
         }
         for i in &self.instruments {
-            let symbol = Symbol::new(&i.symbol).ok_or_else(|| ConfigError::BadName { what: "instrument symbol", name: i.symbol.clone() })?;
-            commands.push(Command::AddInstrument(InstrumentSpec {
-                id: i.id,
-                symbol,
-                base: i.base,
-                quote: i.quote,
-                tick_size: i.tick_size,
-                lot_size: i.lot_size,
-                min_qty: i.min_qty,
-                max_qty: i.max_qty,
-                min_price: i.min_price,
-                max_price: i.max_price,
-                maker_bps: i.maker_bps,
-                taker_bps: i.taker_bps,
-            }));
+            let spec = i.spec().ok_or_else(|| ConfigError::BadName { what: "instrument symbol", name: i.symbol.clone() })?;
+            commands.push(Command::AddInstrument(spec));
         }
         for account in &self.accounts {
             if account.api_key.is_empty() || account.api_key.len() > crossbook_protocol::API_KEY_BYTES {

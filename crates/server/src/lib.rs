@@ -21,6 +21,7 @@ mod error;
 pub mod fix;
 mod gateway;
 mod keys;
+mod listing;
 mod market;
 mod ratelog;
 mod replay;
@@ -193,6 +194,8 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
     let applied = Arc::new(AtomicU64::new(engine.seq()));
     // The accounts' credentials, every gateway's (a reload changes them).
     let keys = Arc::new(keys::Keys::new(&config.accounts));
+    // The assets and instruments listed, every gateway's (a reload adds).
+    let listing = Arc::new(listing::Listing::new(&config)?);
     let gateway = if config.fix.listen.is_empty() {
         None
     } else {
@@ -200,7 +203,7 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         // durability modes: a counterparty's sequence numbers can never be
         // taken back (in async mode a power cut would otherwise lose
         // messages it has, and their numbers would be given again).
-        Some(fix::Gateway::open(&config, keys.clone(), true, engine.seq(), applied.clone())?)
+        Some(fix::Gateway::open(&config, listing.clone(), keys.clone(), true, engine.seq(), applied.clone())?)
     };
     // The gateways, as the sequencer sees them: the binary sessions (the
     // gateway's loop adds them first) and the others.
@@ -210,7 +213,7 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         None
     } else {
         let fix_sessions = gateway.clone().map(|g| Arc::new(move || g.connected()) as Arc<dyn Fn() -> usize + Send + Sync>);
-        Some(market::Market::new(&config, keys.clone(), sessions.logged_in.clone(), fix_sessions, node.clone())?)
+        Some(market::Market::new(&config, listing.clone(), keys.clone(), sessions.logged_in.clone(), fix_sessions, node.clone())?)
     };
     let mut market_sink = market.clone().map(market::MarketSink);
     // The FIX stores' messages end there: the start-up replay must begin
@@ -264,6 +267,7 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         reload_now: &reload,
         reread: reread.as_deref(),
         keys: keys.clone(),
+        listing,
     };
     let mut sequencer = Sequencer::new(engine, journal, settings, checkpoint_now)?;
 

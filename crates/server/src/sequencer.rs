@@ -340,6 +340,9 @@ pub(crate) struct Settings<'a> {
     pub(crate) reread: Option<&'a Reread>,
     /// The accounts' credentials, every gateway's.
     pub(crate) keys: Arc<Keys>,
+    /// What the venue lists: an asset or instrument the engine adds is
+    /// listed here before the next command is applied.
+    pub(crate) listing: Arc<crate::listing::Listing>,
 }
 
 /// How a served venue reads its configuration again.
@@ -527,6 +530,11 @@ impl<'a> Sequencer<'a> {
     fn run(&mut self, seq: u64, time_ms: u64, command: Command, annex: Option<Vec<u8>>, done: &mut Waiting) {
         self.events.clear();
         self.engine.apply(&command, &mut self.events);
+        if matches!(command, Command::AddAsset { .. } | Command::AddInstrument(_))
+            && let Some(warning) = self.settings.listing.added(&command, &self.events)
+        {
+            log(&warning);
+        }
         let first = done.reports.len();
         self.builder.reports(&command, &self.events, &mut done.reports);
         let first_event = done.events.len();
@@ -643,14 +651,16 @@ impl<'a> Sequencer<'a> {
     }
 
     /// Reads the configuration again if SIGHUP asked for it, and takes
-    /// from it what a running venue can take: the accounts. A new account
-    /// is opened with its deposits (journaled; replicated when leading: a
-    /// follower opens it when it takes the lead), and every account's keys
-    /// are the file's from now on. All of it or nothing: a file that does
-    /// not parse or check, that adds an asset or an instrument (a restart
-    /// adds those: the gateways and market data learn them at start), or
-    /// that does not fit the venue (`lacking`), changes nothing and is
-    /// logged. Returns the accounts whose API key changed or went, for
+    /// from it what a running venue can take: new assets, instruments and
+    /// accounts, and the accounts' keys. What is new is journaled (and
+    /// replicated when leading: a follower adds what its file adds when
+    /// it takes the lead), assets and instruments first, each listed for
+    /// the gateways as the engine adds it (`listing.rs`); a new account
+    /// is opened with its deposits, and every account's keys are the
+    /// file's from now on. All of it or nothing: a file that does not
+    /// parse or check, or that does not fit the venue (`lacking`: a
+    /// listed asset or instrument changed or left out, a name taken),
+    /// changes nothing and is logged. Returns the accounts whose API key changed or went, for
     /// the gateways to let go of their sessions.
     pub(crate) fn reload_if_asked(&mut self) -> Result<Vec<crossbook_engine::AccountId>, ServeError> {
         if !self.settings.reload_now.swap(false, Ordering::AcqRel) {
@@ -675,7 +685,7 @@ impl<'a> Sequencer<'a> {
                 return Ok(Vec::new());
             }
         };
-        let reference: Vec<String> = adding
+        let listed: Vec<String> = adding
             .iter()
             .filter_map(|c| match c {
                 Command::AddAsset { id, name } => Some(format!("asset {id} ({name})")),
@@ -683,9 +693,13 @@ impl<'a> Sequencer<'a> {
                 _ => None,
             })
             .collect();
-        if !reference.is_empty() {
-            refused(&format!("it adds {}: assets and instruments are added by a restart", reference.join(", ")));
-            return Ok(Vec::new());
+        // A new asset's or instrument's settings (decimals, FIX units)
+        // come from this file when the engine adds it.
+        self.settings.listing.define(&config);
+        for warning in config.unit_warnings() {
+            if adding.iter().any(|c| matches!(c, Command::AddInstrument(spec) if warning.starts_with(&format!("instrument {}:", spec.symbol)))) {
+                log(&format!("warning: {warning}: the REST API's amounts would not add up"));
+            }
         }
         let opened: Vec<String> = adding.iter().filter_map(|c| if let Command::OpenAccount { account } = c { Some(account.to_string()) } else { None }).collect();
         if self.leading() {
@@ -699,10 +713,20 @@ impl<'a> Sequencer<'a> {
         }
         let changed = self.settings.keys.replace(&config.accounts);
         let list = |accounts: &[u64]| if accounts.is_empty() { "none".to_string() } else { accounts.iter().map(u64::to_string).collect::<Vec<_>>().join(", ") };
+        let added = |what: &[String]| {
+            if what.is_empty() {
+                "none".to_string()
+            } else if self.leading() {
+                format!("{} (journaled up to seq {})", what.join(", "), self.engine.seq())
+            } else {
+                format!("{} when this node leads", what.join(", "))
+            }
+        };
         log(&format!(
-            "configuration reloaded: {} accounts with keys; opened {}; API keys changed or removed for {}; secrets changed for {} (a reload takes the accounts alone: every other setting is read at start)",
+            "configuration reloaded: {} accounts with keys; listed {}; opened {}; API keys changed or removed for {}; secrets changed for {} (a reload takes new assets, instruments and accounts, and the accounts' keys: every other setting is read at start)",
             config.accounts.len(),
-            if opened.is_empty() { "none".to_string() } else if self.leading() { format!("{} (journaled up to seq {})", opened.join(", "), self.engine.seq()) } else { format!("{} when this node leads", opened.join(", ")) },
+            added(&listed),
+            added(&opened),
             list(&changed.keys),
             list(&changed.secrets)
         ));

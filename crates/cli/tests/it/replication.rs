@@ -192,6 +192,19 @@ fn wait_same_seq(a: &Server, b: &Server) -> u64 {
     }
 }
 
+/// Until `server` is at the sequence number a leader's reload `line`
+/// journaled up to, if it journaled anything (the leader's market data
+/// moves only once a quorum has it: both nodes can still be at the seq
+/// before).
+fn wait_journaled(server: &Server, line: &str) {
+    let Some(seq) = line.split("journaled up to seq ").nth(1).and_then(|rest| rest.split(')').next()).and_then(|n| n.parse::<u64>().ok()) else { return };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while seq_of(server) < seq {
+        assert!(Instant::now() < deadline, "stays before {seq}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// `crossbook recover`'s state hash of a data directory.
 fn state_hash(data: &Path) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_crossbook")).args(["recover", "--journal", data.to_str().unwrap()]).output().unwrap();
@@ -275,7 +288,7 @@ fn a_follower_applies_the_log_and_refuses_orders_with_a_redirect() {
         let line = server.expect_log_within("configuration reloaded:", Duration::from_secs(10));
         let opened = if name == "a" { "opened 98 (journaled up to seq" } else { "opened none" };
         assert!(line.contains(opened), "{name}: {line}");
-        wait_same_seq(&leader, &follower);
+        wait_journaled(&follower, &line);
     }
     let (follower_session, reply) = crossbook_client::binary::Client::login(&follower.address, 98, "key-98", u64::MAX).unwrap();
     assert!(matches!(reply, ServerMessage::LoginAccepted { .. }), "{reply:?}");
@@ -283,6 +296,26 @@ fn a_follower_applies_the_log_and_refuses_orders_with_a_redirect() {
     assert_eq!(redirect(follower_session.recv()), leader.address);
     assert_eq!(crate::trading::binary_balances(&mut follower_session, 1).0.get(&2), Some(&(555, 0)));
     drop(follower_session);
+    // A new asset and instrument: in the follower's file first (a reload
+    // there lists nothing: it waits for the leader), then in the
+    // leader's, which journals and replicates them; the follower lists
+    // them with its file's units as the log brings them.
+    let listed = "\n[[assets]]\nid = 3\nname = \"ETH\"\ndecimals = 4\n\n[[instruments]]\nid = 2\nsymbol = \"ETH-USD\"\nbase = 3\nquote = 2\ntick_size = 1\nlot_size = 10\nmin_qty = 1\nmax_qty = 1000\nmin_price = 1\nmax_price = 100000\nmaker_bps = 0\ntaker_bps = 0\nfix_price_unit = \"10\"\nfix_qty_unit = \"0.001\"\n";
+    for (server, name) in [(&follower, "b"), (&leader, "a")] {
+        let config = dir.0.join(format!("{name}.toml"));
+        let grown = std::fs::read_to_string(&config).unwrap() + listed;
+        std::fs::write(&config, grown).unwrap();
+        assert!(Command::new("kill").args(["-HUP", &server.child_id().to_string()]).status().unwrap().success());
+        let line = server.expect_log_within("configuration reloaded:", Duration::from_secs(10));
+        let said = if name == "a" { "listed asset 3 (ETH), instrument 2 (ETH-USD) (journaled up to seq" } else { "listed asset 3 (ETH), instrument 2 (ETH-USD) when this node leads" };
+        assert!(line.contains(said), "{name}: {line}");
+        wait_journaled(&follower, &line);
+    }
+    follower.expect_log_within("market data: instrument 2 (ETH-USD) listed as ETHUSD", Duration::from_secs(10));
+    wait_same_seq(&leader, &follower);
+    let info = |s: &Server| serde_json::from_str::<serde_json::Value>(&crate::marketdata::http_get(&s.market_address, "/api/v3/exchangeInfo?symbol=ETHUSD").1).unwrap()["symbols"].clone();
+    assert_eq!(info(&follower)[0]["filters"][0]["tickSize"], "10", "{}", info(&follower));
+    assert_eq!(info(&leader), info(&follower));
     // Both stopped, both journals recover to the same state.
     assert!(follower.terminate().success());
     assert!(leader.terminate().success());
@@ -290,6 +323,7 @@ fn a_follower_applies_the_log_and_refuses_orders_with_a_redirect() {
     // Pointed at another (empty) log, a node with history refuses to start
     // rather than cut its journal to nothing.
     let config = node_config(&dir.0, "a", &nats, "ANOTHER");
+    std::fs::write(&config, std::fs::read_to_string(&config).unwrap() + listed).unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_crossbook"))
         .args(["serve", "--config", config.to_str().unwrap(), "--data", dir.0.join("a").to_str().unwrap(), "--listen", "127.0.0.1:0", "--market-listen", "127.0.0.1:0"])
         .output()
@@ -300,7 +334,7 @@ fn a_follower_applies_the_log_and_refuses_orders_with_a_redirect() {
     // Started again with an account added to its configuration, the node
     // that leads appends it (and its deposit) to the log.
     let config = node_config(&dir.0, "a", &nats, "FOLLOW");
-    let grown = std::fs::read_to_string(&config).unwrap() + "\n[[accounts]]\nid = 99\napi_key = \"key-99\"\ndeposits = [[2, 777]]\n";
+    let grown = std::fs::read_to_string(&config).unwrap() + listed + "\n[[accounts]]\nid = 99\napi_key = \"key-99\"\ndeposits = [[2, 777]]\n";
     std::fs::write(&config, grown).unwrap();
     let data = dir.0.join("a");
     let leader = spawn_process(&["serve"], &["--config", config.to_str().unwrap(), "--data", data.to_str().unwrap(), "--listen", "127.0.0.1:0", "--market-listen", "127.0.0.1:0"], &[]);

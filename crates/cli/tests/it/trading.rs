@@ -1162,7 +1162,8 @@ fn the_operator_deposits_and_withdraws_once_per_reference() {
 /// with their deposits (journaled), and every account's keys are the
 /// file's from then on; whoever logged in or streamed with a key it
 /// changed or took away is let go. A file the running venue cannot take
-/// (an instrument to add, a conflict, garbage) changes nothing.
+/// (a new instrument with a listed one's symbol, a conflict, garbage)
+/// changes nothing.
 #[test]
 fn a_reload_opens_accounts_and_changes_keys_without_a_restart() {
     let dir = TempDir::new("trading-reload");
@@ -1176,10 +1177,10 @@ fn a_reload_opens_accounts_and_changes_keys_without_a_restart() {
     let mut bob_stream = listen(&market, &format!("/ws/{bob_key}"));
 
     // What a running venue cannot take changes nothing.
-    let instrument = "\n[[instruments]]\nid = 2\nsymbol = \"ETH-USD\"\nbase = 1\nquote = 2\ntick_size = 1\nlot_size = 1\nmin_qty = 1\nmax_qty = 10\nmin_price = 1\nmax_price = 10\nmaker_bps = 0\ntaker_bps = 0\n";
+    let instrument = "\n[[instruments]]\nid = 2\nsymbol = \"BTC-USD\"\nbase = 1\nquote = 2\ntick_size = 1\nlot_size = 1\nmin_qty = 1\nmax_qty = 10\nmin_price = 1\nmax_price = 10\nmaker_bps = 0\ntaker_bps = 0\n";
     std::fs::write(&config, format!("{CONFIG}{instrument}")).unwrap();
     hup();
-    server.expect_log("configuration reload refused, nothing changed: it adds instrument 2 (ETH-USD): assets and instruments are added by a restart");
+    server.expect_log("configuration reload refused, nothing changed:");
     std::fs::write(&config, CONFIG.replacen("taker_bps = 10", "taker_bps = 11", 1)).unwrap();
     hup();
     server.expect_log("configuration reload refused, nothing changed: the configuration does not fit the venue's journal: instrument 1 (BTC-USD): taker_bps 10 in the journal, 11 in the configuration");
@@ -1192,7 +1193,7 @@ fn a_reload_opens_accounts_and_changes_keys_without_a_restart() {
     ok(bob(&server, "GET", "/api/v3/account", &[]));
     std::fs::write(&config, CONFIG.replacen("api_key = \"mallory\"", "api_key = \"mallory\"\ncancel_on_disconnect = true", 1)).unwrap();
     hup();
-    server.expect_log("configuration reloaded: 4 accounts with keys; opened none; API keys changed or removed for none; secrets changed for none");
+    server.expect_log("configuration reloaded: 4 accounts with keys; listed none; opened none; API keys changed or removed for none; secrets changed for none");
     // Mallory logs in with cancel on disconnect and rests a buy.
     let (mut mallory_session, _) = Client::login(&server.address, 3, "mallory");
     mallory_session.send(&limit(1, Side::Buy, 50, 1, TimeInForce::Gtc));
@@ -1258,6 +1259,90 @@ fn a_reload_opens_accounts_and_changes_keys_without_a_restart() {
     let (mut dave_session, _) = Client::login(&server.address, 5, "dave");
     assert_eq!(binary_balances(&mut dave_session, 1).0.get(&1), Some(&(6997, 0)));
     drop(dave_session);
+    assert!(server.terminate().success());
+}
+
+/// SIGHUP lists what the file adds without a restart: a new asset and an
+/// instrument trading it, with their decimals and FIX units, and an
+/// account holding the asset. The instrument trades at once over REST,
+/// FIX and the binary protocol, its streams and REST figures are in its
+/// own units, and all of it is there after a kill -9. A file that then
+/// defines it otherwise is refused.
+#[test]
+fn a_reload_lists_a_new_asset_and_instrument_that_trade_at_once() {
+    let dir = TempDir::new("trading-listing");
+    let config = dir.0.join("crossbook.toml");
+    let server = start(&dir);
+    let market = server.market_address.clone();
+    let hup = |server: &Server| assert!(std::process::Command::new("kill").args(["-HUP", &server.child_id().to_string()]).status().unwrap().success());
+    refused(http(&market, "GET", "/api/v3/exchangeInfo?symbol=ETHUSD", &[], ""), 400, -1121);
+    let mut alice_fix = crate::fix::FixClient::connect(&server.fix_address, "ALICEFIX");
+    alice_fix.logon(1, "alice");
+
+    // ETH in 4 decimals; one lot 0.001 ETH (10 units), one tick 10 USD
+    // (1 cent a lot).
+    let eth = "\n[[assets]]\nid = 3\nname = \"ETH\"\ndecimals = 4\n";
+    let eth_usd = "\n[[instruments]]\nid = 2\nsymbol = \"ETH-USD\"\nbase = 3\nquote = 2\ntick_size = 1\nlot_size = 10\nmin_qty = 1\nmax_qty = 100000\nmin_price = 1\nmax_price = 100000\nmaker_bps = 0\ntaker_bps = 0\nfix_price_unit = \"10\"\nfix_qty_unit = \"0.001\"\n";
+    let dave = "\n[[accounts]]\nid = 5\napi_key = \"dave\"\napi_secret = \"dave-secret\"\ndeposits = [[3, 50000]]\n";
+    let (head, accounts) = CONFIG.split_once("\n[[accounts]]").unwrap();
+    let listed = format!("{head}{eth}{eth_usd}\n[[accounts]]{accounts}{dave}");
+    std::fs::write(&config, &listed).unwrap();
+    hup(&server);
+    let line = server.expect_log("configuration reloaded:");
+    assert!(line.contains("listed asset 3 (ETH), instrument 2 (ETH-USD) (journaled up to seq") && line.contains("opened 5 (journaled"), "{line}");
+    server.expect_log("market data: instrument 2 (ETH-USD) listed as ETHUSD");
+
+    let info = ok(http(&market, "GET", "/api/v3/exchangeInfo?symbol=ETHUSD", &[], ""));
+    let symbol = &info["symbols"][0];
+    assert_eq!((&symbol["status"], &symbol["baseAsset"], &symbol["quoteAsset"]), (&json!("TRADING"), &json!("ETH"), &json!("USD")), "{symbol}");
+    assert_eq!((&symbol["filters"][0]["tickSize"], &symbol["filters"][1]["stepSize"]), (&json!("10"), &json!("0.001")), "{symbol}");
+    let mut trades = listen(&market, "/ws/ethusd@trade");
+
+    // Dave sells 0.005 ETH at 2,500 over REST; alice buys 0.002 over FIX
+    // and 0.001 over the binary protocol.
+    let sell = ok(signed(&market, "POST", "/api/v3/order", &[("symbol", "ETHUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.005"), ("price", "2500")], "dave", "dave-secret"));
+    assert_eq!((&sell["status"], &sell["origQty"], &sell["price"]), (&json!("NEW"), &json!("0.005"), &json!("2500")), "{sell}");
+    let mut buy = crate::fix::order("E1", "1", "2500", "0.002");
+    buy.retain(|(tag, _)| *tag != 55);
+    buy.push((55, "ETH-USD".into()));
+    crate::fix::send_owned(&mut alice_fix, "D", &buy);
+    crate::fix::expect(&alice_fix.next(), &[(150, "0"), (11, "E1"), (55, "ETH-USD")]);
+    crate::fix::expect(&alice_fix.next(), &[(150, "F"), (11, "E1"), (31, "2500"), (32, "0.002")]);
+    let (mut alice, _) = Client::login(&server.address, 1, "alice");
+    let ClientMessage::NewOrder(mut order) = limit(9, Side::Buy, 250, 1, TimeInForce::Ioc) else { unreachable!() };
+    order.instrument = 2;
+    alice.send(&ClientMessage::NewOrder(order));
+    // (After the replay of her FIX order's reports: she logged in from 0.)
+    let fill = std::iter::from_fn(|| Some(alice.report())).find(|r| r.cid == 9 && r.kind != ReportKind::Accepted).unwrap();
+    assert_eq!((fill.kind, fill.instrument, fill.last_price, fill.last_qty), (ReportKind::Fill, 2, 250, 1));
+
+    let streamed = messages(&mut trades, Duration::from_millis(800));
+    let seen: Vec<(&Value, &Value, &Value)> = streamed.iter().map(|m| (&m["s"], &m["p"], &m["q"])).collect();
+    assert_eq!(seen, vec![(&json!("ETHUSD"), &json!("2500"), &json!("0.002")), (&json!("ETHUSD"), &json!("2500"), &json!("0.001"))], "{streamed:?}");
+    let recent = |market: &str| ok(http(market, "GET", "/api/v3/trades?symbol=ETHUSD", &[], ""));
+    let before = recent(&market);
+    assert_eq!(before.as_array().map(Vec::len), Some(2), "{before}");
+    let eth_of = |server: &Server| {
+        let account = ok(signed(&server.market_address, "GET", "/api/v3/account", &[], "dave", "dave-secret"));
+        account["balances"].as_array().unwrap().iter().find(|b| b["asset"] == "ETH").cloned().unwrap_or_default()
+    };
+    assert_eq!(eth_of(&server), json!({"asset": "ETH", "free": "4.9950", "locked": "0.0020"}));
+    let (balances, _) = binary_balances(&mut alice, 1);
+    assert_eq!(balances.get(&3), Some(&(30, 0)), "alice holds 0.003 ETH");
+    drop((alice, alice_fix, trades));
+
+    // A file that defines the listed instrument otherwise changes nothing.
+    std::fs::write(&config, listed.replacen("lot_size = 10", "lot_size = 100", 1)).unwrap();
+    hup(&server);
+    server.expect_log("configuration reload refused, nothing changed: the configuration does not fit the venue's journal: instrument 2 (ETH-USD): lot_size 10 in the journal, 100 in the configuration");
+    std::fs::write(&config, &listed).unwrap();
+
+    // After a kill -9, the same from the journal.
+    server.kill();
+    let server = spawn_with(&["--config", config.to_str().unwrap(), "--data", dir.0.join("data").to_str().unwrap()], &[]);
+    assert_eq!(recent(&server.market_address), before);
+    assert_eq!(eth_of(&server), json!({"asset": "ETH", "free": "4.9950", "locked": "0.0020"}));
+    assert_eq!(ok(http(&server.market_address, "GET", "/api/v3/exchangeInfo?symbol=ETHUSD", &[], ""))["symbols"][0], *symbol);
     assert!(server.terminate().success());
 }
 

@@ -35,7 +35,7 @@ use std::time::Duration;
 use crate::sequencer::Inbound;
 use crate::sink::{Checkpoint, Durable, Released, ReportSink, RestoreError};
 use store::{Store, StoreError};
-use venue::{Annex, FixBook, FixEvent, FixInstrument, Link, Request, VenueApp};
+use venue::{Annex, FixBook, FixEvent, Link, Request, VenueApp};
 
 /// Why the FIX gateway could not start.
 #[derive(Debug)]
@@ -196,7 +196,9 @@ pub struct Gateway {
     config: FixConfig,
     echo: bool,
     dictionary: Arc<Dictionary>,
-    instruments: Vec<FixInstrument>,
+    /// The instruments listed (FIX units and all), as they are at each
+    /// message: a reload may add some.
+    listing: Arc<crate::listing::Listing>,
     /// The accounts' API keys, for Logon by Username/Password.
     keys: Arc<crate::keys::Keys>,
     in_flight_limit: u32,
@@ -245,7 +247,7 @@ impl Gateway {
     /// commands journaled in their place are reported; the messages the
     /// counterparty already has keep their MsgSeqNums, and numbering goes
     /// on after them.
-    pub(crate) fn open(config: &Config, keys: Arc<crate::keys::Keys>, sync: bool, journal_end: u64, applied: Arc<AtomicU64>) -> Result<Arc<Gateway>, FixError> {
+    pub(crate) fn open(config: &Config, listing: Arc<crate::listing::Listing>, keys: Arc<crate::keys::Keys>, sync: bool, journal_end: u64, applied: Arc<AtomicU64>) -> Result<Arc<Gateway>, FixError> {
         let fix = config.fix.clone();
         let echo = match fix.application.as_str() {
             "echo" => true,
@@ -290,7 +292,7 @@ impl Gateway {
         }
         let fix_accounts = RwLock::new(state.routes.keys().copied().collect());
         Ok(Arc::new(Gateway {
-            instruments: venue::instruments(config).map_err(FixError::Config)?,
+            listing,
             keys,
             in_flight_limit: config.limits.in_flight.max(1),
             config: fix,
@@ -408,12 +410,13 @@ impl Gateway {
     /// stores' ends during recovery (nothing is sent then).
     fn follow(&self, events: Vec<FixEvent>, replaying: Option<&HashMap<AccountId, u64>>) {
         let now = crossbook_fix::time::format_timestamp(now_ms());
+        let listed = self.listing.get();
         let mut guard = self.lock();
         let state = &mut *guard;
         let mut touched: Vec<String> = Vec::new();
         let mut pending: HashMap<String, Vec<Action>> = HashMap::new();
         for event in &events {
-            let messages = state.book.follow(event, &self.instruments, &now);
+            let messages = state.book.follow(event, &listed.fix, &now);
             for message in messages {
                 if replaying.is_some_and(|through| through.get(&message.account).is_none_or(|&t| t >= event.seq)) {
                     continue;
@@ -1115,10 +1118,11 @@ fn with_app_credentials(
     match &mut app {
         App::Echo(echo) => f(session, echo),
         App::Venue => {
+            let listed = gateway.listing.get();
             let mut venue = VenueApp {
                 account: session.account.unwrap_or(0),
                 book,
-                instruments: &gateway.instruments,
+                instruments: &listed.fix,
                 requests,
                 now: crossbook_fix::time::format_timestamp(now_ms()),
                 now_ms: now_ms(),

@@ -8,7 +8,6 @@
 //! ClOrdID (and OrigClOrdID), so the book, and every report, can be
 //! rebuilt after a restart or a crash.
 
-use crate::config::Config;
 use crate::sequencer::Placed;
 use crossbook_engine::{AccountId, Command, InstrumentId, OrderId, OrderType, PlaceOrder, SelfTradePrevention, Side, TimeInForce};
 use crossbook_fix::decimal::{Decimal, average_text};
@@ -88,9 +87,15 @@ pub struct FixInstrument {
     pub qty_unit: Decimal,
 }
 
-pub fn instruments(config: &Config) -> Result<Vec<FixInstrument>, crate::config::ConfigError> {
-    config
-        .instruments
+impl FixInstrument {
+    /// FIX units of one tick and one lot.
+    pub(crate) fn of_spec(spec: &crossbook_engine::InstrumentSpec) -> FixInstrument {
+        FixInstrument { id: spec.id, symbol: spec.symbol.as_str().to_string(), price_unit: Decimal::from_int(1), qty_unit: Decimal::from_int(1) }
+    }
+}
+
+pub fn instruments(instruments: &[crate::config::InstrumentConfig]) -> Result<Vec<FixInstrument>, crate::config::ConfigError> {
+    instruments
         .iter()
         .map(|i| {
             let unit = |text: &str, what: &'static str| {

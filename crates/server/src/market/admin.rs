@@ -77,7 +77,7 @@ fn transfer_json(trading: &Trading, reference: &str, t: &Transfer) -> Value {
             Direction::Withdrawal => "WITHDRAWAL",
         },
         "account": t.account,
-        "asset": asset.map_or_else(|| t.asset.to_string(), |a| a.name.clone()),
+        "asset": asset.as_ref().map_or_else(|| t.asset.to_string(), |a| a.name.clone()),
         "amount": asset.map_or_else(|| t.amount.to_string(), |a| render::decimal(i128::from(t.amount), a.unit)),
         "seq": t.seq,
         "time": t.time_ms,
@@ -121,9 +121,8 @@ async fn transfer(hub: &Hub, headers: &HeaderMap, query: Option<&str>, body: Bod
     let params = Params::parse_both(query, Some(&body), &["account", "asset", "amount", "reference"])?;
     let account = account_param(&params)?;
     let name = params.get("asset").ok_or_else(|| ApiError::mandatory("asset"))?;
-    let Some(asset) = trading.assets.iter().find(|a| a.name.eq_ignore_ascii_case(name)) else {
-        let names: Vec<&str> = trading.assets.iter().map(|a| a.name.as_str()).collect();
-        return Err(ApiError::illegal("asset", &names.join(", ")));
+    let Some(asset) = trading.asset_named(name) else {
+        return Err(ApiError::illegal("asset", &trading.asset_names().join(", ")));
     };
     let text = params.get("amount").ok_or_else(|| ApiError::mandatory("amount"))?;
     let unit = Decimal { mantissa: i128::from(asset.unit.mantissa), scale: asset.unit.scale };

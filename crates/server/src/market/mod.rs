@@ -187,6 +187,9 @@ pub(crate) struct Hub {
     pub(crate) trading: Option<Arc<Trading>>,
     /// Whether this node takes orders, and who leads (a replicated venue).
     pub(crate) node: Arc<crate::replica::NodeState>,
+    /// What the venue lists (the sequencer adds to it as the engine adds
+    /// assets and instruments).
+    listing: Arc<crate::listing::Listing>,
 }
 
 impl Hub {
@@ -334,40 +337,46 @@ impl Hub {
 
 /// What market data knows of the configured instruments.
 pub(crate) fn instruments(config: &Config) -> Result<Vec<InstrumentInfo>, crate::config::ConfigError> {
-    let fix_units = crate::fix::venue::instruments(config)?;
-    let asset = |id: u32| config.assets.iter().find(|a| a.id == id).map_or_else(|| id.to_string(), |a| a.name.clone());
-    let unit = |d: crossbook_fix::decimal::Decimal| Unit { mantissa: u64::try_from(d.mantissa).unwrap_or(1), scale: d.scale };
+    let listed = crate::listing::Listed::of(config)?;
     let mut seen = std::collections::HashSet::new();
-    config
-        .instruments
-        .iter()
-        .zip(fix_units)
-        .map(|(i, units)| {
-            let binance = binance_symbol(&i.symbol);
-            if binance.is_empty() {
-                return Err(crate::config::ConfigError::BadName { what: "instrument symbol (market data writes its letters and digits, and it has none)", name: i.symbol.clone() });
+    (0..listed.instruments.len())
+        .map(|index| {
+            let info = info(&listed, index)?;
+            if !seen.insert(info.binance.clone()) {
+                return Err(crate::config::ConfigError::SymbolClash { symbol: info.symbol, binance: info.binance });
             }
-            if !seen.insert(binance.clone()) {
-                return Err(crate::config::ConfigError::SymbolClash { symbol: i.symbol.clone(), binance });
-            }
-            Ok(InstrumentInfo {
-                id: i.id,
-                symbol: i.symbol.clone(),
-                binance,
-                base_asset: asset(i.base),
-                quote_asset: asset(i.quote),
-                price_unit: unit(units.price_unit),
-                qty_unit: unit(units.qty_unit),
-                min_price: i.min_price,
-                max_price: i.max_price,
-                min_qty: i.min_qty,
-                max_qty: i.max_qty,
-                quote_asset_unit: Unit { mantissa: 1, scale: config.assets.iter().find(|a| a.id == i.quote).map_or(0, |a| a.decimals) },
-                maker_bps: i.maker_bps,
-                taker_bps: i.taker_bps,
-            })
+            Ok(info)
         })
         .collect()
+}
+
+/// What market data knows of the listed instrument at `index`.
+fn info(listed: &crate::listing::Listed, index: usize) -> Result<InstrumentInfo, crate::config::ConfigError> {
+    let (i, units) = (&listed.instruments[index], &listed.fix[index]);
+    let asset = |id: u32| listed.asset(id).map_or_else(|| id.to_string(), |a| a.name.clone());
+    let unit = |d: crossbook_fix::decimal::Decimal| Unit { mantissa: u64::try_from(d.mantissa).unwrap_or(1), scale: d.scale };
+    let binance = binance_symbol(&i.symbol);
+    if binance.is_empty() {
+        return Err(crate::config::ConfigError::BadName { what: "instrument symbol (market data writes its letters and digits, and it has none)", name: i.symbol.clone() });
+    }
+    Ok(InstrumentInfo {
+        id: i.id,
+        symbol: i.symbol.clone(),
+        binance,
+        base: i.base,
+        quote: i.quote,
+        base_asset: asset(i.base),
+        quote_asset: asset(i.quote),
+        price_unit: unit(units.price_unit),
+        qty_unit: unit(units.qty_unit),
+        min_price: i.min_price,
+        max_price: i.max_price,
+        min_qty: i.min_qty,
+        max_qty: i.max_qty,
+        quote_asset_unit: Unit { mantissa: 1, scale: listed.asset(i.quote).map_or(0, |a| a.decimals) },
+        maker_bps: i.maker_bps,
+        taker_bps: i.taker_bps,
+    })
 }
 
 /// The market-data gateway: its state, its thread, its HTTP server.
@@ -379,8 +388,16 @@ pub(crate) struct Market {
 }
 
 impl Market {
-    pub(crate) fn new(config: &Config, keys: Arc<crate::keys::Keys>, sessions: Arc<AtomicUsize>, fix_sessions: Option<Arc<dyn Fn() -> usize + Send + Sync>>, node: Arc<crate::replica::NodeState>) -> Result<Arc<Market>, ServeError> {
-        let infos = instruments(config)?;
+    pub(crate) fn new(
+        config: &Config,
+        listing: Arc<crate::listing::Listing>,
+        keys: Arc<crate::keys::Keys>,
+        sessions: Arc<AtomicUsize>,
+        fix_sessions: Option<Arc<dyn Fn() -> usize + Send + Sync>>,
+        node: Arc<crate::replica::NodeState>,
+    ) -> Result<Arc<Market>, ServeError> {
+        let listed = listing.get();
+        let infos = (0..listed.instruments.len()).map(|index| info(&listed, index)).collect::<Result<Vec<_>, _>>()?;
         let hub = Arc::new(Hub {
             state: RwLock::new(MarketData::new(infos, 0)),
             subscribers: Mutex::new(BTreeMap::new()),
@@ -393,8 +410,9 @@ impl Market {
             slow_dropped: AtomicU64::new(0),
             live: Mutex::new(std::collections::HashMap::new()),
             stopping: AtomicBool::new(false),
-            trading: config.market_data.trading.then(|| Arc::new(Trading::new(config, keys))),
+            trading: config.market_data.trading.then(|| Arc::new(Trading::new(config, &listed, keys))),
             node,
+            listing,
         });
         {
             let mut state = hub.write();
@@ -477,6 +495,7 @@ fn apply_batch(hub: &Hub, state: &mut MarketData, batch: &FeedBatch, out: &mut V
         };
         let context = command.command.map(|c| CommandContext { command: c, client_id: command.client_id, gateway: command.rest.is_some() });
         state.apply_command(command.seq, command.time_ms, context, command.events);
+        list_added(hub, state, command.events);
         if let Some(trading) = &hub.trading {
             if let Some(annex) = command.rest {
                 trading.applied(state, &command, annex);
@@ -486,6 +505,36 @@ fn apply_batch(hub: &Hub, state: &mut MarketData, batch: &FeedBatch, out: &mut V
     }
     state.advance(batch.last_seq, batch.time_ms);
     state.take_updates()
+}
+
+/// Lists the asset or instrument a durable command added (the sequencer
+/// listed it with its settings when the engine added it), once that
+/// command is applied here: from then on the REST API, the streams and
+/// the dashboard know it.
+fn list_added(hub: &Hub, state: &mut MarketData, events: &[Event]) {
+    for event in events {
+        match event.kind {
+            EventKind::InstrumentAdded { instrument, symbol } => {
+                let listed = hub.listing.get();
+                let Some(index) = listed.instruments.iter().position(|i| i.id == instrument) else { continue };
+                match info(&listed, index) {
+                    Ok(info) => {
+                        let binance = info.binance.clone();
+                        if state.add_instrument(info) {
+                            log(&format!("market data: instrument {instrument} ({symbol}) listed as {binance} from command {}", state.seq));
+                        }
+                    }
+                    Err(why) => log(&format!("market data: instrument {instrument} ({symbol}) is not listed: {why}")),
+                }
+            }
+            EventKind::AssetAdded { asset, .. } => {
+                if let (Some(trading), Some(listed)) = (&hub.trading, hub.listing.get().asset(asset)) {
+                    trading.add_asset(listed);
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 /// After a batch is applied: the REST gateway's refusals and answers, the
@@ -564,7 +613,15 @@ fn lower_priority(nice: libc::c_int) {
 fn wanted(event: &Event) -> bool {
     matches!(
         event.kind,
-        EventKind::Accepted { .. } | EventKind::Trade { .. } | EventKind::Cancelled { .. } | EventKind::Replaced { .. } | EventKind::Rejected { reason: RejectReason::FokCannotFill }
+        EventKind::Accepted { .. }
+            | EventKind::Trade { .. }
+            | EventKind::Cancelled { .. }
+            | EventKind::Replaced { .. }
+            | EventKind::Rejected { reason: RejectReason::FokCannotFill }
+            | EventKind::Halted { .. }
+            | EventKind::Resumed { .. }
+            | EventKind::AssetAdded { .. }
+            | EventKind::InstrumentAdded { .. }
     )
 }
 
@@ -655,6 +712,7 @@ impl ReportSink for MarketSink {
         let (rest, client_id) = annex_of(durable.annex);
         let context = CommandContext { command: durable.command, client_id: client_id.as_deref(), gateway: rest.is_some() };
         state.apply_command(durable.seq, durable.time_ms, Some(context), durable.events);
+        list_added(&self.0.hub, &mut state, durable.events);
         let _ = state.take_updates();
     }
 

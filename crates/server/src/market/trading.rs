@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::SyncSender;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 /// Engine client ids of orders placed over REST: from 2^62 up (the FIX
@@ -127,6 +127,7 @@ struct Waiting {
 }
 
 /// An asset as the REST API shows it.
+#[derive(Clone, Debug)]
 pub(crate) struct AssetInfo {
     pub(crate) id: AssetId,
     pub(crate) name: String,
@@ -143,9 +144,9 @@ pub(crate) struct SequencerLink {
 pub(crate) struct Trading {
     /// The accounts' keys and secrets (a configuration reload changes them).
     keys: Arc<crate::keys::Keys>,
-    pub(crate) assets: Vec<AssetInfo>,
-    /// Each instrument's (base, quote) asset ids, by market-data index.
-    pub(crate) instrument_assets: Vec<(AssetId, AssetId)>,
+    /// The listed assets (one added while the venue runs is added when
+    /// the command that added it is durable).
+    assets: RwLock<Vec<AssetInfo>>,
     link: Mutex<Option<SequencerLink>>,
     in_flight: Arc<InFlight>,
     waiting: Mutex<Waiting>,
@@ -158,18 +159,24 @@ pub(crate) struct Trading {
     answer_timeout: Duration,
 }
 
+fn asset_info(asset: &crate::config::AssetConfig) -> AssetInfo {
+    AssetInfo { id: asset.id, name: asset.name.clone(), unit: Unit { mantissa: 1, scale: asset.decimals } }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|e| e.into_inner())
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Trading {
-    pub(crate) fn new(config: &Config, keys: Arc<crate::keys::Keys>) -> Trading {
-        let assets = config.assets.iter().map(|a| AssetInfo { id: a.id, name: a.name.clone(), unit: Unit { mantissa: 1, scale: a.decimals } }).collect();
-        let instrument_assets = config.instruments.iter().map(|i| (i.base, i.quote)).collect();
+    pub(crate) fn new(config: &Config, listed: &crate::listing::Listed, keys: Arc<crate::keys::Keys>) -> Trading {
+        let assets = listed.assets.iter().map(asset_info).collect();
         Trading {
             keys,
-            assets,
-            instrument_assets,
+            assets: RwLock::new(assets),
             link: Mutex::new(None),
             in_flight: InFlight::polled(),
             waiting: Mutex::new(Waiting::default()),
@@ -256,8 +263,26 @@ impl Trading {
     }
 
     /// An asset as the REST API shows it.
-    pub(crate) fn asset(&self, id: AssetId) -> Option<&AssetInfo> {
-        self.assets.iter().find(|a| a.id == id)
+    pub(crate) fn asset(&self, id: AssetId) -> Option<AssetInfo> {
+        read(&self.assets).iter().find(|a| a.id == id).cloned()
+    }
+
+    /// The asset of `name` (any case).
+    pub(crate) fn asset_named(&self, name: &str) -> Option<AssetInfo> {
+        read(&self.assets).iter().find(|a| a.name.eq_ignore_ascii_case(name)).cloned()
+    }
+
+    /// Every asset's name, in the order listed.
+    pub(crate) fn asset_names(&self) -> Vec<String> {
+        read(&self.assets).iter().map(|a| a.name.clone()).collect()
+    }
+
+    /// Lists an asset the venue added.
+    pub(crate) fn add_asset(&self, asset: &crate::config::AssetConfig) {
+        let mut assets = self.assets.write().unwrap_or_else(|e| e.into_inner());
+        if !assets.iter().any(|a| a.id == asset.id) {
+            assets.push(asset_info(asset));
+        }
     }
 
     /// Balances, (asset, available, locked), as the REST API lists them:

@@ -219,9 +219,7 @@ pub(crate) fn after_command(trading: &Trading, market: &MarketData, command: &Fe
         let message = render::execution_report(data, record, &Execution { execution_id: (command.seq << 20) | made, ..exec }, command.time_ms);
         made += 1;
         out.push((key.clone(), message.to_string()));
-        if let Some(&assets) = trading.instrument_assets.get(record.instrument as usize) {
-            trading.streams.touch(record.account, [assets.0, assets.1], command.seq);
-        }
+        trading.streams.touch(record.account, [data.info.base, data.info.quote], command.seq);
     };
     // Each order's last fill in this command: a quote-quantity buy whose
     // budget ran out is FILLED there (its record says so), and its
