@@ -8,8 +8,11 @@ without falling behind the feed), and checks that the page shows what the REST A
 (`GET /api/v3/depth`), the recent trades (`GET /api/v3/trades`), the last
 candle (`GET /api/v3/klines`) and the last price (`GET
 /api/v3/ticker/24hr`). Then it hands the page a diff with a gap and checks
-that the page says it is out of sync and resyncs, and stops the server and
-checks that the page says the connection is lost. Writes a screenshot
+that the page says it is out of sync and resyncs, halts and resumes an
+instrument (its button marked), lists a new instrument by a configuration
+reload (its button appears without a page reload, and its book shows an
+order placed on it), and stops the server and checks that the page says
+the connection is lost. Writes a screenshot
 (target/dashboard.png by default). Ends with "N passed, M failed".
 
     scripts/dashboard-test [--binary target/release/crossbook] [--chromium /usr/bin/chromium]
@@ -134,6 +137,23 @@ def main():
             checks.check("and unmarked once resumed",
                          wait_for(page, "!document.querySelector('#symbols button[data-symbol=\"BTCUSD\"]').classList.contains('halted')", 5),
                          page.evaluate("document.querySelector('#symbols').innerHTML"))
+            # The operator lists ETH-USD (SIGHUP): the page shows its
+            # button without a reload, and its book once selected.
+            eth = ('\n[[assets]]\nid = 3\nname = "ETH"\ndecimals = 0\n\n[[instruments]]\nid = 2\nsymbol = "ETH-USD"\nbase = 3\nquote = 2\n'
+                   'tick_size = 1\nlot_size = 1\nmin_qty = 1\nmax_qty = 1000000\nmin_price = 1\nmax_price = 10000000\nmaker_bps = 0\ntaker_bps = 0\n')
+            with open(config, "a") as f:
+                f.write(eth)
+            server.send_signal(signal.SIGHUP)
+            checks.check("an instrument listed by a reload gets its button",
+                         wait_for(page, "!!document.querySelector('#symbols button[data-symbol=\"ETHUSD\"]')", 10),
+                         page.evaluate("document.querySelector('#symbols').innerHTML"))
+            subprocess.run([args.binary, "order", "--address", binary_address, "place", "--instrument", "2", "--side", "buy", "--qty", "7", "--price", "1234"],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            page.click('#symbols button[data-symbol="ETHUSD"]')
+            checks.check("and its book shows the order placed on it",
+                         wait_for(page, "document.getElementById('status').textContent === 'live' && [...document.querySelectorAll('#bids .row')].some(r => r.dataset.price === '1234' && r.dataset.qty === '7')", 10),
+                         page.evaluate("[...document.querySelectorAll('#bids .row')].map(r => [r.dataset.price, r.dataset.qty])"))
+            page.screenshot(path=args.screenshot.replace(".png", "-listed.png"))
             # The server stops: the page says the connection is lost.
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=30)

@@ -330,6 +330,14 @@ async function pollStats() {
   const now = performance.now();
   const previous = state.previousStats;
   $('stat-seq').textContent = stats.seq;
+  // An instrument listed since the page loaded (a configuration reload)
+  // gets its button.
+  const listed = (stats.instruments || []).filter((i) => !state.instruments.some((known) => known.symbol === i.symbol));
+  if (listed.length) {
+    state.instruments = state.instruments.concat(listed);
+    buildControls();
+    for (const b of document.querySelectorAll('#symbols button')) b.classList.toggle('active', b.dataset.symbol === state.symbol);
+  }
   // An instrument the operator halted is marked on its button.
   for (const i of stats.instruments || []) {
     const button = document.querySelector(`#symbols button[data-symbol="${i.symbol}"]`);
