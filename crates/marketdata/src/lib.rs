@@ -402,6 +402,11 @@ impl MarketData {
         self.by_symbol.get(symbol).map(|&i| &self.instruments[i as usize])
     }
 
+    /// The index of the instrument with engine id `id`.
+    pub fn index_of_id(&self, id: InstrumentId) -> Option<usize> {
+        self.by_id.get(&id).map(|&i| i as usize)
+    }
+
     pub fn index_of_symbol(&self, symbol: &str) -> Option<usize> {
         self.by_symbol.get(symbol).map(|&i| i as usize)
     }

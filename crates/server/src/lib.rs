@@ -195,7 +195,7 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
     // The accounts' credentials, every gateway's (a reload changes them).
     let keys = Arc::new(keys::Keys::new(&config.accounts));
     // The assets and instruments listed, every gateway's (a reload adds).
-    let listing = Arc::new(listing::Listing::new(&config)?);
+    let listing = Arc::new(listing::Listing::new(&config, &engine)?);
     let gateway = if config.fix.listen.is_empty() {
         None
     } else {

@@ -58,8 +58,17 @@ fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 }
 
 impl Listing {
-    pub(crate) fn new(config: &Config) -> Result<Listing, ConfigError> {
-        Ok(Listing { current: RwLock::new(Arc::new(Listed::of(config)?)), defined: Mutex::new((config.assets.clone(), config.instruments.clone())) })
+    /// What `engine` has of `config`'s assets and instruments, listed
+    /// (on a lone venue, all of them: start-up journals what it lacks; a
+    /// replicated node lists the rest as the log brings them), the file
+    /// the definitions of what comes.
+    pub(crate) fn new(config: &Config, engine: &crossbook_engine::Engine) -> Result<Listing, ConfigError> {
+        let mut listed = Listed::of(config)?;
+        listed.assets.retain(|a| engine.asset_name(a.id).is_some());
+        let has = |id: u32| engine.instrument_spec(id).is_some();
+        listed.fix.retain(|i| has(i.id));
+        listed.instruments.retain(|i| has(i.id));
+        Ok(Listing { current: RwLock::new(Arc::new(listed)), defined: Mutex::new((config.assets.clone(), config.instruments.clone())) })
     }
 
     /// The list as it is now.
@@ -187,10 +196,35 @@ mod tests {
         vec![crossbook_engine::Event { seq: 9, kind }]
     }
 
+    /// The listing of a venue set up from `config`.
+    fn listing_of(config: &Config) -> Listing {
+        let mut engine = crossbook_engine::Engine::new();
+        let mut events = Vec::new();
+        for command in config.setup_commands().expect("set-up") {
+            engine.apply(&command, &mut events);
+        }
+        Listing::new(config, &engine).expect("listing")
+    }
+
+    #[test]
+    fn lists_only_what_the_engine_has() {
+        let config = Config::default();
+        let listing = Listing::new(&config, &crossbook_engine::Engine::new()).expect("listing");
+        assert!(listing.get().instruments.is_empty() && listing.get().assets.is_empty() && listing.get().fix.is_empty());
+        let spec = config.instruments[0].spec().expect("spec");
+        for asset in &config.assets {
+            let name = crossbook_engine::Symbol::new(&asset.name).expect("name");
+            assert_eq!(listing.added(&Command::AddAsset { id: asset.id, name }, &added(EventKind::AssetAdded { asset: asset.id, name })), None);
+        }
+        assert_eq!(listing.added(&Command::AddInstrument(spec), &added(EventKind::InstrumentAdded { instrument: spec.id, symbol: spec.symbol })), None, "defined by the file");
+        assert_eq!(listing.get().instruments.len(), 1);
+        assert_eq!(listing_of(&config).get().instruments.len(), 1);
+    }
+
     #[test]
     fn lists_an_added_instrument_with_its_configured_units_and_keeps_listed_ones() {
         let config = Config::default();
-        let listing = Listing::new(&config).expect("listing");
+        let listing = listing_of(&config);
         let mut next = config.clone();
         next.assets.push(AssetConfig { id: 3, name: "ETH".into(), decimals: 8 });
         let mut eth = next.instruments[0].clone();
@@ -217,7 +251,7 @@ mod tests {
     #[test]
     fn an_instrument_the_file_defines_otherwise_is_listed_from_the_engine_with_a_warning() {
         let config = Config::default();
-        let listing = Listing::new(&config).expect("listing");
+        let listing = listing_of(&config);
         let mut spec = config.instruments[0].spec().expect("spec");
         (spec.id, spec.symbol) = (7, crossbook_engine::Symbol::new("X-USD").expect("symbol"));
         let warning = listing.added(&Command::AddInstrument(spec), &added(EventKind::InstrumentAdded { instrument: 7, symbol: spec.symbol }));

@@ -522,6 +522,8 @@ fn list_added(hub: &Hub, state: &mut MarketData, events: &[Event]) {
                         let binance = info.binance.clone();
                         if state.add_instrument(info) {
                             log(&format!("market data: instrument {instrument} ({symbol}) listed as {binance} from command {}", state.seq));
+                        } else if state.index_of_id(instrument).is_none() {
+                            log(&format!("market data: instrument {instrument} ({symbol}) is not listed: another instrument is {binance}"));
                         }
                     }
                     Err(why) => log(&format!("market data: instrument {instrument} ({symbol}) is not listed: {why}")),

@@ -336,6 +336,10 @@ async function pollStats() {
   if (listed.length) {
     state.instruments = state.instruments.concat(listed);
     buildControls();
+    if (state.waitingForInstruments) {
+      state.waitingForInstruments = false;
+      select(state.instruments[0].symbol);
+    }
     for (const b of document.querySelectorAll('#symbols button')) b.classList.toggle('active', b.dataset.symbol === state.symbol);
   }
   // An instrument the operator halted is marked on its button.
@@ -365,11 +369,17 @@ async function start() {
     setTimeout(start, 2000);
     return;
   }
-  if (!state.instruments.length) { setStatus('down', 'no instruments'); return; }
+  setInterval(pollStats, 1000);
+  if (!state.instruments.length) {
+    // None yet (a replicated venue not yet set up): the first one listed
+    // is shown when it comes.
+    setStatus('down', 'no instruments');
+    state.waitingForInstruments = true;
+    return;
+  }
   buildControls();
   select(state.instruments[0].symbol);
   pollStats();
-  setInterval(pollStats, 1000);
 }
 
 // For the browser test (scripts/dashboard-test): the page's state, and its
