@@ -287,7 +287,8 @@ enum OrderAction {
         /// (or cancel_newest, ... as docs/protocol.md writes them).
         #[arg(long, default_value = "none")]
         stp: String,
-        /// A market buy's most quote to spend, fees included.
+        /// In quote units: a market buy's most to spend (fees included),
+        /// or a FOK market sell's least proceeds (fees deducted).
         #[arg(long)]
         budget: Option<u64>,
         /// The client order id (default: the clock in microseconds).

@@ -104,6 +104,10 @@ struct Conn {
     probed: Option<u64>,
     /// Since when its login has waited for an earlier session's end.
     relogin_wait: Option<Instant>,
+    /// It sent a Logout while earlier messages were unanswered: nothing
+    /// more is read, and it closes once the sequencer has answered them
+    /// all, the Logout last.
+    logging_out: bool,
 }
 
 impl Conn {
@@ -352,6 +356,7 @@ impl Gateway<'_> {
             cancel_on_disconnect: false,
             in_flight: InFlight::polled(),
             closing: None,
+            logging_out: false,
             want_write: false,
             held: false,
             accepted_at: Instant::now(),
@@ -373,7 +378,7 @@ impl Gateway<'_> {
                 self.unread.remove(&token);
                 continue;
             };
-            if conn.closing.is_some() {
+            if conn.closing.is_some() || conn.logging_out {
                 self.unread.remove(&token);
                 continue;
             }
@@ -473,6 +478,11 @@ impl Gateway<'_> {
             let token = token_of(id);
             let Some(conn) = self.conns.get_mut(&token) else { continue };
             conn.outbuf.extend_from_slice(&frames);
+            if conn.logging_out && conn.in_flight.count() == 0 {
+                // Its Logout's answer is in `frames`, after everything
+                // it sent before.
+                conn.close_after("logout".into());
+            }
             if conn.outbuf.len() - conn.written > MAX_OUTBUF {
                 log(&format!("dropping session of account {}: it does not read its reports", conn.account.unwrap_or(0)));
                 self.close(token, "does not read its reports".into());
@@ -643,6 +653,11 @@ fn decode_all(conn: &mut Conn, config: &Config, keys: &Keys, sessions: &mut Sess
         match decode_client(&conn.inbuf[used..], max_frame) {
             Ok(Decoded::NeedMore) => break Ok(()),
             Ok(Decoded::Message(message, size)) => match handle(message, conn, config, keys, sessions, commands, node) {
+                Ok(()) if conn.logging_out => {
+                    // What comes after a Logout is not read.
+                    used = conn.inbuf.len();
+                    break Ok(());
+                }
                 Ok(()) => used += size,
                 Err(Stop::Close(reason)) => {
                     used += size;
@@ -674,6 +689,12 @@ fn not_leader(message: &ClientMessage, conn: &mut Conn, node: &NodeState) {
     }
     conn.queue(&ServerMessage::ExecutionReport(report));
     conn.queue(&ServerMessage::Redirect { leader: redirect_field(&node.leader_binary().unwrap_or_default()) });
+}
+
+/// Whether something `conn` sent is still unanswered: in flight, or in
+/// this round's commands.
+fn unanswered(conn: &Conn, commands: &[Inbound]) -> bool {
+    conn.in_flight.count() > 0 || commands.iter().rev().any(|c| Arc::ptr_eq(&c.in_flight, &conn.in_flight))
 }
 
 fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, keys: &Keys, sessions: &mut Sessions, commands: &mut Vec<Inbound>, node: &NodeState) -> Result<(), Stop> {
@@ -746,13 +767,27 @@ fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, keys: &Keys,
             conn.queue(&ServerMessage::Error { reason: ProtocolError::NotLoggedIn });
             close("message before login")
         }
-        (ClientMessage::Heartbeat, Some(_)) => {
-            conn.queue(&ServerMessage::Heartbeat);
+        // Answered at once when nothing the connection sent before is
+        // unanswered; otherwise in its place, after those answers (the
+        // sequencer answers it as a query).
+        (ClientMessage::Heartbeat, Some(who)) => {
+            if unanswered(conn, commands) {
+                let query = Query { account: who, kind: QueryKind::Heartbeat, token: id, request: 0 };
+                commands.push(Inbound { request: Request::Query(query), annex: None, source: BINARY, in_flight: conn.in_flight.clone() });
+            } else {
+                conn.queue(&ServerMessage::Heartbeat);
+            }
             Ok(())
         }
         (ClientMessage::Logout, Some(who)) => {
-            conn.queue(&ServerMessage::Logout { reason: 0 });
             log(&format!("logout connection={id} account={who}"));
+            if unanswered(conn, commands) {
+                let query = Query { account: who, kind: QueryKind::Logout, token: id, request: 0 };
+                commands.push(Inbound { request: Request::Query(query), annex: None, source: BINARY, in_flight: conn.in_flight.clone() });
+                conn.logging_out = true;
+                return Ok(());
+            }
+            conn.queue(&ServerMessage::Logout { reason: 0 });
             close("logout")
         }
         (ClientMessage::QueryBalances { request }, Some(who)) => {

@@ -739,6 +739,7 @@ impl<'a> Sequencer<'a> {
         let (balances, orders) = match query.kind {
             QueryKind::Balances => (self.engine.balances_of(query.account).unwrap_or_default(), Vec::new()),
             QueryKind::OpenOrders { instrument } => (Vec::new(), self.engine.open_orders_of(query.account, instrument)),
+            QueryKind::Heartbeat | QueryKind::Logout => (Vec::new(), Vec::new()),
         };
         Answer { source, query, seq: self.engine.seq(), balances, orders, known: self.engine.has_account(query.account) }
     }

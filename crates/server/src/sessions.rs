@@ -68,6 +68,14 @@ fn answer_frames(answer: &Answer) -> Vec<u8> {
     let mut frames = Vec::new();
     let mut count = 0u32;
     match answer.query.kind {
+        QueryKind::Heartbeat => {
+            encode_server(&ServerMessage::Heartbeat, &mut frames);
+            return frames;
+        }
+        QueryKind::Logout => {
+            encode_server(&ServerMessage::Logout { reason: 0 }, &mut frames);
+            return frames;
+        }
         QueryKind::Balances => {
             for &(asset, available, locked) in &answer.balances {
                 encode_server(&ServerMessage::Balance { request, asset, available, locked }, &mut frames);

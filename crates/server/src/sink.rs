@@ -55,6 +55,11 @@ pub enum QueryKind {
     Balances,
     /// The open orders (of one instrument, or all).
     OpenOrders { instrument: Option<InstrumentId> },
+    /// A binary session's Heartbeat or Logout sent while its earlier
+    /// messages were unanswered: answered in its place after theirs
+    /// (nothing of the engine's in it).
+    Heartbeat,
+    Logout,
 }
 
 /// A query answered: what the engine said after the commands before it.

@@ -265,6 +265,44 @@ fn binary_queries_answer_balances_and_open_orders_after_the_reports_they_reflect
     let (mut mallory, _) = Client::login(&server.address, 3, "mallory");
     mallory.send(&ClientMessage::QueryOpenOrders { request: 9, instrument: None });
     assert!(matches!(mallory.recv(), Some(ServerMessage::QueryDone { request: 9, count: 0, .. })));
+    // A Heartbeat and a Logout are answered in their place too: after the
+    // reports and answers of what came before them, the Logout last;
+    // what follows a Logout is not read.
+    let mut packet = Vec::new();
+    for message in [
+        limit(30, Side::Buy, 300, 1, TimeInForce::Gtc),
+        ClientMessage::Heartbeat,
+        ClientMessage::QueryBalances { request: 10 },
+        ClientMessage::Logout,
+        limit(31, Side::Buy, 300, 1, TimeInForce::Gtc),
+    ] {
+        crossbook_protocol::encode_client(&message, &mut packet);
+    }
+    alice.send_bytes(&packet).unwrap();
+    let mut order = Vec::new();
+    while let Some(message) = alice.recv() {
+        order.push(match message {
+            ServerMessage::ExecutionReport(r) => format!("{:?} {}", r.kind, r.cid),
+            ServerMessage::Heartbeat => "Heartbeat".into(),
+            ServerMessage::Balance { .. } => "Balance".into(),
+            ServerMessage::QueryDone { request: 10, .. } => "QueryDone".into(),
+            ServerMessage::Logout { reason: 0 } => "Logout".into(),
+            other => panic!("unexpected {other:?} after {order:?}"),
+        });
+    }
+    assert_eq!(order, ["Accepted 30", "Heartbeat", "Balance", "Balance", "QueryDone", "Logout"], "in the order sent, then closed");
+    let (mut alice, _) = Client::login(&server.address, 1, "alice");
+    alice.send(&ClientMessage::QueryOpenOrders { request: 11, instrument: None });
+    let mut cids = Vec::new();
+    loop {
+        match alice.recv() {
+            Some(ServerMessage::OpenOrder(o)) => cids.push(o.cid),
+            Some(ServerMessage::QueryDone { request: 11, .. }) => break,
+            Some(ServerMessage::ExecutionReport(_)) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(cids, [30], "the order after the Logout was not read");
 }
 
 fn crossbook(args: &[&str]) -> (bool, String) {
