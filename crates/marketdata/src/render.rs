@@ -164,7 +164,7 @@ fn percent(change: i128, base: i128) -> String {
 
 fn weighted_average(data: &InstrumentData, ticker: &Ticker) -> String {
     if ticker.volume == 0 {
-        return price(data, 0);
+        return average(data, 0);
     }
     average(data, ticker.quote_volume as i128 * 10i128.pow(AVERAGE_DECIMALS) / i128::from(ticker.volume))
 }

@@ -209,11 +209,14 @@ impl Throttle {
                         send(format!("{symbol}@depth{levels}{}", SPEEDS[speed].0), &|| vec![render::partial_depth(&state, data, levels).to_string()]);
                     }
                 }
-                Stream::Ticker => send(format!("{symbol}@ticker"), &|| vec![render::ticker_update(&state, index, time_ms).to_string()]),
-                Stream::MiniTicker => send(format!("{symbol}@miniTicker"), &|| vec![render::mini_ticker_update(&state, index, time_ms).to_string()]),
+                // The tickers are drawn from the state as it is now (the
+                // book's top too, which a later batch may have moved
+                // without a trade): their `E` is its time.
+                Stream::Ticker => send(format!("{symbol}@ticker"), &|| vec![render::ticker_update(&state, index, state.time_ms).to_string()]),
+                Stream::MiniTicker => send(format!("{symbol}@miniTicker"), &|| vec![render::mini_ticker_update(&state, index, state.time_ms).to_string()]),
                 Stream::AllMini => {
                     let traded = std::mem::take(&mut slot.traded);
-                    send(ALL_MINI.to_string(), &|| vec![serde_json::Value::Array(traded.iter().map(|&i| render::mini_ticker_update(&state, i, time_ms)).collect()).to_string()]);
+                    send(ALL_MINI.to_string(), &|| vec![serde_json::Value::Array(traded.iter().map(|&i| render::mini_ticker_update(&state, i, state.time_ms)).collect()).to_string()]);
                 }
                 Stream::Kline(interval) => {
                     let first = std::mem::take(&mut slot.first_trade);
