@@ -11,6 +11,7 @@ use std::time::Instant;
 
 pub fn run(commands: &PathBuf, dir: &Path, config: JournalConfig, snapshot_every: u64, keep: usize) -> Result<()> {
     let commands = read_commands(commands)?;
+    let _lock = crossbook_journal::lock_dir(dir)?;
     let recovered = recover_dir(dir).with_context(|| format!("recovering {}", dir.display()))?;
     for warning in &recovered.warnings {
         eprintln!("warning: {warning}");
@@ -81,6 +82,9 @@ fn existing(dir: &Path) -> Result<()> {
 
 pub fn recover(dir: &Path) -> Result<()> {
     existing(dir)?;
+    // Recovery may cut a torn tail or set a snapshot aside: never under a
+    // running server.
+    let _lock = crossbook_journal::lock_dir(dir)?;
     let started = Instant::now();
     let recovered = recover_dir(dir).with_context(|| format!("recovering {}", dir.display()))?;
     let elapsed = started.elapsed().as_secs_f64();
@@ -101,6 +105,7 @@ pub fn recover(dir: &Path) -> Result<()> {
 /// `crossbook journal snapshot DIR`: recover, then write a snapshot.
 pub fn snapshot(dir: &Path, keep: usize) -> Result<()> {
     existing(dir)?;
+    let _lock = crossbook_journal::lock_dir(dir)?;
     let recovered = crossbook_journal::recover(dir)?;
     for warning in &recovered.warnings {
         eprintln!("warning: {warning}");

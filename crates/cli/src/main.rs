@@ -270,8 +270,9 @@ enum OrderAction {
         side: String,
         #[arg(long)]
         qty: u64,
-        /// Limit price (not for --type market).
-        #[arg(long)]
+        /// Limit price (not for --type market); a negative one is taken
+        /// as written (`--price -1`) and refused by the server.
+        #[arg(long, allow_negative_numbers = true)]
         price: Option<i64>,
         #[arg(long, default_value_t = 1)]
         instrument: u32,
@@ -304,7 +305,7 @@ enum OrderAction {
     Replace {
         #[arg(long)]
         order: u64,
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         price: i64,
         #[arg(long)]
         qty: u64,
@@ -357,9 +358,31 @@ enum JournalAction {
     },
 }
 
+/// A number of seconds from the command line as a duration: refused
+/// (never a panic) if it is negative, not a number or past a year.
+fn seconds(flag: &str, value: f64) -> Result<Duration> {
+    if !(0.0..=31_536_000.0).contains(&value) {
+        bail!("{flag} must be a number of seconds from 0 to 31536000 (a year), not {value}");
+    }
+    Ok(Duration::from_secs_f64(value))
+}
+
 fn main() {
+    // A tool whose output goes to a pipe that closed (`crossbook load |
+    // head`) ends quietly, as a Unix tool does, instead of panicking on
+    // its next line; the server keeps Rust's default (a log reader that
+    // goes away must not stop the venue: its lines are dropped).
+    let server = matches!(std::env::args().nth(1).as_deref(), Some("serve" | "follow"));
+    if !server {
+        // SAFETY: at the start of main, before any thread: only this
+        // process's disposition of SIGPIPE changes.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     if let Err(error) = real_main() {
-        eprintln!("crossbook: {error:#}");
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr().lock(), "crossbook: {error:#}");
         std::process::exit(1);
     }
 }
@@ -391,7 +414,7 @@ fn real_main() -> Result<()> {
             address,
             streams: streams.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect(),
             connections,
-            duration: std::time::Duration::from_secs_f64(duration.max(0.0)),
+            duration: seconds("--duration", duration)?,
             depth_clients,
             depth_symbol,
             json,
@@ -419,9 +442,15 @@ fn real_main() -> Result<()> {
             connections,
             keys: (1..=crossbook_server::config::DEMO_ACCOUNTS).map(crossbook_server::config::demo_key).collect(),
             secrets: (1..=crossbook_server::config::DEMO_ACCOUNTS).map(crossbook_server::config::demo_secret).collect(),
-            duration: Duration::from_secs_f64(duration.max(0.0)),
-            rate,
-            window: window.max(1),
+            duration: seconds("--duration", duration)?,
+            rate: match rate {
+                Some(rate) if !(0.001..=1e9).contains(&rate) => bail!("--rate must be from 0.001 to 1000000000 orders per second, not {rate}"),
+                rate => rate,
+            },
+            window: match window {
+                0 => bail!("--window must be at least 1 (orders each session keeps outstanding)"),
+                window => window,
+            },
             json,
             acked_out,
             last_seen_out,
@@ -431,8 +460,8 @@ fn real_main() -> Result<()> {
             account,
             key: key.unwrap_or_else(|| crossbook_server::config::demo_key(account)),
             last_seen: last_seen.unwrap_or(u64::MAX),
-            timeout: Duration::from_secs_f64(timeout.max(0.0)),
-            linger: Duration::from_secs_f64(linger.max(0.0)),
+            timeout: seconds("--timeout", timeout)?,
+            linger: seconds("--linger", linger)?,
             action: order_action(action)?,
         }),
         Cmd::Compat { engine: CompatEngine::ExchangeCore { dir, flow } } => compat::run(&crossbook_compat::flow_dir(dir.or(flow))?),
@@ -488,7 +517,7 @@ fn order_action(action: OrderAction) -> Result<order::Action> {
         OrderAction::CancelAll { instrument } => order::Action::CancelAll { instrument },
         OrderAction::Balances => order::Action::Balances,
         OrderAction::OpenOrders { instrument } => order::Action::OpenOrders { instrument },
-        OrderAction::Watch { duration } => order::Action::Watch { duration: duration.map(|d| Duration::from_secs_f64(d.max(0.0))) },
+        OrderAction::Watch { duration } => order::Action::Watch { duration: duration.map(|d| seconds("--duration", d)).transpose()? },
     })
 }
 
@@ -556,24 +585,24 @@ fn serve(
         let controls = crossbook_server::Controls { shutdown: shutdown.clone(), snapshot: snapshot.clone(), reload: reload.clone(), reread: reread.clone() };
         match crossbook_server::serve(config.clone(), controls, |_| {}) {
             Err(crossbook_server::ServeError::Deposed(why)) if !shutdown.load(std::sync::atomic::Ordering::Acquire) => {
-                eprintln!("no longer the leader ({why}): starting again as a follower");
+                crossbook_server::log(&format!("no longer the leader ({why}): starting again as a follower"));
                 restarting_since = Some(std::time::Instant::now());
                 // With the file as it is now (a reload may have changed it).
                 match load() {
                     Ok(now) => config = now,
-                    Err(e) => eprintln!("the configuration as it is now does not read ({e:#}): starting again with the one read before"),
+                    Err(e) => crossbook_server::log(&format!("the configuration as it is now does not read ({e:#}): starting again with the one read before")),
                 }
             }
             Err(e)
                 if e.is_nats_unavailable()
                     && restarting_since.is_some_and(|since| since.elapsed() < patience) && !shutdown.load(std::sync::atomic::Ordering::Acquire) =>
             {
-                eprintln!("starting again as a follower: {e}; trying again");
+                crossbook_server::log(&format!("starting again as a follower: {e}; trying again"));
                 std::thread::sleep(std::time::Duration::from_millis(500));
             }
             Err(e) => return Err(e.into()),
             Ok(summary) => {
-                eprintln!("served {} commands; journal synced at seq {}", summary.commands, summary.seq);
+                crossbook_server::log(&format!("served {} commands; journal synced at seq {}", summary.commands, summary.seq));
                 return Ok(());
             }
         }

@@ -14,7 +14,7 @@ pub mod write;
 
 pub use read::{Corruption, JournalEnd, RecordDamage, Records, TornTail, read_records, scan, scan_chained, scan_chained_from, scan_timed_from};
 pub use format::{SnapshotError, SnapshotHeader};
-pub use write::{CommitStats, Durability, DurableWatch, Journal, JournalConfig, JournalError, micros_histogram, sync_dir};
+pub use write::{CommitStats, DirLock, Durability, DurableWatch, Journal, JournalConfig, JournalError, lock_dir, micros_histogram, sync_dir};
 
 use crossbook_engine::Engine;
 use format::*;

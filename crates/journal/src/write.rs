@@ -166,6 +166,8 @@ pub enum JournalError {
     Io { context: String, source: std::io::Error },
     /// An earlier write or sync failed; nothing more is accepted.
     Poisoned(String),
+    /// Another process holds the data directory ([`lock_dir`]).
+    InUse { dir: PathBuf, holder: String },
 }
 
 impl std::fmt::Display for JournalError {
@@ -173,11 +175,51 @@ impl std::fmt::Display for JournalError {
         match self {
             JournalError::Io { context, source } => write!(f, "{context}: {source}"),
             JournalError::Poisoned(why) => write!(f, "journal refuses work after an earlier I/O failure: {why}"),
+            JournalError::InUse { dir, holder } => write!(
+                f,
+                "the data directory {} is in use by another crossbook process ({holder}): one process at a time may write it (two would interleave their records and lose acknowledged commands)",
+                dir.display()
+            ),
         }
     }
 }
 
 impl std::error::Error for JournalError {}
+
+/// A data directory held by this process alone: `LOCK` in it, locked
+/// exclusively (`flock`) for as long as this value lives. The operating
+/// system lets it go when the process ends, `kill -9` included, so a
+/// crash never leaves it held.
+#[derive(Debug)]
+pub struct DirLock {
+    _file: File,
+}
+
+/// Takes `dir` (created if missing) for this process, or says who has it:
+/// every process that writes a data directory (`serve`, `follow`, `run
+/// --journal`, `recover`, `journal snapshot`) takes it first.
+pub fn lock_dir(dir: &Path) -> Result<DirLock, JournalError> {
+    std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+    let path = dir.join("LOCK");
+    let mut file = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(&path).map_err(io(format!("opening {}", path.display())))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = std::io::Read::read_to_string(&mut file, &mut holder);
+            let holder = match holder.trim() {
+                "" => "its LOCK file is held".to_string(),
+                pid => format!("process {pid}"),
+            };
+            return Err(JournalError::InUse { dir: dir.to_path_buf(), holder });
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(io(format!("locking {}", path.display()))(e)),
+    }
+    // Who holds it, for the message another process gets.
+    file.set_len(0).map_err(io(format!("writing {}", path.display())))?;
+    std::io::Write::write_all(&mut file, format!("{}\n", std::process::id()).as_bytes()).map_err(io(format!("writing {}", path.display())))?;
+    Ok(DirLock { _file: file })
+}
 
 pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> JournalError {
     let context = context.into();

@@ -420,7 +420,9 @@ fn drive(mut clients: Vec<Client>, options: &Options, start: Instant) -> (Vec<Ta
         }
         let wait = match interval {
             Some(interval) if now < end => {
-                let next_due = clients.iter().filter(|c| !c.broken).map(|c| c.due(start, interval)).min().unwrap_or(end);
+                // Never past the end: a slow rate's next order may be due
+                // after it.
+                let next_due = clients.iter().filter(|c| !c.broken).map(|c| c.due(start, interval)).min().unwrap_or(end).min(end);
                 next_due.saturating_duration_since(Instant::now()).max(Duration::from_micros(10))
             }
             _ => Duration::from_millis(50),

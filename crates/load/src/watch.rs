@@ -121,12 +121,13 @@ pub fn run(options: WatchOptions) -> Result<()> {
     let path = format!("/stream?streams={}", options.streams.join("/"));
     let until = Instant::now() + options.duration;
     let started = Instant::now();
-    let watchers: Vec<_> = (0..options.connections)
+    let watchers = (0..options.connections)
         .map(|_| {
             let (address, path) = (options.address.clone(), path.clone());
-            std::thread::spawn(move || watch_one(&address, &path, until))
+            std::thread::Builder::new().spawn(move || watch_one(&address, &path, until))
         })
-        .collect();
+        .collect::<std::io::Result<Vec<_>>>()
+        .with_context(|| format!("starting {} watcher threads (one per connection)", options.connections))?;
     let stop = Arc::new(AtomicBool::new(false));
     let requests = Arc::new(AtomicU64::new(0));
     let askers: Vec<_> = (0..options.depth_clients)

@@ -45,8 +45,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
-pub(crate) fn log(line: &str) {
-    eprintln!("{line}");
+/// One line of the server's log (standard error). A log nobody reads any
+/// more (its pipe closed) costs the venue nothing: the line is dropped,
+/// never a panic.
+pub fn log(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// The wall clock in milliseconds since the Unix epoch (0 before it).
@@ -120,6 +124,9 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         config.listen,
         if config.fix.listen.is_empty() { "off".to_string() } else { format!("on {}", config.fix.listen) }
     ));
+    // One process at a time writes a data directory: held until this
+    // function returns (a restart as a follower takes it again).
+    let _lock = crossbook_journal::lock_dir(&config.data_dir)?;
     log("recovering: loading the newest snapshot that belongs to the journal, then replaying the journal after it");
     let started = Instant::now();
     let recovered = recover(&config.data_dir)?;

@@ -282,6 +282,53 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// One process at a time writes a data directory: a second `serve` on
+/// it, or `recover` or `journal snapshot` while it runs, is refused with
+/// who holds it and changes nothing; once it stops (or is killed), they
+/// go ahead.
+#[test]
+fn a_data_directory_is_written_by_one_process_at_a_time() {
+    let dir = crate::support::TempDir::new("serve-lock");
+    let data = dir.0.join("data");
+    let server = start_default(&dir.0);
+    let (mut client, _) = Client::login(&server.address, 1, "demo-key-1");
+    client.send(&limit(1, Side::Buy, 100, 1, TimeInForce::Gtc));
+    assert_eq!(client.report().kind, ReportKind::Accepted);
+    let crossbook = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_crossbook")).args(args).output().unwrap();
+    let data_arg = data.to_str().unwrap();
+    let second = crossbook(&["serve", "--listen", "127.0.0.1:0", "--fix-listen", "", "--market-listen", "", "--data", data_arg]);
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success() && said.contains(&format!("the data directory {data_arg} is in use by another crossbook process (process {})", server.child_id())), "{said}");
+    for args in [&["recover", "--journal", data_arg][..], &["journal", "snapshot", data_arg][..]] {
+        let refused = crossbook(args);
+        assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("is in use by another crossbook process"), "{args:?}");
+    }
+    // The server was not disturbed.
+    client.send(&limit(2, Side::Buy, 100, 1, TimeInForce::Gtc));
+    assert_eq!(client.report().kind, ReportKind::Accepted);
+    drop(client);
+    server.kill();
+    let recovered = crossbook(&["recover", "--journal", data_arg]);
+    assert!(recovered.status.success(), "{}", String::from_utf8_lossy(&recovered.stderr));
+    let seq: u64 = String::from_utf8_lossy(&recovered.stdout).lines().find_map(|l| l.strip_prefix("seq ")?.parse().ok()).unwrap();
+    let server = start_default(&dir.0);
+    let (client, reply) = crossbook_client::binary::Client::login(&server.address, 1, "demo-key-1", u64::MAX).unwrap();
+    let mut client = Client(client);
+    assert!(matches!(reply, ServerMessage::LoginAccepted { next_seq: 3, .. }), "both orders' reports are kept: {reply:?}");
+    client.send(&ClientMessage::QueryOpenOrders { request: 1, instrument: None });
+    let mut cids = Vec::new();
+    loop {
+        match client.recv() {
+            Some(ServerMessage::OpenOrder(o)) => cids.push(o.cid),
+            Some(ServerMessage::QueryDone { .. }) => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(cids, [1, 2], "both orders are in the journal (at seq {seq})");
+    drop(client);
+    assert!(server.terminate().success());
+}
+
 #[test]
 fn two_accounts_trade_a_third_cannot_interfere_and_state_survives_a_restart() {
     let dir = temp_dir("trade");

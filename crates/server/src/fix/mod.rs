@@ -116,7 +116,7 @@ const CLOSE_GRACE: Duration = Duration::from_secs(2);
 const REPORT_QUEUE: usize = 65_536;
 
 fn log(line: &str) {
-    eprintln!("{line}");
+    crate::log(line);
 }
 
 /// Milliseconds since the epoch: the gateway's clock (the session layer
