@@ -49,6 +49,9 @@ impl WorkloadSource {
             WorkloadSource::Generated(w) => Ok(generate(*w, seed, count.unwrap_or(1_000_000))),
             WorkloadSource::ExchangeCore(dir) => {
                 let mut commands = crossbook_compat::commands(dir)?;
+                if let Some(count) = count.filter(|&count| count > commands.len()) {
+                    eprintln!("note: the flow has {} commands: --commands {count} takes all of them", commands.len());
+                }
                 commands.truncate(count.unwrap_or(usize::MAX));
                 Ok(commands)
             }

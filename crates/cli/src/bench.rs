@@ -2,4 +2,4 @@
 //! (`crossbook_bench::harness`); this binary parses the flags into its
 //! options.
 
-pub use crossbook_bench::harness::{Options, WorkloadSource, run};
+pub use crossbook_bench::harness::{EXCHANGE_CORE_SINGLE, Options, WorkloadSource, run};

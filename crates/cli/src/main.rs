@@ -72,7 +72,8 @@ enum Cmd {
         action: JournalAction,
     },
     /// Run the exchange: recover from the data directory, then serve the
-    /// binary protocol until SIGTERM or Ctrl-C.
+    /// binary protocol, FIX 4.4 and market data with the Binance-style
+    /// REST and WebSocket APIs until SIGTERM or Ctrl-C.
     Serve {
         /// crossbook.toml (every field has a default: a demo venue).
         #[arg(long)]
@@ -337,7 +338,7 @@ enum CompatEngine {
         /// The flow folder (commands.csv.gz, events.csv.gz, final-book.csv).
         dir: Option<PathBuf>,
         /// The same, as an option; defaults to ../shared/workloads/exchange-core-singlepair.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "dir")]
         flow: Option<PathBuf>,
     },
 }
@@ -397,6 +398,9 @@ fn real_main() -> Result<()> {
                 "async" => Durability::Async { interval: Duration::from_millis(10) },
                 other => bail!("--durability must be sync or async, not {other:?}"),
             };
+            if segment_bytes < crossbook_server::config::MIN_SEGMENT_BYTES {
+                bail!("--segment-bytes must be at least {}, not {segment_bytes}", crossbook_server::config::MIN_SEGMENT_BYTES);
+            }
             let config = JournalConfig { durability, segment_bytes, ..JournalConfig::default() };
             journaled::run(&commands, &dir, config, snapshot_every, keep_snapshots)
         }
@@ -474,6 +478,15 @@ fn real_main() -> Result<()> {
                 "json" => true,
                 other => bail!("--format must be text or json, not {other:?}"),
             };
+            if commands == Some(0) {
+                bail!("--commands must be at least 1");
+            }
+            if flow.is_some() && name != bench::EXCHANGE_CORE_SINGLE {
+                bail!("--flow is for --workload {}, not {name}", bench::EXCHANGE_CORE_SINGLE);
+            }
+            if !(threshold.is_finite() && threshold >= 0.0) {
+                bail!("--threshold must be a percentage of 0 or more, not {threshold}");
+            }
             bench::run(bench::Options {
                 workload: bench::WorkloadSource::parse(&name, flow)?,
                 commands,

@@ -41,9 +41,13 @@ pub enum CompatError {
 impl std::fmt::Display for CompatError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CompatError::NoFlow => f.write_str("the exchange-core flow is not here: pass --flow DIR (the folder with commands.csv.gz)"),
+            CompatError::NoFlow => {
+                let here = std::env::current_dir().map_or_else(|_| "this directory".to_string(), |d| d.display().to_string());
+                write!(f, "the exchange-core flow is in neither {} nor {} (from {here}): pass --flow DIR (the folder with commands.csv.gz)", DEFAULT_FLOWS[0], DEFAULT_FLOWS[1])
+            }
             CompatError::NotAFlow(dir) => write!(f, "{} holds no commands.csv.gz", dir.display()),
-            CompatError::Io { path, source } => write!(f, "reading {}: {source}", path.display()),
+            // The cause is `source()`'s (a chain printer adds it).
+            CompatError::Io { path, .. } => write!(f, "reading {}", path.display()),
             CompatError::Format { file, line, what } => write!(f, "{file} line {line}: {what}"),
         }
     }
@@ -64,9 +68,12 @@ fn format_error(file: &'static str, line: usize, what: impl Into<String>) -> Com
     CompatError::Format { file, line, what: what.into() }
 }
 
+/// Where the flow is looked for, from the working directory.
+const DEFAULT_FLOWS: [&str; 2] = ["../shared/workloads/exchange-core-singlepair", "shared/workloads/exchange-core-singlepair"];
+
 /// Where the flow lives unless `--flow` says otherwise.
 pub fn default_flow() -> Option<PathBuf> {
-    ["../shared/workloads/exchange-core-singlepair", "shared/workloads/exchange-core-singlepair"]
+    DEFAULT_FLOWS
         .iter()
         .map(PathBuf::from)
         .find(|p| p.join("commands.csv.gz").is_file())
@@ -126,16 +133,25 @@ impl std::fmt::Display for Outcome {
     }
 }
 
-/// The lines of a gzip-compressed CSV file after its header, numbered
-/// from 2 as an editor shows them.
-fn gz_lines(path: &Path) -> Result<impl Iterator<Item = Result<(usize, String)>>> {
-    let file = std::fs::File::open(path).map_err(|source| CompatError::Io { path: path.to_path_buf(), source })?;
-    let path = path.to_path_buf();
-    Ok(BufReader::new(flate2::read::GzDecoder::new(file))
-        .lines()
-        .skip(1)
-        .enumerate()
-        .map(move |(index, line)| line.map(|l| (index + 2, l)).map_err(|source| CompatError::Io { path: path.clone(), source })))
+/// Checks a file's first line: the flow's header, or the file is not
+/// what it should be (an empty or foreign file never reads as no rows).
+fn header(file: &'static str, first: Option<&str>, expected: &str) -> Result<()> {
+    match first {
+        Some(line) if line.trim_end() == expected => Ok(()),
+        Some(line) => Err(format_error(file, 1, format!("header {:?}, expected {expected:?}", line.chars().take(80).collect::<String>()))),
+        None => Err(format_error(file, 1, format!("empty file, expected the header {expected:?}"))),
+    }
+}
+
+/// The lines of a gzip-compressed CSV file after its header (checked),
+/// numbered from 2 as an editor shows them.
+fn gz_lines(dir: &Path, file: &'static str, expected: &str) -> Result<impl Iterator<Item = Result<(usize, String)>>> {
+    let path = dir.join(file);
+    let opened = std::fs::File::open(&path).map_err(|source| CompatError::Io { path: path.clone(), source })?;
+    let mut lines = BufReader::new(flate2::read::GzDecoder::new(opened)).lines();
+    let first = lines.next().transpose().map_err(|source| CompatError::Io { path: path.clone(), source })?;
+    header(file, first.as_deref(), expected)?;
+    Ok(lines.enumerate().map(move |(index, line)| line.map(|l| (index + 2, l)).map_err(|source| CompatError::Io { path: path.clone(), source })))
 }
 
 fn field<T: std::str::FromStr>(file: &'static str, fields: &[&str], index: usize, what: &str, line: usize) -> Result<T> {
@@ -145,7 +161,7 @@ fn field<T: std::str::FromStr>(file: &'static str, fields: &[&str], index: usize
 fn read_commands(dir: &Path) -> Result<Vec<EcCommand>> {
     let mut commands = Vec::new();
     const FILE: &str = "commands.csv.gz";
-    for line in gz_lines(&dir.join(FILE))? {
+    for line in gz_lines(dir, FILE, "seq,command,order_id,uid,action,order_type,price,reserve_bid_price,size")? {
         let (number, line) = line?;
         let f: Vec<&str> = line.split(',').collect();
         if f.len() != 9 {
@@ -181,7 +197,7 @@ fn read_commands(dir: &Path) -> Result<Vec<EcCommand>> {
 fn read_events(dir: &Path) -> Result<Vec<(u64, Outcome)>> {
     let mut events = Vec::new();
     const FILE: &str = "events.csv.gz";
-    for line in gz_lines(&dir.join(FILE))? {
+    for line in gz_lines(dir, FILE, "seq,event,active_order_completed,matched_order_id,matched_uid,matched_order_completed,price,size,bidder_hold_price")? {
         let (number, line) = line?;
         let f: Vec<&str> = line.split(',').collect();
         if f.len() != 9 {
@@ -209,6 +225,7 @@ fn read_final_book(dir: &Path) -> Result<Vec<(Side, i64, u64, u32)>> {
     const FILE: &str = "final-book.csv";
     let path = dir.join(FILE);
     let text = std::fs::read_to_string(&path).map_err(|source| CompatError::Io { path: path.clone(), source })?;
+    header(FILE, text.lines().next(), "side,price,volume,orders")?;
     let mut levels = Vec::new();
     for (index, line) in text.lines().enumerate().skip(1) {
         let number = index + 1;

@@ -220,3 +220,48 @@ fn a_day_order_is_refused_with_a_reason() {
     expect(&reply, &[(35, "8"), (150, "8"), (11, "D1")]);
     assert!(reply.text(58).is_some_and(|t| t.contains("Day")), "{:?}", reply.text(58));
 }
+
+/// Careless command lines: every tool refuses a value it cannot use with
+/// a message naming it and exit 1, never a panic (exit 101) or an abort;
+/// a tool whose output pipe closes ends quietly.
+#[test]
+fn the_tools_refuse_what_they_cannot_use_with_a_message() {
+    let dir = TempDir::new("careless");
+    let flow = dir.0.join("flow");
+    std::fs::create_dir_all(&flow).unwrap();
+    std::fs::write(flow.join("commands.csv.gz"), b"x").unwrap();
+    let flow = flow.to_str().unwrap().to_string();
+    let journal = dir.0.join("journal").to_str().unwrap().to_string();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["load", "--rate", "inf", "--duration", "1"], "--rate must be"),
+        (vec!["load", "--rate", "0", "--duration", "1"], "--rate must be"),
+        (vec!["load", "--duration", "1e20"], "--duration must be"),
+        (vec!["load", "--duration=-1"], "--duration must be"),
+        (vec!["load", "--window", "0"], "--window must be at least 1"),
+        (vec!["watch", "--duration", "NaN"], "--duration must be"),
+        (vec!["order", "--timeout", "inf", "balances"], "--timeout must be"),
+        (vec!["order", "--linger", "1e30", "balances"], "--linger must be"),
+        (vec!["bench", "--commands", "0"], "--commands must be at least 1"),
+        (vec!["bench", "--workload", "steady-deep", "--flow", "/nowhere"], "--flow is for --workload exchange-core-single"),
+        (vec!["compat", "exchange-core", &flow], "reading"),
+        (vec!["run", "--commands", "/nowhere.txt", "--journal", &journal, "--segment-bytes", "0"], "--segment-bytes must be at least 4096"),
+    ];
+    for (args, said) in cases {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_crossbook")).args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.starts_with("crossbook: ") && stderr.contains(said) && !stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+    // Its reader gone after one line, `gen` stops at once, quietly.
+    let mut generator = std::process::Command::new(env!("CARGO_BIN_EXE_crossbook"))
+        .args(["gen", "--workload", "steady-deep", "--commands", "1000000"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 1];
+    std::io::Read::read_exact(generator.stdout.as_mut().unwrap(), &mut first).unwrap();
+    drop(generator.stdout.take());
+    let output = generator.wait_with_output().unwrap();
+    assert!(!String::from_utf8_lossy(&output.stderr).contains("panicked"), "{}", String::from_utf8_lossy(&output.stderr));
+}
