@@ -245,6 +245,8 @@ fn the_tools_refuse_what_they_cannot_use_with_a_message() {
         (vec!["bench", "--workload", "steady-deep", "--flow", "/nowhere"], "--flow is for --workload exchange-core-single"),
         (vec!["compat", "exchange-core", &flow], "reading"),
         (vec!["run", "--commands", "/nowhere.txt", "--journal", &journal, "--segment-bytes", "0"], "--segment-bytes must be at least 4096"),
+        (vec!["serve", "--listen", "nonsense", "--data", &journal], "listen \"nonsense\" is not an address"),
+        (vec!["serve", "--market-listen", "127.0.0.1:99999", "--data", &journal], "market_data.listen \"127.0.0.1:99999\" is not an address"),
     ];
     for (args, said) in cases {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_crossbook")).args(&args).output().unwrap();
@@ -252,6 +254,7 @@ fn the_tools_refuse_what_they_cannot_use_with_a_message() {
         assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
         assert!(stderr.starts_with("crossbook: ") && stderr.contains(said) && !stderr.contains("panicked"), "{args:?}: {stderr}");
     }
+    assert!(!dir.0.join("journal").exists(), "refused before anything was written");
     // Its reader gone after one line, `gen` stops at once, quietly.
     let mut generator = std::process::Command::new(env!("CARGO_BIN_EXE_crossbook"))
         .args(["gen", "--workload", "steady-deep", "--commands", "1000000"])
