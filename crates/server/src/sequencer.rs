@@ -301,6 +301,8 @@ pub(crate) struct Replication {
     /// A new venue's reference data: journaled (and so replicated) first
     /// by the node that leads a log that is still empty.
     pub(crate) setup: Vec<Command>,
+    /// It may lead (`false`: a read replica).
+    pub(crate) candidate: bool,
 }
 
 pub(crate) enum Role {
@@ -718,8 +720,10 @@ impl<'a> Sequencer<'a> {
                 "none".to_string()
             } else if self.leading() {
                 format!("{} (journaled up to seq {})", what.join(", "), self.engine.seq())
-            } else {
+            } else if self.replication.as_ref().is_some_and(|r| r.candidate) {
                 format!("{} when this node leads", what.join(", "))
+            } else {
+                format!("none here ({}: a read replica never leads; they come from its leader)", what.join(", "))
             }
         };
         log(&format!(

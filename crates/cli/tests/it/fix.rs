@@ -299,6 +299,35 @@ fn what_a_request_says_of_an_order_must_be_so_and_a_compid_stays_its_accounts() 
     }
 }
 
+/// One FIX session per account at a time: a second CompID's Logon for an
+/// account another is logged on for is refused with why (its reports
+/// would have nowhere sure to go); once that session logs out, the second
+/// logs on and the account's reports come to it.
+#[test]
+fn a_second_comp_id_of_a_logged_on_account_is_refused_until_the_first_leaves() {
+    let dir = temp_dir("one-session-per-account");
+    let server = start_default(&dir);
+    let mut first = FixClient::connect(&server.fix_address, "FIRST1");
+    first.logon(1, "demo-key-1");
+    let mut second = FixClient::connect(&server.fix_address, "SECOND1");
+    match second.0.logon(1, "demo-key-1", false) {
+        Err(crossbook_client::ClientError::Refused(text)) => {
+            assert!(text.contains("|58=Logon refused: account 1 is logged on as FIRST1 (one FIX session per account at a time)|"), "{text}")
+        }
+        other => panic!("a second CompID of a logged-on account: {other:?}"),
+    }
+    // The first was not disturbed.
+    send_owned(&mut first, "D", &order("F1", "2", "100", "1"));
+    expect(&first.next(), &[(35, "8"), (150, "0"), (11, "F1")]);
+    first.send("5", &[]);
+    expect(&first.next(), &[(35, "5")]);
+    assert!(first.closed());
+    let mut second = FixClient::connect(&server.fix_address, "SECOND1");
+    second.logon(1, "demo-key-1");
+    send_owned(&mut second, "D", &order("S1", "2", "101", "1"));
+    expect(&second.next(), &[(35, "8"), (150, "0"), (11, "S1"), (1, "1")]);
+}
+
 /// A CompID whose account's key was taken out of the configuration does
 /// not log on, whatever Username and Password it brings (there is no
 /// password left to check it against).

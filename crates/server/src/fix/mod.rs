@@ -850,6 +850,13 @@ impl Gateway {
     fn on_messages(&self, comp_id: &str, id: u64, frames: &[Vec<u8>]) -> (Vec<Request>, Option<String>) {
         let mut guard = self.lock();
         let state = &mut *guard;
+        // Another CompID logged on for this session's account: one FIX
+        // session per account at a time (its Logon is refused).
+        let busy = state.sessions.get(comp_id).filter(|s| !s.session.is_logged_on()).and_then(|s| s.account).and_then(|account| {
+            let other = state.routes.get(&account)?;
+            let live = other != comp_id && state.sessions.get(other).is_some_and(|o| o.connection.is_some() && o.session.is_logged_on());
+            live.then(|| other.clone())
+        });
         let Some(session) = state.sessions.get_mut(comp_id) else {
             return (Vec::new(), Some("session vanished".into()));
         };
@@ -862,7 +869,7 @@ impl Gateway {
         let now = now_ms();
         let credentials = self.credentials(comp_id, session.account);
         let account = session.account;
-        with_app_credentials(self, session, &mut state.book, &mut requests, credentials, |session, app| {
+        with_app_credentials(self, session, &mut state.book, &mut requests, credentials, busy, |session, app| {
             for raw in frames {
                 session.session.on_message(raw, now, app, &mut actions);
                 if actions.iter().any(|a| matches!(a, Action::Disconnect(_))) {
@@ -1103,7 +1110,7 @@ fn read_comp_id(store: &std::path::Path) -> Option<String> {
 /// Runs `f` with the session's application.
 fn with_app(gateway: &Gateway, session: &mut FixSession, book: &mut FixBook, requests: &mut Vec<Request>, f: impl FnOnce(&mut FixSession, &mut dyn Application)) {
     let credentials = gateway.credentials(session.session.config().target_comp_id.as_str(), session.account);
-    with_app_credentials(gateway, session, book, requests, credentials, f);
+    with_app_credentials(gateway, session, book, requests, credentials, None, f);
 }
 
 fn with_app_credentials(
@@ -1112,6 +1119,7 @@ fn with_app_credentials(
     book: &mut FixBook,
     requests: &mut Vec<Request>,
     credentials: Option<(String, String)>,
+    busy: Option<String>,
     f: impl FnOnce(&mut FixSession, &mut dyn Application),
 ) {
     let mut app = std::mem::replace(&mut session.app, App::Venue);
@@ -1127,6 +1135,7 @@ fn with_app_credentials(
                 now: crossbook_fix::time::format_timestamp(now_ms()),
                 now_ms: now_ms(),
                 credentials,
+                busy,
             };
             f(session, &mut venue);
         }

@@ -652,6 +652,9 @@ pub struct VenueApp<'a> {
     pub now_ms: i64,
     /// The account's API key, for Logon with Username/Password.
     pub credentials: Option<(String, String)>,
+    /// The CompID logged on for the account now, if another: a Logon is
+    /// refused (one FIX session per account at a time).
+    pub busy: Option<String>,
 }
 
 fn text(message: &Message, tag: u32) -> Option<String> {
@@ -906,9 +909,13 @@ impl Application for VenueApp<'_> {
     fn on_logon(&mut self, logon: &Message) -> Result<(), LogonRefusal> {
         match (&self.credentials, logon.text(553), logon.text(554)) {
             // Bound by CompID in the configuration; credentials optional.
-            (None, _, _) => Ok(()),
-            (Some((user, password)), Some(u), Some(p)) if u == user && crate::config::keys_match(&pad(password), &pad(p)) => Ok(()),
-            _ => Err(LogonRefusal { text: "Logon refused: bad Username (553) or Password (554)".into() }),
+            (None, _, _) => {}
+            (Some((user, password)), Some(u), Some(p)) if u == user && crate::config::keys_match(&pad(password), &pad(p)) => {}
+            _ => return Err(LogonRefusal { text: "Logon refused: bad Username (553) or Password (554)".into() }),
+        }
+        match &self.busy {
+            Some(other) => Err(LogonRefusal { text: format!("Logon refused: account {} is logged on as {other} (one FIX session per account at a time)", self.account) }),
+            None => Ok(()),
         }
     }
 
@@ -1074,7 +1081,7 @@ mod tests {
         let mut feed = |book: &mut FixBook, raw: Vec<u8>| {
             let mut requests = Vec::new();
             let mut actions = Vec::new();
-            let mut app = VenueApp { account: 1, book, instruments: &instruments, requests: &mut requests, now: "20261123-00:00:00.000".into(), now_ms: now, credentials: None };
+            let mut app = VenueApp { account: 1, book, instruments: &instruments, requests: &mut requests, now: "20261123-00:00:00.000".into(), now_ms: now, credentials: None, busy: None };
             session.on_message(&raw, now, &mut app, &mut actions);
             let sent: Vec<Message> = actions.iter().filter_map(|a| if let Action::Send(bytes) = a { Message::parse(bytes).ok() } else { None }).collect();
             (requests, sent)
