@@ -548,6 +548,9 @@ pub fn journal_figures(commands: &[crossbook_engine::Command], dir: &Path) -> Re
     let mut journaled: [Vec<(f64, CommitStats)>; 2] = [Vec::new(), Vec::new()];
     let mut replay = Vec::new();
     let modes = [("async", Durability::Async { interval: Duration::from_millis(10) }), ("sync", Durability::Sync)];
+    // DIR is the bench's to empty: never a directory a running venue
+    // holds (its LOCK).
+    drop(crossbook_journal::lock_dir(dir)?);
     for _ in 0..ROUNDS {
         let _ = std::fs::remove_dir_all(dir);
         let mut engine = crossbook_engine::Engine::new();

@@ -373,7 +373,7 @@ fn main() {
     // head`) ends quietly, as a Unix tool does, instead of panicking on
     // its next line; the server keeps Rust's default (a log reader that
     // goes away must not stop the venue: its lines are dropped).
-    let server = matches!(std::env::args().nth(1).as_deref(), Some("serve" | "follow"));
+    let server = std::env::args_os().nth(1).is_some_and(|first| first == "serve" || first == "follow");
     if !server {
         // SAFETY: at the start of main, before any thread: only this
         // process's disposition of SIGPIPE changes.

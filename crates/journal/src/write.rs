@@ -201,7 +201,16 @@ pub struct DirLock {
 pub fn lock_dir(dir: &Path) -> Result<DirLock, JournalError> {
     std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
     let path = dir.join("LOCK");
-    let mut file = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(&path).map_err(io(format!("opening {}", path.display())))?;
+    // Read-only where it cannot be written (a copy or backup, another
+    // user's file): flock needs no more.
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .or_else(|_| File::open(&path))
+        .map_err(io(format!("opening {}", path.display())))?;
     match file.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
@@ -215,9 +224,11 @@ pub fn lock_dir(dir: &Path) -> Result<DirLock, JournalError> {
         }
         Err(std::fs::TryLockError::Error(e)) => return Err(io(format!("locking {}", path.display()))(e)),
     }
-    // Who holds it, for the message another process gets.
-    file.set_len(0).map_err(io(format!("writing {}", path.display())))?;
-    std::io::Write::write_all(&mut file, format!("{}\n", std::process::id()).as_bytes()).map_err(io(format!("writing {}", path.display())))?;
+    // Who holds it, for the message another process gets (if the file
+    // can be written).
+    if file.set_len(0).is_ok() {
+        let _ = std::io::Write::write_all(&mut file, format!("{}\n", std::process::id()).as_bytes());
+    }
     Ok(DirLock { _file: file })
 }
 

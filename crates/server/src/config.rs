@@ -478,6 +478,23 @@ impl Config {
         }
     }
 
+    /// The listening addresses resolve (a host name is looked up): at
+    /// start, before the data directory is touched, an address that
+    /// cannot be one is refused (one already taken is found when bound).
+    /// Not on a reload, which takes no address (and must not wait on a
+    /// name lookup).
+    pub fn check_addresses(&self) -> Result<(), ConfigError> {
+        for (key, address, optional) in [("listen", &self.listen, false), ("fix.listen", &self.fix.listen, true), ("market_data.listen", &self.market_data.listen, true)] {
+            if optional && address.is_empty() {
+                continue;
+            }
+            if std::net::ToSocketAddrs::to_socket_addrs(address.as_str()).map_or(true, |mut all| all.next().is_none()) {
+                return Err(ConfigError::BadAddress { key, value: address.clone() });
+            }
+        }
+        Ok(())
+    }
+
     /// Checks what `serve` needs of the settings before it touches the
     /// data directory: every refusal here names the key.
     pub fn check(&self) -> Result<(), ConfigError> {
@@ -490,16 +507,6 @@ impl Config {
         }
         if !(0..=19).contains(&self.market_data.nice) {
             return Err(ConfigError::BadNice(self.market_data.nice));
-        }
-        // An address that cannot be one is refused before the data
-        // directory is touched (one already taken is found when bound).
-        for (key, address, optional) in [("listen", &self.listen, false), ("fix.listen", &self.fix.listen, true), ("market_data.listen", &self.market_data.listen, true)] {
-            if optional && address.is_empty() {
-                continue;
-            }
-            if std::net::ToSocketAddrs::to_socket_addrs(address.as_str()).map_or(true, |mut all| all.next().is_none()) {
-                return Err(ConfigError::BadAddress { key, value: address.clone() });
-            }
         }
         let ids: [(&'static str, Vec<u64>); 3] = [
             ("asset", self.assets.iter().map(|a| u64::from(a.id)).collect()),

@@ -108,6 +108,9 @@ struct Conn {
     /// more is read, and it closes once the sequencer has answered them
     /// all, the Logout last.
     logging_out: bool,
+    /// What it sent this round for the sequencer (added to `in_flight`
+    /// once its bytes are decoded).
+    queued: u32,
 }
 
 impl Conn {
@@ -357,6 +360,7 @@ impl Gateway<'_> {
             in_flight: InFlight::polled(),
             closing: None,
             logging_out: false,
+            queued: 0,
             want_write: false,
             held: false,
             accepted_at: Instant::now(),
@@ -411,7 +415,6 @@ impl Gateway<'_> {
                     }
                 }
             }
-            let before = self.commands.len();
             let mut decoded = decode_all(conn, self.config, self.keys, &mut self.sessions, &mut self.commands, &self.node);
             // A login for an account whose session is still registered: if
             // that session's connection is gone (its end not read yet), it
@@ -447,7 +450,9 @@ impl Gateway<'_> {
                 Stop::Close(reason) => reason,
                 Stop::Conflict(old) => format!("login conflicts with connection {old}"),
             });
-            let added = (self.commands.len() - before) as u32;
+            // Only this connection's (a session closed meanwhile may have
+            // queued its cancel on disconnect, counted on its own).
+            let added = std::mem::take(&mut conn.queued);
             if added > 0 {
                 conn.in_flight.add(added);
             }
@@ -691,10 +696,17 @@ fn not_leader(message: &ClientMessage, conn: &mut Conn, node: &NodeState) {
     conn.queue(&ServerMessage::Redirect { leader: redirect_field(&node.leader_binary().unwrap_or_default()) });
 }
 
-/// Whether something `conn` sent is still unanswered: in flight, or in
-/// this round's commands.
-fn unanswered(conn: &Conn, commands: &[Inbound]) -> bool {
-    conn.in_flight.count() > 0 || commands.iter().rev().any(|c| Arc::ptr_eq(&c.in_flight, &conn.in_flight))
+/// Whether something `conn` sent is still unanswered: in flight, or
+/// queued this round.
+fn unanswered(conn: &Conn) -> bool {
+    conn.in_flight.count() > 0 || conn.queued > 0
+}
+
+/// Hands the sequencer one of `conn`'s requests (counted against its
+/// in-flight limit once the round's bytes are decoded).
+fn queue_for_sequencer(conn: &mut Conn, commands: &mut Vec<Inbound>, request: Request) {
+    commands.push(Inbound { request, annex: None, source: BINARY, in_flight: conn.in_flight.clone() });
+    conn.queued += 1;
 }
 
 fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, keys: &Keys, sessions: &mut Sessions, commands: &mut Vec<Inbound>, node: &NodeState) -> Result<(), Stop> {
@@ -771,9 +783,9 @@ fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, keys: &Keys,
         // unanswered; otherwise in its place, after those answers (the
         // sequencer answers it as a query).
         (ClientMessage::Heartbeat, Some(who)) => {
-            if unanswered(conn, commands) {
+            if unanswered(conn) {
                 let query = Query { account: who, kind: QueryKind::Heartbeat, token: id, request: 0 };
-                commands.push(Inbound { request: Request::Query(query), annex: None, source: BINARY, in_flight: conn.in_flight.clone() });
+                queue_for_sequencer(conn, commands, Request::Query(query));
             } else {
                 conn.queue(&ServerMessage::Heartbeat);
             }
@@ -781,9 +793,9 @@ fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, keys: &Keys,
         }
         (ClientMessage::Logout, Some(who)) => {
             log(&format!("logout connection={id} account={who}"));
-            if unanswered(conn, commands) {
+            if unanswered(conn) {
                 let query = Query { account: who, kind: QueryKind::Logout, token: id, request: 0 };
-                commands.push(Inbound { request: Request::Query(query), annex: None, source: BINARY, in_flight: conn.in_flight.clone() });
+                queue_for_sequencer(conn, commands, Request::Query(query));
                 conn.logging_out = true;
                 return Ok(());
             }
@@ -792,12 +804,12 @@ fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, keys: &Keys,
         }
         (ClientMessage::QueryBalances { request }, Some(who)) => {
             let query = Query { account: who, kind: QueryKind::Balances, token: id, request };
-            commands.push(Inbound { request: Request::Query(query), annex: None, source: BINARY, in_flight: conn.in_flight.clone() });
+            queue_for_sequencer(conn, commands, Request::Query(query));
             Ok(())
         }
         (ClientMessage::QueryOpenOrders { request, instrument }, Some(who)) => {
             let query = Query { account: who, kind: QueryKind::OpenOrders { instrument }, token: id, request };
-            commands.push(Inbound { request: Request::Query(query), annex: None, source: BINARY, in_flight: conn.in_flight.clone() });
+            queue_for_sequencer(conn, commands, Request::Query(query));
             Ok(())
         }
         (message, Some(_)) if message.to_command(0).is_some() && !node.accepting.load(Ordering::Acquire) => {
@@ -806,7 +818,7 @@ fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, keys: &Keys,
         }
         (message, Some(who)) => {
             if let Some(command) = message.to_command(who) {
-                commands.push(Inbound { request: Request::Command(command), annex: None, source: BINARY, in_flight: conn.in_flight.clone() });
+                queue_for_sequencer(conn, commands, Request::Command(command));
             }
             Ok(())
         }

@@ -113,6 +113,7 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
 pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<dyn ReportSink + Send>>, listening: impl FnOnce(SocketAddr)) -> Result<Summary, ServeError> {
     let Controls { shutdown, snapshot: snapshot_now, reload, reread } = controls;
     config.check()?;
+    config.check_addresses()?;
     for warning in config.unit_warnings() {
         log(&format!("warning: {warning}: the REST API's amounts would not add up"));
     }

@@ -854,7 +854,9 @@ impl Gateway {
         // session per account at a time (its Logon is refused).
         let busy = state.sessions.get(comp_id).filter(|s| !s.session.is_logged_on()).and_then(|s| s.account).and_then(|account| {
             let other = state.routes.get(&account)?;
-            let live = other != comp_id && state.sessions.get(other).is_some_and(|o| o.connection.is_some() && o.session.is_logged_on());
+            // (A connection whose peer is gone does not count: its end may
+            // not have been read yet.)
+            let live = other != comp_id && state.sessions.get(other).is_some_and(|o| o.session.is_logged_on() && o.connection.as_ref().is_some_and(|c| peer_alive(&c.stream)));
             live.then(|| other.clone())
         });
         let Some(session) = state.sessions.get_mut(comp_id) else {
