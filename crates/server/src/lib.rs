@@ -53,6 +53,17 @@ pub fn log(line: &str) {
     let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
+/// A shared value's read guard; a panic elsewhere while it was held
+/// (poisoning) does not stop the venue from reading it.
+pub(crate) fn read<T>(lock: &std::sync::RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A mutex's guard, poisoned or not (as [`read`]).
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The wall clock in milliseconds since the Unix epoch (0 before it).
 pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)

@@ -53,10 +53,6 @@ pub(crate) struct Listing {
     defined: Mutex<(Vec<AssetConfig>, Vec<InstrumentConfig>)>,
 }
 
-fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Listing {
     /// What `engine` has of `config`'s assets and instruments, listed
     /// (on a lone venue, all of them: start-up journals what it lacks; a
@@ -73,13 +69,13 @@ impl Listing {
 
     /// The list as it is now.
     pub(crate) fn get(&self) -> Arc<Listed> {
-        read(&self.current).clone()
+        crate::read(&self.current).clone()
     }
 
     /// Where the assets and instruments added from now on take their
     /// settings from: `config`, just read (checked).
     pub(crate) fn define(&self, config: &Config) {
-        *self.defined.lock().unwrap_or_else(|e| e.into_inner()) = (config.assets.clone(), config.instruments.clone());
+        *crate::lock(&self.defined) = (config.assets.clone(), config.instruments.clone());
     }
 
     /// Lists what `command` added, if its `events` say the engine added
@@ -93,7 +89,7 @@ impl Listing {
         if !added {
             return None;
         }
-        let defined = self.defined.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let defined = crate::lock(&self.defined).clone();
         let mut current = self.current.write().unwrap_or_else(|e| e.into_inner());
         let mut listed = Listed::clone(&current);
         let warning = match *command {

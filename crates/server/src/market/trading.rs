@@ -20,7 +20,7 @@ use super::http::{ApiError, Params, json_response};
 use super::userstream::USER_STREAM_TOKEN;
 use super::{FeedCommand, Hub};
 use crate::config::Config;
-use crate::now_ms;
+use crate::{lock, now_ms, read};
 use crate::sequencer::{InFlight, Inbound, Request};
 use crate::sink::{Answer, Query, QueryKind, REST};
 use axum::extract::{RawQuery, State};
@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::SyncSender;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 /// Engine client ids of orders placed over REST: from 2^62 up (the FIX
@@ -163,13 +163,7 @@ fn asset_info(asset: &crate::config::AssetConfig) -> AssetInfo {
     AssetInfo { id: asset.id, name: asset.name.clone(), unit: Unit { mantissa: 1, scale: asset.decimals } }
 }
 
-fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(|e| e.into_inner())
-}
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 impl Trading {
     pub(crate) fn new(config: &Config, listed: &crate::listing::Listed, keys: Arc<crate::keys::Keys>) -> Trading {
