@@ -569,6 +569,11 @@ fn bad_input_at_the_market_data_port_costs_only_its_own_connection() {
     };
     assert_eq!(ask(&mut socket, "{nope")["error"]["code"], 3);
     assert_eq!(ask(&mut socket, r#"{"method":"FLY","id":1}"#)["error"]["code"], 2);
+    // A request of max_message bytes, more than the server reads at a
+    // time, arrives whole.
+    let padded = format!(r#"{{"method":"LIST_SUBSCRIPTIONS",{}"id":4}}"#, " ".repeat(4096 - 38));
+    assert_eq!(padded.len(), 4096);
+    assert_eq!(ask(&mut socket, &padded), serde_json::json!({"result": [], "id": 4}));
     std::thread::sleep(Duration::from_millis(1100));
     let many: Vec<String> = ["1m", "3m", "5m", "15m", "30m", "1h", "2h", "4h", "6h", "8h", "12h", "1d"]
         .iter()

@@ -36,6 +36,9 @@ const CLOSE_WAIT: Duration = Duration::from_secs(5);
 /// Messages written to a connection with one flush, at most.
 const WRITE_BATCH: usize = 256;
 
+/// Bytes the WebSocket layer reads from a client at a time.
+const READ_BUFFER: usize = 4096;
+
 /// The canonical name of a stream (lower-case symbol), if it is one this
 /// venue serves.
 pub(crate) fn stream_name(hub: &Hub, name: &str) -> Option<String> {
@@ -99,7 +102,15 @@ fn open(hub: Arc<Hub>, upgrade: WebSocketUpgrade, streams: Vec<String>, combined
     // upgrade never completes (its callback is then dropped unrun).
     let slot = Slot(hub.clone());
     let max = hub.config.max_message;
-    upgrade.max_message_size(max).max_frame_size(max).on_upgrade(move |socket| async move {
+    // The read buffer holds a client's requests, which are small. The
+    // WebSocket layer zeroes up to a buffer's worth each time the socket
+    // is polled for reading, which a subscriber's connection is once per
+    // batch it is sent: at the 128 KiB default that cleared 128 KiB per
+    // batch per connection and was a tenth of the time of the thread that
+    // writes to the connections with 100 subscribers (`docs/benchmarks.md`,
+    // `perf`). A larger request (up to `max_message`) still arrives
+    // whole: the buffer grows for it.
+    upgrade.read_buffer_size(READ_BUFFER).max_message_size(max).max_frame_size(max).on_upgrade(move |socket| async move {
         let slot = slot;
         serve(&slot.0, socket, names, combined, api).await;
     })
