@@ -74,6 +74,9 @@ pub fn run(commands: &PathBuf, dir: &Path, config: JournalConfig, snapshot_every
 /// A journal directory named on the command line must be there: a
 /// mistyped path is an error, never a new, empty journal.
 fn existing(dir: &Path) -> Result<()> {
+    if !dir.exists() {
+        bail!("{} does not exist", dir.display());
+    }
     if !dir.is_dir() {
         bail!("{} is not a directory", dir.display());
     }

@@ -227,7 +227,9 @@ pub fn check_later_segments(dir: &Path, after: &Path) -> Vec<Corruption> {
                 }
                 Err(_) if zeros_from(&bytes, at) => break,
                 Err(error) => {
-                    problems.push(corrupt(at, expected, error.to_string()));
+                    // Worded as the first damaged segment's is.
+                    let what = if valid_record_after(&bytes, at, MAX_PAYLOAD) { format!("{error}, and valid records follow") } else { error.to_string() };
+                    problems.push(corrupt(at, expected, what));
                     damaged = true;
                     break;
                 }

@@ -356,13 +356,16 @@ pub fn book_ticker_update(market: &MarketData, data: &InstrumentData) -> Value {
     })
 }
 
-/// The `<symbol>@kline_<interval>` payloads for a batch whose first trade
-/// of this instrument was `first_trade`: every candle it touched, oldest
-/// first, each but the newest closed (`x`).
-pub fn kline_updates(data: &InstrumentData, interval: usize, first_trade: u64, time_ms: u64) -> Vec<Value> {
+/// The `<symbol>@kline_<interval>` payloads: every candle a trade from
+/// `first_trade` on touched (none if 0), and every candle from the one that
+/// opened at `from_open_ms` on (the newest of the previous message, sent
+/// while it was open), oldest first. A candle is closed (`x`) when a newer
+/// one follows it or when `now_ms` is past its end.
+pub fn kline_updates(data: &InstrumentData, interval: usize, first_trade: u64, from_open_ms: Option<u64>, time_ms: u64, now_ms: u64) -> Vec<Value> {
     let series = &data.candles.series[interval];
-    let touched = series.iter().rev().take_while(|c| c.last_trade >= first_trade).count();
-    let from = series.len() - touched;
+    let traded = if first_trade == 0 { 0 } else { series.iter().rev().take_while(|c| c.last_trade >= first_trade).count() };
+    let left_open = from_open_ms.map_or(0, |open| series.iter().rev().take_while(|c| c.open_ms >= open).count());
+    let from = series.len() - traded.max(left_open);
     series
         .iter()
         .enumerate()
@@ -385,7 +388,7 @@ pub fn kline_updates(data: &InstrumentData, interval: usize, first_trade: u64, t
                     "l": price(data, c.low),
                     "v": qty(data, c.volume),
                     "n": c.trades,
-                    "x": position + 1 < series.len(),
+                    "x": position + 1 < series.len() || close_ms(interval, c) < now_ms,
                     "q": quote(data, c.quote_volume),
                     "V": qty(data, c.taker_buy_volume),
                     "Q": quote(data, c.taker_buy_quote_volume),
@@ -705,6 +708,47 @@ mod tests {
             let text: Value = serde_json::from_str(&trade_text(data, &t, 1_700_000_000_123)).expect("JSON");
             assert_eq!(text, trade(data, &t, 1_700_000_000_123));
         }
+    }
+
+    #[test]
+    fn a_candle_sent_open_is_sent_again_closed() {
+        let info = crate::InstrumentInfo {
+            id: 1,
+            symbol: "BTC-USD".into(),
+            binance: "BTCUSD".into(),
+            base: 1,
+            quote: 2,
+            base_asset: "BTC".into(),
+            quote_asset: "USD".into(),
+            price_unit: Unit::ONE,
+            qty_unit: Unit::ONE,
+            min_price: 1,
+            max_price: 1_000_000,
+            min_qty: 1,
+            max_qty: 1_000,
+            quote_asset_unit: Unit::ONE,
+            maker_bps: 0,
+            taker_bps: 0,
+        };
+        let mut market = MarketData::new(vec![info], 0);
+        let minute = 60_000 * 29_000_000;
+        market.instruments[0].candles.add(minute + 5_000, 100, 2, true, 1);
+        let one_minute = 0;
+        let opened_at = |updates: &[Value]| updates.iter().map(|u| (u["k"]["t"].as_u64().expect("t"), u["k"]["x"] == true)).collect::<Vec<_>>();
+        // Sent while its minute lasts: open.
+        let first = kline_updates(&market.instruments[0], one_minute, 1, None, minute + 5_000, minute + 5_001);
+        assert_eq!(opened_at(&first), [(minute, false)]);
+        // Its minute over, nothing traded: the same candle, closed.
+        let closing = kline_updates(&market.instruments[0], one_minute, 0, Some(minute), minute + 5_000, minute + 60_000);
+        assert_eq!(opened_at(&closing), [(minute, true)]);
+        assert_eq!(closing[0]["k"]["n"], 1);
+        // Nothing owed and nothing left open: nothing.
+        assert!(kline_updates(&market.instruments[0], one_minute, 0, None, minute + 5_000, minute + 60_000).is_empty());
+        // A trade in the next minute: the next message has both, the
+        // first closed (it was left open), though the trade did not touch it.
+        market.instruments[0].candles.add(minute + 61_000, 101, 1, false, 2);
+        let next = kline_updates(&market.instruments[0], one_minute, 2, Some(minute), minute + 61_000, minute + 61_001);
+        assert_eq!(opened_at(&next), [(minute, true), (minute + 60_000, false)]);
     }
 
     #[test]

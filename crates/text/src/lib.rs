@@ -185,13 +185,13 @@ impl<'a> Fields<'a> {
 
     fn int<T: Integer>(&mut self, key: &str) -> Result<T, SyntaxError> {
         let value = self.take(key)?;
-        T::parse(value).ok_or_else(|| error(format!("{key}={value}: not a {}", T::WHAT)))
+        T::parse(value).ok_or_else(|| error(format!("{key}={value}: not {}", T::WHAT)))
     }
 
     fn optional_int<T: Integer>(&mut self, key: &str) -> Result<Option<T>, SyntaxError> {
         match self.take_optional(key) {
             None => Ok(None),
-            Some(value) => T::parse(value).map(Some).ok_or_else(|| error(format!("{key}={value}: not a {}", T::WHAT))),
+            Some(value) => T::parse(value).map(Some).ok_or_else(|| error(format!("{key}={value}: not {}", T::WHAT))),
         }
     }
 
@@ -234,11 +234,11 @@ macro_rules! unsigned {
     };
 }
 
-unsigned!(u32, "u32");
-unsigned!(u64, "u64");
+unsigned!(u32, "an integer from 0 to 4294967295");
+unsigned!(u64, "an integer from 0 to 18446744073709551615");
 
 impl Integer for i64 {
-    const WHAT: &'static str = "i64";
+    const WHAT: &'static str = "an integer from -9223372036854775808 to 9223372036854775807";
     fn parse(text: &str) -> Option<Self> {
         let digits = text.strip_prefix('-').unwrap_or(text);
         if digits_only(digits) { text.parse().ok() } else { None }
@@ -294,9 +294,9 @@ resume instrument=1
         let cases = [
             ("open account=1 account=2", "repeated key"),
             ("open", "missing account="),
-            ("open account=-1", "not a u64"),
-            ("open account=+1", "not a u64"),
-            ("open account=18446744073709551616", "not a u64"),
+            ("open account=-1", "not an integer from 0 to 18446744073709551615"),
+            ("open account=+1", "not an integer from 0 to 18446744073709551615"),
+            ("open account=18446744073709551616", "not an integer from 0 to 18446744073709551615"),
             ("open account=1 colour=red", "unknown key"),
             ("frobnicate x=1", "unknown command"),
             ("place account=1 instrument=1 cid=1 side=buy type=market tif=ioc price=5 qty=1", "no price"),

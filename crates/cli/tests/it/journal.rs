@@ -404,6 +404,16 @@ fn verify_names_every_damaged_segment() {
         assert!(text.contains(&path.file_name().unwrap().to_string_lossy().to_string()), "{text}");
     }
     assert!(text.contains("offset"), "{text}");
+    // Both, with valid records after the damage, are worded alike.
+    assert_eq!(text.matches("checksum mismatch, and valid records follow").count(), 2, "{text}");
+    // A mistyped directory is named as missing, never taken for an empty journal.
+    let missing = dir.0.join("no-such-journal");
+    for args in [vec!["recover", "--journal", missing.to_str().unwrap()], vec!["journal", "verify", missing.to_str().unwrap()]] {
+        let output = Process::new(env!("CARGO_BIN_EXE_crossbook")).args(&args).output().unwrap();
+        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        assert!(String::from_utf8_lossy(&output.stderr).contains("no-such-journal does not exist"), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        assert!(!missing.exists());
+    }
 }
 
 /// A journal whose writer died with zeros written ahead of its records (a

@@ -465,6 +465,48 @@ fn the_streams_on_a_clock_send_an_interval_at_a_time_and_end_on_the_final_state(
     assert!(server.terminate().success());
 }
 
+/// A candle sent while open is sent again, closed (`x`), once its time is
+/// over, though no later trade comes: a client that keeps candles by `x`
+/// finishes the last one of a burst. Waits for a minute to end (up to a
+/// minute: the smallest interval).
+#[test]
+fn a_candle_is_sent_closed_when_its_minute_ends() {
+    let dir = TempDir::new("md-kline-close");
+    let server = start(&dir.0, None);
+    let market = server.market_address.clone();
+    let mut socket = connect(&market, "/ws/btcusd@kline_1m");
+    let now_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64;
+    // The trades inside one minute.
+    let left = 60_000 - now_ms() % 60_000;
+    if left < 5_000 {
+        std::thread::sleep(Duration::from_millis(left + 200));
+    }
+    let mut trading = load_with(&server.address, &["--connections", "2", "--count", "200", "--duration", "3"]);
+    assert!(trading.wait().expect("load").success());
+    let deadline = Instant::now() + Duration::from_secs(70);
+    let mut open: Option<Value> = None;
+    let closed = loop {
+        assert!(Instant::now() < deadline, "no closing message; last open: {open:?}");
+        let Some(message) = next_text(&mut socket) else { continue };
+        let k = message["k"].clone();
+        if k["x"] == Value::Bool(true) {
+            break message;
+        }
+        open = Some(message);
+    };
+    let open = open.expect("the candle sent while open");
+    let (k, was) = (&closed["k"], &open["k"]);
+    assert_eq!(k["t"], was["t"], "the candle sent open is the one closed: {closed} after {open}");
+    for field in ["T", "o", "h", "l", "c", "v", "n", "f", "L", "q"] {
+        assert_eq!(k[field], was[field], "{field}: nothing traded since");
+    }
+    let close_time = k["T"].as_u64().expect("T");
+    assert!(now_ms() > close_time, "sent after the candle's end");
+    let rest = json_get(&market, "/api/v3/klines?symbol=BTCUSD&interval=1m&limit=1");
+    assert_eq!((rest[0][0].as_u64(), &rest[0][4], &rest[0][5]), (k["t"].as_u64(), &k["c"], &k["v"]), "GET /api/v3/klines");
+    assert!(server.terminate().success());
+}
+
 /// A configuration with tight market-data limits.
 fn tight_config(dir: &Path) -> std::path::PathBuf {
     let base = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../crossbook.toml")).expect("crossbook.toml");
@@ -497,6 +539,14 @@ fn bad_input_at_the_market_data_port_costs_only_its_own_connection() {
         ("/api/v3/klines?symbol=BTCUSD&interval=7m", -1120),
         ("/api/v3/trades?symbol=BTCUSD&extra=1", -1104),
         ("/api/v3/depth?symbol=%ZZ", -1100),
+        // An optional parameter sent empty is refused, not taken as absent
+        // (a ticker would answer every instrument).
+        ("/api/v3/ticker/24hr?symbol=", -1100),
+        ("/api/v3/ticker/bookTicker?symbols=", -1100),
+        ("/api/v3/depth?symbol=BTCUSD&limit=", -1100),
+        ("/api/v3/klines?symbol=BTCUSD&interval=1m&timeZone=", -1100),
+        // A mandatory one sent empty is missing.
+        ("/api/v3/depth?symbol=", -1102),
     ] {
         let (status, body) = http_get(&market, path);
         let answer: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));

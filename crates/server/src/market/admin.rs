@@ -56,6 +56,8 @@ fn authorized<'a>(hub: &'a Hub, headers: &HeaderMap) -> Result<&'a Trading, ApiE
 }
 
 fn account_param(params: &Params) -> Result<u64, ApiError> {
+    // Mandatory: missing or empty is -1102, as for every mandatory one.
+    params.get("account").ok_or_else(|| ApiError::mandatory("account"))?;
     params.number("account", 0..=u64::MAX)?.ok_or_else(|| ApiError::mandatory("account"))
 }
 

@@ -136,6 +136,17 @@ impl Params {
         self.0.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty())
     }
 
+    /// An optional parameter: sent with an empty value, it is refused
+    /// (-1100, its `legal` values named), not taken as not sent (which for
+    /// `symbol` on a ticker would answer every instrument).
+    pub(crate) fn optional(&self, name: &str, legal: &str) -> Result<Option<&str>, ApiError> {
+        match self.0.iter().find(|(n, _)| n == name) {
+            Some((_, value)) if value.is_empty() => Err(ApiError::illegal(name, legal)),
+            Some((_, value)) => Ok(Some(value.as_str())),
+            None => Ok(None),
+        }
+    }
+
     /// `startTime` and `endTime`, if given; a start after the end is -1023.
     pub(crate) fn time_range(&self) -> Result<(Option<u64>, Option<u64>), ApiError> {
         let start = self.number("startTime", 0..=u64::MAX)?;
@@ -149,11 +160,12 @@ impl Params {
     }
 
     pub(crate) fn number(&self, name: &str, range: std::ops::RangeInclusive<u64>) -> Result<Option<u64>, ApiError> {
-        match self.get(name) {
+        let legal = format!("{}-{}", range.start(), range.end());
+        match self.optional(name, &legal)? {
             None => Ok(None),
             Some(text) => match text.parse::<u64>() {
                 Ok(n) if range.contains(&n) => Ok(Some(n)),
-                _ => Err(ApiError::illegal(name, &format!("{}-{}", range.start(), range.end()))),
+                _ => Err(ApiError::illegal(name, &legal)),
             },
         }
     }
@@ -167,7 +179,7 @@ impl Params {
 
     /// The instruments of `symbol`, of `symbols` (`["A","B"]`), or all.
     fn instruments(&self, market: &MarketData) -> Result<Option<Vec<usize>>, ApiError> {
-        match (self.get("symbol"), self.get("symbols")) {
+        match (self.optional("symbol", "a symbol, such as BTCUSD")?, self.optional("symbols", "a JSON array of symbols")?) {
             (Some(_), Some(_)) => Err(ApiError::bad(-1128, "Combination of optional parameters invalid.")),
             (Some(_), None) => Ok(Some(vec![self.instrument(market)?])),
             (None, Some(list)) => {
@@ -323,7 +335,7 @@ pub(crate) fn public(hub: &Hub, endpoint: Public, params: &Params) -> Result<Val
             let name = params.get("interval").ok_or_else(|| ApiError::mandatory("interval"))?;
             let interval = interval(name).ok_or_else(|| ApiError::bad(-1120, "Invalid interval."))?;
             let (start, end) = params.time_range()?;
-            if params.get("timeZone").is_some_and(|z| !is_utc(z)) {
+            if params.optional("timeZone", "UTC")?.is_some_and(|z| !is_utc(z)) {
                 return Err(ApiError::bad(-1100, "Illegal characters found in parameter 'timeZone'; only UTC (0) is served."));
             }
             let limit = params.number("limit", 1..=MAX_KLINES as u64)?.unwrap_or(500) as usize;
@@ -332,7 +344,7 @@ pub(crate) fn public(hub: &Hub, endpoint: Public, params: &Params) -> Result<Val
             Ok(render::klines(&market.instruments[index], interval, start, end, limit))
         }
         Public::Ticker24hr => {
-            if params.get("type").is_some_and(|t| t != "FULL") {
+            if params.optional("type", "FULL")?.is_some_and(|t| t != "FULL") {
                 return Err(ApiError::illegal("type", "FULL"));
             }
             let market = hub.read();

@@ -93,12 +93,27 @@ struct Slot {
     traded: std::collections::BTreeSet<usize>,
     /// When the last message went out.
     sent: Option<Instant>,
+    /// `Kline`: the newest candle of the last message if it was open then
+    /// (its open time), and when the message that closes it is due: the
+    /// next message includes it again, closed once its time is over.
+    open_candle: Option<u64>,
+    close_due: Option<Instant>,
 }
 
 impl Slot {
     /// `None`: nothing sent yet, so at once.
     fn due(&self, every: Duration) -> Option<Instant> {
         self.sent.map(|sent| sent + every)
+    }
+
+    /// When this slot has a message to send next, if it has one (`now`
+    /// if it never sent one).
+    fn next_message(&self, every: Duration, now: Instant) -> Option<Instant> {
+        let owed = self.owed.then(|| self.due(every).unwrap_or(now));
+        match (owed, self.close_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 }
 
@@ -181,16 +196,17 @@ impl Throttle {
             return;
         }
         let due: Vec<(usize, Stream)> =
-            self.slots.iter().filter(|((_, stream), slot)| slot.owed && slot.due(stream.every()).is_none_or(|due| due <= now)).map(|(key, _)| *key).collect();
+            self.slots.iter().filter(|((_, stream), slot)| slot.next_message(stream.every(), now).is_some_and(|due| due <= now)).map(|(key, _)| *key).collect();
         // What stays owed is due after `now`; what is sent now is due again
-        // an interval from now, once owed.
-        self.next = self.slots.iter().filter(|(key, slot)| slot.owed && !due.contains(key)).filter_map(|((_, stream), slot)| slot.due(stream.every())).min();
+        // an interval from now, once owed (or when its open candle closes).
+        self.next = self.slots.iter().filter(|(key, _)| !due.contains(key)).filter_map(|((_, stream), slot)| slot.next_message(stream.every(), now)).min();
         if due.is_empty() {
             return;
         }
         let subscribers = hub.subscribers();
         let state = hub.read();
         let mut outgoing = Outgoing::new();
+        let now_ms = crate::now_ms();
         for key in due {
             let Some(slot) = self.slots.get_mut(&key) else { continue };
             let (index, stream) = key;
@@ -220,7 +236,28 @@ impl Throttle {
                 }
                 Stream::Kline(interval) => {
                     let first = std::mem::take(&mut slot.first_trade);
-                    send(format!("{symbol}@kline_{}", INTERVALS[interval].0), &|| render::kline_updates(data, interval, first, time_ms).iter().map(ToString::to_string).collect());
+                    // A message that only closes a candle covers no batch:
+                    // its `E` is the state's time.
+                    let time_ms = if slot.owed { time_ms } else { state.time_ms };
+                    let candles = render::kline_updates(data, interval, first, slot.open_candle, time_ms, now_ms);
+                    // The newest candle sent, if still open, is sent again
+                    // closed once its time is over (by this server's
+                    // clock, the one the journal stamps commands with),
+                    // not sooner than the stream's interval.
+                    let newest = candles.last().and_then(|c| Some((c["k"]["t"].as_u64()?, c["k"]["T"].as_u64()?, c["k"]["x"].as_bool()?)));
+                    (slot.open_candle, slot.close_due) = match newest {
+                        Some((open_ms, close_ms, false)) => {
+                            let closes = now + Duration::from_millis((close_ms + 1).saturating_sub(now_ms));
+                            (Some(open_ms), Some(closes.max(now + KLINE_EVERY)))
+                        }
+                        _ => (None, None),
+                    };
+                    if let Some(&due) = slot.close_due.as_ref() {
+                        self.next = Some(self.next.map_or(due, |next| next.min(due)));
+                    }
+                    if !candles.is_empty() {
+                        send(format!("{symbol}@kline_{}", INTERVALS[interval].0), &|| candles.iter().map(ToString::to_string).collect());
+                    }
                 }
                 Stream::Trades => {
                     let (trades, count) = (std::mem::take(&mut slot.trades), std::mem::take(&mut slot.count));
