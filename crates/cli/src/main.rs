@@ -594,8 +594,24 @@ fn serve(
     // `connect_timeout_s`, rather than ending the node.
     let mut restarting_since: Option<std::time::Instant> = None;
     let patience = std::time::Duration::from_secs(config.replication.as_ref().map_or(0, |r| r.connect_timeout_s));
+    // The data directory is held from here to the end, across restarts
+    // as a follower: no other process can take it in between.
+    let mut lock: Option<(PathBuf, std::sync::Arc<crossbook_journal::DirLock>)> = None;
     loop {
-        let controls = crossbook_server::Controls { shutdown: shutdown.clone(), snapshot: snapshot.clone(), reload: reload.clone(), reread: reread.clone() };
+        if lock.as_ref().is_none_or(|(dir, _)| *dir != config.data_dir) {
+            // A reload that moved the data directory lets the old one go
+            // (first: the new path may name the same directory).
+            drop(lock.take());
+            let held = crossbook_journal::lock_dir(&config.data_dir).map_err(crossbook_server::ServeError::from)?;
+            lock = Some((config.data_dir.clone(), std::sync::Arc::new(held)));
+        }
+        let controls = crossbook_server::Controls {
+            shutdown: shutdown.clone(),
+            snapshot: snapshot.clone(),
+            reload: reload.clone(),
+            reread: reread.clone(),
+            lock: lock.as_ref().map(|(_, held)| held.clone()),
+        };
         match crossbook_server::serve(config.clone(), controls, |_| {}) {
             Err(crossbook_server::ServeError::Deposed(why)) if !shutdown.load(std::sync::atomic::Ordering::Acquire) => {
                 crossbook_server::log(&format!("no longer the leader ({why}): starting again as a follower"));

@@ -108,6 +108,12 @@ pub struct Controls {
     /// How to read it again (the file, with the command line's
     /// overrides); `None`: there is no file (the built-in configuration).
     pub reread: Option<Arc<sequencer::Reread>>,
+    /// The data directory's lock, when the caller holds it already: a
+    /// process that serves the directory again (a deposed leader starting
+    /// again as a follower) keeps it in between, so that no other process
+    /// can take the directory then. `None`: `serve` takes it itself, until
+    /// it returns.
+    pub lock: Option<Arc<crossbook_journal::DirLock>>,
 }
 
 /// Runs the venue until `shutdown` is set; then stops accepting, drains
@@ -122,7 +128,7 @@ pub fn serve(config: Config, controls: Controls, listening: impl FnOnce(SocketAd
 /// must not block: a gateway with clients of its own queues and returns),
 /// and every journaled command at start-up (`ReportSink::recovered`).
 pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<dyn ReportSink + Send>>, listening: impl FnOnce(SocketAddr)) -> Result<Summary, ServeError> {
-    let Controls { shutdown, snapshot: snapshot_now, reload, reread } = controls;
+    let Controls { shutdown, snapshot: snapshot_now, reload, reread, lock } = controls;
     config.check()?;
     config.check_addresses()?;
     for warning in config.unit_warnings() {
@@ -137,8 +143,11 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         if config.fix.listen.is_empty() { "off".to_string() } else { format!("on {}", config.fix.listen) }
     ));
     // One process at a time writes a data directory: held until this
-    // function returns (a restart as a follower takes it again).
-    let _lock = crossbook_journal::lock_dir(&config.data_dir)?;
+    // function returns, or by the caller across its restarts.
+    let _lock = match lock {
+        Some(held) => held,
+        None => Arc::new(crossbook_journal::lock_dir(&config.data_dir)?),
+    };
     log("recovering: loading the newest snapshot that belongs to the journal, then replaying the journal after it");
     let started = Instant::now();
     let recovered = recover(&config.data_dir)?;

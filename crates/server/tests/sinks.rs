@@ -43,7 +43,7 @@ fn config(dir: &std::path::Path) -> Config {
 fn with_venue(dir: &std::path::Path, work: impl FnOnce(&str)) -> Seen {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let shutdown = Arc::new(AtomicBool::new(false));
-    let controls = Controls { shutdown: shutdown.clone(), snapshot: Arc::new(AtomicBool::new(false)), reload: Arc::new(AtomicBool::new(false)), reread: None };
+    let controls = Controls { shutdown: shutdown.clone(), snapshot: Arc::new(AtomicBool::new(false)), reload: Arc::new(AtomicBool::new(false)), reread: None, lock: None };
     let (tell, address) = channel();
     let sink = Box::new(Recorder(seen.clone()));
     let config = config(dir);
