@@ -3,7 +3,7 @@
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use crossbook_engine::{Command, Engine, Event};
-use crossbook_workload::{Workload, generate};
+use crossbook_workload::Workload;
 use sha2::{Digest, Sha256};
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
@@ -599,6 +599,9 @@ fn serve(
     let mut lock: Option<(PathBuf, std::sync::Arc<crossbook_journal::DirLock>)> = None;
     loop {
         if lock.as_ref().is_none_or(|(dir, _)| *dir != config.data_dir) {
+            // A configuration that cannot be served is refused before the
+            // directory is made (as `serve` would, first thing).
+            config.check().and_then(|()| config.check_addresses()).map_err(crossbook_server::ServeError::from)?;
             // A reload that moved the data directory lets the old one go
             // (first: the new path may name the same directory).
             drop(lock.take());
@@ -649,12 +652,20 @@ fn workload(name: &str) -> Result<Workload> {
 }
 
 fn gen_command(name: &str, seed: u64, count: usize) -> Result<()> {
-    let commands = generate(workload(name)?, seed, count);
+    // Written as they are made (the same commands `generate` gives): any
+    // count streams in constant memory.
+    let mut generator = crossbook_workload::generator(workload(name)?, seed);
+    let mut engine = crossbook_engine::Engine::new();
+    let mut events = Vec::new();
     let stdout = std::io::stdout();
     let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
     let mut line = String::new();
     writeln!(out, "# crossbook gen --workload {name} --seed {seed} --commands {count}")?;
-    for command in &commands {
+    for _ in 0..count {
+        let command = generator.next(&engine);
+        events.clear();
+        engine.apply(&command, &mut events);
+        let command = &command;
         line.clear();
         crossbook_text::write_command(&mut line, command);
         line.push('\n');

@@ -347,7 +347,12 @@ impl Session {
         let next_in = self.next_in;
         match Message::parse(raw) {
             Err(garbled) if self.state == State::LoggedOn => {
-                actions.push(Action::Log(format!("ignored a garbled message ({garbled}): {}", printable(raw))));
+                // Its first bytes only: a counterparty cannot make each of
+                // its messages a log line as long as itself.
+                const SHOWN: usize = 200;
+                let shown = printable(&raw[..raw.len().min(SHOWN)]);
+                let more = if raw.len() > SHOWN { format!("... ({} bytes)", raw.len()) } else { String::new() };
+                actions.push(Action::Log(format!("ignored a garbled message ({garbled}): {shown}{more}")));
             }
             Err(garbled) => self.drop_connection(format!("garbled first message ({garbled})"), app, actions),
             Ok(message) if self.state == State::AwaitingLogon => self.on_logon(message, now_ms, app, actions),

@@ -184,7 +184,9 @@ impl Message {
             let start = at + eq + 1;
             let end = match data.take() {
                 // Raw data may hold SOH: its length field says where it ends.
-                Some((data_tag, len)) if data_tag == tag && start + len < raw.len() && raw[start + len] == SOH => start + len,
+                // (`len` is the sender's: compared without adding, so that
+                // a huge one cannot wrap around to an earlier offset.)
+                Some((data_tag, len)) if data_tag == tag && len < raw.len() - start && raw[start + len] == SOH => start + len,
                 _ => match raw[start..].iter().position(|&b| b == SOH) {
                     Some(len) => start + len,
                     None => return Err(Garbled::BadField { offset: at }),
@@ -388,6 +390,20 @@ mod tests {
     fn a_huge_declared_length_is_refused_before_buffering() {
         let raw = soh("8=FIX.4.4|9=10000000|35=D|");
         assert_eq!(frame(&raw, 65536), Frame::TooLong);
+    }
+
+    #[test]
+    fn a_data_length_that_would_wrap_around_is_not_followed() {
+        // RawDataLength (95) so large that adding it to the offset of
+        // RawData wraps to each of the offsets before it: parsing must end,
+        // with every field forward of the one before.
+        for back in 1..64u64 {
+            let len = (u64::MAX - back + 1) as usize;
+            let raw = soh(&format!("8=FIX.4.4|9=5|35=A|95={len}|96=x|10=000|"));
+            if let Ok(message) = Message::parse(&raw) {
+                assert!(message.fields.windows(2).all(|w| w[0].start <= w[0].end && w[0].end < w[1].start), "{back}");
+            }
+        }
     }
 
     #[test]

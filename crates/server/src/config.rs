@@ -107,6 +107,14 @@ pub struct MarketDataConfig {
     /// Seconds between the server's pings; a connection that has sent
     /// nothing (not even a pong) for three of them is closed.
     pub ping_interval_s: u64,
+    /// HTTP connections at once (not counting those upgraded to
+    /// WebSocket, which `max_connections` bounds); one more is closed as
+    /// soon as it is accepted.
+    pub max_http_connections: usize,
+    /// Seconds an HTTP connection has to send a request's whole header,
+    /// from its opening or its previous answer; then it is closed (an
+    /// idle keep-alive connection too).
+    pub header_timeout_s: u64,
     /// Binance's signed trading endpoints and user data streams on the same
     /// port (`docs/trading.md`); false: market data only.
     pub trading: bool,
@@ -151,6 +159,8 @@ impl Default for MarketDataConfig {
             max_message: 4096,
             max_messages_per_s: 10,
             ping_interval_s: 20,
+            max_http_connections: 1024,
+            header_timeout_s: 30,
             trading: true,
             max_weight_per_minute: 6000,
             max_orders_per_10s: 1000,
@@ -415,8 +425,9 @@ pub enum ConfigError {
     /// `market_data.admin_token` set with `market_data.trading = false`:
     /// the operator's endpoints are the trading API's.
     AdminWithoutTrading,
-    /// `market_data.orders_kept` or `trades_kept` outside 1 to 1,000,000.
-    BadWindow { key: &'static str, value: usize },
+    /// A number outside what it can be (`market_data.orders_kept` 1 to
+    /// 1,000,000, `market_data.ping_interval_s` 1 to 3,600, ...).
+    OutOfRange { key: &'static str, value: u64, least: u64, most: u64 },
 }
 
 /// The smallest `segment_bytes` accepted.
@@ -442,7 +453,7 @@ impl std::fmt::Display for ConfigError {
             ConfigError::BadNice(nice) => write!(f, "market_data.nice must be 0 to 19, not {nice}"),
             ConfigError::AdminWithoutTrading => write!(f, "market_data.admin_token is set but market_data.trading is false: the operator's endpoints are part of the trading API"),
             ConfigError::BadAdminToken(why) => write!(f, "market_data.admin_token {why}: it takes at least {MIN_ADMIN_TOKEN} visible ASCII characters (! to ~), or none (the operator endpoints off)"),
-            ConfigError::BadWindow { key, value } => write!(f, "market_data.{key} must be 1 to 1000000, not {value}"),
+            ConfigError::OutOfRange { key, value, least, most } => write!(f, "{key} must be {least} to {most}, not {value}"),
             ConfigError::DuplicateId { what, id } => write!(f, "two {what}s have id {id}"),
             ConfigError::FeeAccount => write!(f, "account 0 is the venue's fee account: it has no [[accounts]] entry (no keys, no deposits)"),
             ConfigError::SharedApiKey { first, second } => write!(f, "accounts {first} and {second} have the same API key (the REST API names an account by its key)"),
@@ -540,9 +551,17 @@ impl Config {
         if !token.is_empty() && token.len() < MIN_ADMIN_TOKEN {
             return Err(ConfigError::BadAdminToken(format!("has {} characters", token.len())));
         }
-        for (key, value) in [("orders_kept", self.market_data.orders_kept), ("trades_kept", self.market_data.trades_kept)] {
-            if !(1..=1_000_000).contains(&value) {
-                return Err(ConfigError::BadWindow { key, value });
+        let market = &self.market_data;
+        for (key, value, least, most) in [
+            ("market_data.orders_kept", market.orders_kept as u64, 1, 1_000_000),
+            ("market_data.trades_kept", market.trades_kept as u64, 1, 1_000_000),
+            ("market_data.ping_interval_s", market.ping_interval_s, 1, 3_600),
+            ("market_data.header_timeout_s", market.header_timeout_s, 1, 3_600),
+            ("market_data.max_http_connections", market.max_http_connections as u64, 1, 1_000_000),
+            ("fix.max_latency_s", self.fix.max_latency_s, 1, 315_360_000),
+        ] {
+            if !(least..=most).contains(&value) {
+                return Err(ConfigError::OutOfRange { key, value, least, most });
             }
         }
         if !matches!(self.fix.application.as_str(), "venue" | "echo") {
@@ -731,6 +750,21 @@ mod tests {
             let refused = Config::from_toml(&format!("[market_data]\n{key} = {value}")).unwrap().check().expect_err("refused");
             assert_eq!(refused.to_string(), format!("market_data.{key} must be 1 to 1000000, not {value}"));
         }
+    }
+
+    #[test]
+    fn durations_that_would_overflow_a_clock_are_refused_by_name() {
+        for (section, key, value, range) in [
+            ("market_data", "ping_interval_s", i64::MAX as u64, "1 to 3600"),
+            ("market_data", "ping_interval_s", 0, "1 to 3600"),
+            ("market_data", "header_timeout_s", 3_601, "1 to 3600"),
+            ("market_data", "max_http_connections", 0, "1 to 1000000"),
+            ("fix", "max_latency_s", 10_000_000_000_000_000, "1 to 315360000"),
+        ] {
+            let refused = Config::from_toml(&format!("[{section}]\n{key} = {value}")).unwrap().check().expect_err("refused");
+            assert_eq!(refused.to_string(), format!("{section}.{key} must be {range}, not {value}"));
+        }
+        assert!(Config::default().check().is_ok());
     }
 
     #[test]

@@ -472,7 +472,22 @@ impl Gateway<'_> {
                 }
             }
             self.flush(token);
+            // What it was answered at once (heartbeats, a follower's
+            // refusals) is bounded as its reports are.
+            self.drop_if_unread(token);
         }
+    }
+
+    /// Closes a connection with more than `MAX_OUTBUF` bytes it has not
+    /// read; whether it did.
+    fn drop_if_unread(&mut self, token: Token) -> bool {
+        let Some(conn) = self.conns.get(&token) else { return false };
+        if conn.outbuf.len() - conn.written <= MAX_OUTBUF {
+            return false;
+        }
+        log(&format!("dropping session of account {}: it does not read its reports", conn.account.unwrap_or(0)));
+        self.close(token, "does not read its reports".into());
+        true
     }
 
     /// Moves what the sequencer left for each connection into its buffer
@@ -488,9 +503,7 @@ impl Gateway<'_> {
                 // it sent before.
                 conn.close_after("logout".into());
             }
-            if conn.outbuf.len() - conn.written > MAX_OUTBUF {
-                log(&format!("dropping session of account {}: it does not read its reports", conn.account.unwrap_or(0)));
-                self.close(token, "does not read its reports".into());
+            if self.drop_if_unread(token) {
                 continue;
             }
             self.flush(token);

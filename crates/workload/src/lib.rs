@@ -66,7 +66,8 @@ pub fn generate(workload: Workload, seed: u64, count: usize) -> Vec<Command> {
     let mut generator = generator(workload, seed);
     let mut engine = Engine::new();
     let mut events = Vec::new();
-    let mut commands = Vec::with_capacity(count);
+    // Reserved up to a bound: `count` is the caller's (a command line's).
+    let mut commands = Vec::with_capacity(count.min(1 << 22));
     for _ in 0..count {
         let command = generator.next(&engine);
         events.clear();

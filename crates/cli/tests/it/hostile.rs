@@ -50,6 +50,29 @@ fn idle_connections_never_keep_a_trader_out() {
     assert!(log.iter().any(|l| l.contains("more") && l.contains("lines in the last")), "a summary of the lines left out");
 }
 
+/// A session that sends heartbeats (answered at once, not through the
+/// sequencer) and never reads is dropped once its unread answers pass the
+/// output bound, as one that does not read its reports is; the venue goes on.
+#[test]
+fn a_session_that_asks_and_never_reads_is_dropped() {
+    let dir = TempDir::new("never-reads");
+    let server = start(&dir.0, "");
+    let (mut mallory, _) = Client::login(&server.address, 3, "mallory");
+    mallory.stream().set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut chunk = Vec::new();
+    while chunk.len() < 64 << 10 {
+        encode_client(&ClientMessage::Heartbeat, &mut chunk);
+    }
+    // 16 MiB of answers and the sockets' buffers: far less than 256 MiB.
+    let sent = (0..4096).take_while(|_| mallory.send_bytes(&chunk).is_ok()).count();
+    assert!(sent < 4096, "the server kept reading {} MiB of heartbeats without their answers being read", (sent * chunk.len()) >> 20);
+    let (mut alice, reply) = Client::login(&server.address, 1, "alice");
+    assert!(matches!(reply, ServerMessage::LoginAccepted { .. }), "{reply:?}");
+    alice.send(&limit(1, Side::Buy, 90, 1, TimeInForce::Gtc));
+    assert_eq!(alice.report().kind, ReportKind::Accepted);
+    server.expect_log("dropping session of account 3: it does not read its reports");
+}
+
 /// A connection that does not log in in time is told so and closed.
 #[test]
 fn a_connection_that_never_logs_in_is_closed() {

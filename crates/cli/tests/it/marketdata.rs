@@ -507,6 +507,65 @@ fn a_candle_is_sent_closed_when_its_minute_ends() {
     assert!(server.terminate().success());
 }
 
+/// HTTP connections are bounded in number and in how long one may take
+/// to send a request's header: idle ones (never a request, or kept alive
+/// after one) are closed after `header_timeout_s`; past
+/// `max_http_connections` a new one is closed at once, and the port
+/// serves again as soon as one is gone.
+#[test]
+fn http_connections_are_bounded_in_number_and_in_time() {
+    let dir = TempDir::new("md-http-bounds");
+    let base = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../crossbook.toml")).expect("crossbook.toml");
+    let text = base.replace("max_http_connections = 1024 ", "max_http_connections = 4 ").replace("header_timeout_s = 30 ", "header_timeout_s = 1 ");
+    assert!(text.contains("max_http_connections = 4 ") && text.contains("header_timeout_s = 1 "), "crossbook.toml's [market_data] lines changed");
+    let config = dir.0.join("bounds.toml");
+    std::fs::write(&config, text).expect("config");
+    let server = start(&dir.0, Some(&config));
+    let market = server.market_address.clone();
+    // Whether the server closed the connection (read gives 0) within `within`.
+    let closed_within = |stream: &mut TcpStream, within: Duration| {
+        stream.set_read_timeout(Some(within)).expect("timeout");
+        let mut buffer = [0u8; 4096];
+        loop {
+            match stream.read(&mut buffer) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => return false,
+                Err(_) => return true,
+            }
+        }
+    };
+    let mut idle: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&market).expect("connect")).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut fifth = TcpStream::connect(&market).expect("connect");
+    assert!(closed_within(&mut fifth, Duration::from_millis(800)), "a fifth connection is closed at once");
+    // Half a header, then nothing: closed with the others after a second.
+    idle[0].write_all(b"GET /api/v3/ping HTTP/1.1\r\nHost: x\r\n").expect("write");
+    for stream in &mut idle {
+        assert!(closed_within(stream, Duration::from_secs(5)), "an idle connection is closed after header_timeout_s");
+    }
+    // The port serves again; a kept-alive connection idle after its answer
+    // is closed too.
+    let mut kept = TcpStream::connect(&market).expect("connect");
+    kept.write_all(b"GET /api/v3/ping HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
+    kept.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let mut answer = [0u8; 512];
+    let n = kept.read(&mut answer).expect("an answer");
+    assert!(String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&answer[..n]));
+    assert!(closed_within(&mut kept, Duration::from_secs(5)), "a kept-alive connection idle after its answer is closed");
+    // WebSockets are not HTTP connections: five at once are fine.
+    let mut sockets: Vec<Socket> = (0..5).map(|_| connect(&market, "/ws/btcusd@trade")).collect();
+    assert_eq!(http_get(&market, "/api/v3/ping"), (200, "{}".to_string()));
+    for socket in &mut sockets {
+        socket.send(Message::Text(r#"{"method":"LIST_SUBSCRIPTIONS","id":1}"#.into())).expect("send");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while next_text(socket).is_none() {
+            assert!(Instant::now() < deadline, "no answer");
+        }
+    }
+    assert!(server.terminate().success());
+}
+
 /// A configuration with tight market-data limits.
 fn tight_config(dir: &Path) -> std::path::PathBuf {
     let base = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../crossbook.toml")).expect("crossbook.toml");
@@ -553,6 +612,9 @@ fn bad_input_at_the_market_data_port_costs_only_its_own_connection() {
         assert_eq!((status, answer["code"].as_i64()), (400, Some(code)), "{path}: {body}");
         assert!(answer["msg"].as_str().is_some_and(|m| !m.is_empty()));
     }
+    let many = format!("/api/v3/depth?{}", (0..65).map(|i| format!("p{i}=1")).collect::<Vec<_>>().join("&"));
+    let (status, body) = http_get(&market, &many);
+    assert_eq!((status, serde_json::from_str::<Value>(&body).ok().and_then(|v| v["code"].as_i64())), (400, Some(-1101)), "65 parameters: {body}");
     assert_eq!(http_get(&market, "/api/v3/nothing").0, 404);
     // Garbage and a huge header: refused, the next request is served.
     let (status, _) = raw_http(&market, b"GARBAGE\r\n\r\n");

@@ -656,11 +656,15 @@ impl Gateway {
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => continue,
                 Err(e) => break 'connection format!("read error: {e}"),
             }
+            // Bytes skipped in this read: one line for them all, and
+            // those lines rate-limited (a stream of garbage is not a flood
+            // of lines).
+            let mut skipped = 0;
             loop {
                 match frame(&buffer, max) {
                     Frame::NeedMore => break,
                     Frame::Garbage(n) => {
-                        log(&format!("FIX connection {id}: skipped {n} bytes that do not start a message"));
+                        skipped += n;
                         buffer.drain(..n);
                     }
                     Frame::TooLong => {
@@ -693,6 +697,9 @@ impl Gateway {
                         frames.push(raw);
                     }
                 }
+            }
+            if skipped > 0 {
+                self.ratelog().line("FIX skipped bytes", || format!("FIX connection {id}: skipped {skipped} bytes that do not start a message"));
             }
             // Everything this read held: one pass under the lock, one
             // hand-over to the sequencer.

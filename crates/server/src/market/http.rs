@@ -21,6 +21,8 @@ pub(crate) const MAX_DEPTH: usize = 5000;
 /// Trades and candles a request may ask for, at most.
 pub(crate) const MAX_TRADES: usize = 1000;
 pub(crate) const MAX_KLINES: usize = 1000;
+/// Parameters of a query string (or of a form body), at most.
+const MAX_PARAMS: usize = 64;
 /// How long a stopping server waits for its connections to close.
 const STOP_GRACE: Duration = Duration::from_secs(3);
 
@@ -199,6 +201,11 @@ impl Params {
 fn pairs(text: &str) -> Result<Vec<(String, String)>, ApiError> {
     let mut params: Vec<(String, String)> = Vec::new();
     for pair in text.split('&').filter(|p| !p.is_empty()) {
+        // No endpoint reads a quarter as many; checked before the rest
+        // (each name is compared with those before it).
+        if params.len() == MAX_PARAMS {
+            return Err(ApiError::bad(-1101, format!("Too many parameters: at most {MAX_PARAMS} are read.")));
+        }
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         let name = decode(name).ok_or_else(|| ApiError::bad(-1100, "Illegal characters found in a parameter name."))?;
         let value = decode(value).ok_or_else(|| ApiError::illegal(&name, "percent-encoded UTF-8"))?;
@@ -609,34 +616,91 @@ pub(crate) fn start(hub: Arc<Hub>) -> Result<Running, ServeError> {
                         }
                     });
                 }
-                let mut done = stopping.clone();
-                let hub_for_stop = hub.clone();
-                // No Nagle: a small answer or message goes out at once, not
-                // when the client's next segment acknowledges the last one
-                // (a pipelining client waited a whole request interval).
-                let listener = axum::serve::ListenerExt::tap_io(listener, |tcp: &mut tokio::net::TcpStream| {
-                    let _ = tcp.set_nodelay(true);
-                });
-                let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-                    let _ = done.wait_for(|stop| *stop).await;
-                    ws::close_all(&hub_for_stop);
-                });
-                let mut deadline = stopping.clone();
-                tokio::select! {
-                    served = server => {
-                        if let Err(e) = served {
-                            log(&format!("market data: serving failed: {e}"));
-                        }
-                    }
-                    _ = async move {
-                        let _ = deadline.wait_for(|stop| *stop).await;
-                        tokio::time::sleep(STOP_GRACE).await;
-                    } => {}
-                }
+                accept_loop(listener, app, &hub, stopping).await;
             });
         })
         .map_err(ServeError::io("starting the market-data thread"))?;
     Ok(Running { address, stop, thread })
+}
+
+/// Accepts HTTP connections and serves each with the router, until told
+/// to stop: then accepts no more, closes every WebSocket with a reason,
+/// lets the requests under way finish, and returns once every connection
+/// is done or `STOP_GRACE` is up.
+///
+/// `axum::serve` would do the serving, but bounds neither the connections
+/// nor the time a client takes to send a request's header: here at most
+/// `max_http_connections` are served at once (one more is closed as soon
+/// as it is accepted), and hyper closes a connection that has not sent a
+/// whole header `header_timeout_s` after it opened or after its last
+/// answer. A connection upgraded to WebSocket leaves the count (the
+/// upgrade's own limits hold it: `max_connections`, pings).
+async fn accept_loop(listener: tokio::net::TcpListener, app: Router, hub: &Arc<Hub>, mut stopping: tokio::sync::watch::Receiver<bool>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let open = Arc::new(AtomicUsize::new(0));
+    let timeout = Duration::from_secs(hub.config.header_timeout_s);
+    let mut refused = 0u64;
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = async { let _ = stopping.wait_for(|stop| *stop).await; } => break,
+        };
+        let tcp = match accepted {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                // Out of descriptors, most likely: the connections open
+                // go on; accepting is tried again in a moment.
+                log(&format!("market data: cannot accept a connection: {e}"));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        if open.load(Ordering::Acquire) >= hub.config.max_http_connections {
+            refused += 1;
+            if refused.is_power_of_two() {
+                log(&format!("market data: {refused} HTTP connections closed at once so far: {} open already (market_data.max_http_connections)", hub.config.max_http_connections));
+            }
+            drop(tcp);
+            continue;
+        }
+        // No Nagle: a small answer or message goes out at once, not when
+        // the client's next segment acknowledges the last one (a
+        // pipelining client waited a whole request interval).
+        let _ = tcp.set_nodelay(true);
+        open.fetch_add(1, Ordering::AcqRel);
+        let counted = Counted(open.clone());
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let mut stop = stopping.clone();
+        tokio::spawn(async move {
+            let _counted = counted;
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(timeout);
+            let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(tcp), service).with_upgrades();
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                () = async { let _ = stop.wait_for(|stop| *stop).await; } => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+        });
+    }
+    ws::close_all(hub);
+    let deadline = tokio::time::Instant::now() + STOP_GRACE;
+    while (open.load(std::sync::atomic::Ordering::Acquire) > 0 || hub.connections.load(std::sync::atomic::Ordering::Acquire) > 0) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// One of the HTTP connections counted against `max_http_connections`,
+/// given back when its task ends.
+struct Counted(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 #[cfg(test)]

@@ -394,7 +394,11 @@ impl Session {
         let Some(trading) = &hub.trading else {
             return (Reply::Now(api_error(&id, &ApiError::new(StatusCode::NOT_FOUND, -1020, "The trading API is off on this venue."))), false);
         };
-        let keyed = params.get("apiKey").and_then(Value::as_str).is_some_and(|key| trading.knows_key(key));
+        // Paid for with the key's request weight: only the methods that
+        // spend it (a signed one). A public method naming a key counts
+        // against the connection's messages a second like any other.
+        let spends_weight = TRADING_METHODS.contains(&method) || method == "userDataStream.subscribe.signature";
+        let keyed = spends_weight && params.get("apiKey").and_then(Value::as_str).is_some_and(|key| trading.knows_key(key));
         if TRADING_METHODS.contains(&method) {
             return (Reply::Later(Box::pin(api_trading(hub.clone(), id, method.to_string(), params.clone())), Kind::of(method)), keyed);
         }
