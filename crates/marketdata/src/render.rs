@@ -676,9 +676,9 @@ pub fn execution_report(data: &InstrumentData, o: &OrderRecord, exec: &Execution
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_hot_payloads_written_as_text_are_the_json_ones() {
-        let info = crate::InstrumentInfo {
+    /// BTC-USD in units `price` (ticks, quote) and `qty` (lots).
+    fn btc_usd(price: Unit, qty: Unit) -> crate::InstrumentInfo {
+        crate::InstrumentInfo {
             id: 1,
             symbol: "BTC-USD".into(),
             binance: "BTCUSD".into(),
@@ -686,16 +686,21 @@ mod tests {
             quote: 2,
             base_asset: "BTC".into(),
             quote_asset: "USD".into(),
-            price_unit: Unit { mantissa: 1, scale: 2 },
-            qty_unit: Unit { mantissa: 5, scale: 3 },
+            price_unit: price,
+            qty_unit: qty,
             min_price: 1,
             max_price: 1_000_000,
             min_qty: 1,
             max_qty: 1_000,
-            quote_asset_unit: Unit { mantissa: 1, scale: 2 },
+            quote_asset_unit: price,
             maker_bps: -1,
             taker_bps: 5,
-        };
+        }
+    }
+
+    #[test]
+    fn the_hot_payloads_written_as_text_are_the_json_ones() {
+        let info = btc_usd(Unit { mantissa: 1, scale: 2 }, Unit { mantissa: 5, scale: 3 });
         let market = MarketData::new(vec![info], 0);
         let data = &market.instruments[0];
         let diff = DepthDiff { first: 7, last: 9, bids: vec![(10_050, 3), (10_000, 0)], asks: vec![(10_100, 12)] };
@@ -712,24 +717,7 @@ mod tests {
 
     #[test]
     fn a_candle_sent_open_is_sent_again_closed() {
-        let info = crate::InstrumentInfo {
-            id: 1,
-            symbol: "BTC-USD".into(),
-            binance: "BTCUSD".into(),
-            base: 1,
-            quote: 2,
-            base_asset: "BTC".into(),
-            quote_asset: "USD".into(),
-            price_unit: Unit::ONE,
-            qty_unit: Unit::ONE,
-            min_price: 1,
-            max_price: 1_000_000,
-            min_qty: 1,
-            max_qty: 1_000,
-            quote_asset_unit: Unit::ONE,
-            maker_bps: 0,
-            taker_bps: 0,
-        };
+        let info = btc_usd(Unit::ONE, Unit::ONE);
         let mut market = MarketData::new(vec![info], 0);
         let minute = 60_000 * 29_000_000;
         market.instruments[0].candles.add(minute + 5_000, 100, 2, true, 1);
