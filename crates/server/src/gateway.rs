@@ -108,6 +108,10 @@ struct Conn {
     /// more is read, and it closes once the sequencer has answered them
     /// all, the Logout last.
     logging_out: bool,
+    /// The server began stopping while it had requests unanswered:
+    /// nothing more is read, and its Logout goes out after their answers
+    /// (not before them).
+    logout_when_answered: bool,
     /// What it sent this round for the sequencer (added to `in_flight`
     /// once its bytes are decoded).
     queued: u32,
@@ -360,6 +364,7 @@ impl Gateway<'_> {
             in_flight: InFlight::polled(),
             closing: None,
             logging_out: false,
+            logout_when_answered: false,
             queued: 0,
             want_write: false,
             held: false,
@@ -382,7 +387,7 @@ impl Gateway<'_> {
                 self.unread.remove(&token);
                 continue;
             };
-            if conn.closing.is_some() || conn.logging_out {
+            if conn.closing.is_some() || conn.logging_out || conn.logout_when_answered {
                 self.unread.remove(&token);
                 continue;
             }
@@ -503,6 +508,11 @@ impl Gateway<'_> {
                 // it sent before.
                 conn.close_after("logout".into());
             }
+            if conn.logout_when_answered && conn.in_flight.count() == 0 {
+                conn.logout_when_answered = false;
+                conn.queue(&ServerMessage::Logout { reason: 0 });
+                conn.close_after("server shutting down".into());
+            }
             if self.drop_if_unread(token) {
                 continue;
             }
@@ -562,6 +572,17 @@ impl Gateway<'_> {
             self.flush(token);
         }
         self.ratelog.tick();
+        // Stopping: a session whose answers came with no frame of its own
+        // in the outbox gets its Logout here.
+        let answered: Vec<Token> = self.conns.iter().filter(|(_, c)| c.logout_when_answered && c.in_flight.count() == 0).map(|(t, _)| *t).collect();
+        for token in answered {
+            if let Some(conn) = self.conns.get_mut(&token) {
+                conn.logout_when_answered = false;
+                conn.queue(&ServerMessage::Logout { reason: 0 });
+                conn.close_after("server shutting down".into());
+            }
+            self.flush(token);
+        }
         let done: Vec<(Token, String)> = self
             .conns
             .iter()
@@ -651,6 +672,12 @@ impl Gateway<'_> {
         let tokens: Vec<Token> = self.conns.keys().copied().collect();
         for token in tokens {
             if let Some(conn) = self.conns.get_mut(&token) {
+                if conn.account.is_some() && (conn.logging_out || unanswered(conn)) {
+                    // Its answers first (they are being drained), then its
+                    // Logout: its own, or the server's once they are out.
+                    conn.logout_when_answered = !conn.logging_out;
+                    continue;
+                }
                 // A session is logged out; a connection not logged in yet
                 // is told the server is busy (docs/protocol.md).
                 conn.queue(&if conn.account.is_some() { ServerMessage::Logout { reason: 0 } } else { ServerMessage::Error { reason: ProtocolError::ServerBusy } });

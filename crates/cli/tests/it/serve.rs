@@ -282,6 +282,37 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// A server told to stop while a session's orders are still unanswered
+/// answers them first, then logs the session out once; nothing follows
+/// the Logout.
+#[test]
+fn a_stopping_server_answers_what_is_in_flight_before_its_logout() {
+    let dir = crate::support::TempDir::new("serve-stop-in-flight");
+    let server = start_default(&dir.0);
+    let (mut client, _) = Client::login(&server.address, 1, "demo-key-1");
+    let mut burst = Vec::new();
+    for cid in 1..=3_000 {
+        encode_client(&limit(cid, Side::Buy, 90, 1, TimeInForce::Gtc), &mut burst);
+    }
+    client.send_bytes(&burst).expect("send");
+    let stopping = std::thread::spawn(move || server.terminate());
+    let (mut reports, mut logouts, mut after_logout) = (0, 0, Vec::new());
+    while let Some(message) = client.recv() {
+        if logouts > 0 {
+            after_logout.push(format!("{message:?}"));
+        }
+        match message {
+            ServerMessage::ExecutionReport(_) => reports += 1,
+            ServerMessage::Logout { .. } => logouts += 1,
+            _ => {}
+        }
+    }
+    assert!(stopping.join().expect("terminate").success());
+    assert_eq!(logouts, 1, "one Logout");
+    assert!(after_logout.is_empty(), "nothing after the Logout: {:?}", &after_logout[..after_logout.len().min(3)]);
+    assert!(reports > 0, "the orders read before the stop were answered");
+}
+
 /// One process at a time writes a data directory: a second `serve` on
 /// it, or `recover` or `journal snapshot` while it runs, is refused with
 /// who holds it and changes nothing; once it stops (or is killed), they
