@@ -260,6 +260,10 @@ pub fn recover(dir: &Path) -> Result<Recovered, RecoveryError> {
     std::fs::create_dir_all(dir).map_err(io_error(format!("creating {}", dir.display())))?;
     let mut warnings = Vec::new();
     let mut set_asides = Vec::new();
+    // The highest seq a snapshot set aside as ahead of the journal shows
+    // was synced: a torn tail at or below it is lost synced history, not
+    // a write that was never acknowledged.
+    let mut synced_through = 0;
     // A snapshot being written when the process stopped: never renamed
     // into place, so never part of the state; removed so it takes no
     // room.
@@ -315,6 +319,7 @@ pub fn recover(dir: &Path) -> Result<Recovered, RecoveryError> {
             // A snapshot is written only once the journal has synced its
             // sequence number: records past the journal's end up to it
             // were durable, so they are named as lost.
+            synced_through = synced_through.max(header.seq);
             put_aside(
                 &path,
                 format!(
@@ -329,13 +334,12 @@ pub fn recover(dir: &Path) -> Result<Recovered, RecoveryError> {
         }
         if let Some(torn) = &end.torn {
             truncate_torn_tail(dir, torn).map_err(RecoveryError::Io)?;
-            warnings.push(format!(
-                "torn tail truncated: {} at offset {} (seq {} on: written but never synced, so never acknowledged in sync mode: {})",
-                torn.file.display(),
-                torn.offset,
-                torn.seq,
-                torn.what
-            ));
+            let why = if torn.seq <= synced_through {
+                format!("synced, as the snapshot at seq {synced_through} set aside above shows: lost with the records after it")
+            } else {
+                "written but never synced, so never acknowledged in sync mode".to_string()
+            };
+            warnings.push(format!("torn tail truncated: {} at offset {} (seq {} on: {why}: {})", torn.file.display(), torn.offset, torn.seq, torn.what));
         }
         let snapshot = candidate.map(|(seq, _)| seq);
         return Ok(Recovered { engine, end, snapshot, replayed, warnings, set_aside: set_asides });

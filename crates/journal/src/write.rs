@@ -199,6 +199,9 @@ pub struct DirLock {
 /// every process that writes a data directory (`serve`, `follow`, `run
 /// --journal`, `recover`, `journal snapshot`) takes it first.
 pub fn lock_dir(dir: &Path) -> Result<DirLock, JournalError> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(io(format!("using {} as a data directory", dir.display()))(std::io::Error::new(std::io::ErrorKind::NotADirectory, "it is not a directory")));
+    }
     std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
     let path = dir.join("LOCK");
     // Read-only where it cannot be written (a copy or backup, another
@@ -209,7 +212,9 @@ pub fn lock_dir(dir: &Path) -> Result<DirLock, JournalError> {
         .read(true)
         .write(true)
         .open(&path)
-        .or_else(|_| File::open(&path))
+        // (Where neither works, why the first did not is the one told: a
+        // directory that cannot be written, say.)
+        .or_else(|first| File::open(&path).map_err(|_| first))
         .map_err(io(format!("opening {}", path.display())))?;
     match file.try_lock() {
         Ok(()) => {}

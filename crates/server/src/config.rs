@@ -425,6 +425,10 @@ pub enum ConfigError {
     /// `market_data.admin_token` set with `market_data.trading = false`:
     /// the operator's endpoints are the trading API's.
     AdminWithoutTrading,
+    /// A `[[fix.sessions]]` entry that cannot be served: a CompID bound
+    /// twice, the venue's own, empty, or bound to an account the file
+    /// does not have; or an empty `fix.comp_id`.
+    BadFixSession(String),
     /// A number outside what it can be (`market_data.orders_kept` 1 to
     /// 1,000,000, `market_data.ping_interval_s` 1 to 3,600, ...).
     OutOfRange { key: &'static str, value: u64, least: u64, most: u64 },
@@ -453,6 +457,7 @@ impl std::fmt::Display for ConfigError {
             ConfigError::BadNice(nice) => write!(f, "market_data.nice must be 0 to 19, not {nice}"),
             ConfigError::AdminWithoutTrading => write!(f, "market_data.admin_token is set but market_data.trading is false: the operator's endpoints are part of the trading API"),
             ConfigError::BadAdminToken(why) => write!(f, "market_data.admin_token {why}: it takes at least {MIN_ADMIN_TOKEN} visible ASCII characters (! to ~), or none (the operator endpoints off)"),
+            ConfigError::BadFixSession(why) => write!(f, "fix: {why}"),
             ConfigError::OutOfRange { key, value, least, most } => write!(f, "{key} must be {least} to {most}, not {value}"),
             ConfigError::DuplicateId { what, id } => write!(f, "two {what}s have id {id}"),
             ConfigError::FeeAccount => write!(f, "account 0 is the venue's fee account: it has no [[accounts]] entry (no keys, no deposits)"),
@@ -559,6 +564,24 @@ impl Config {
             ("market_data.header_timeout_s", market.header_timeout_s, 1, 3_600),
             ("market_data.max_http_connections", market.max_http_connections as u64, 1, 1_000_000),
             ("fix.max_latency_s", self.fix.max_latency_s, 1, 315_360_000),
+            ("fix.max_message", self.fix.max_message as u64, 1_024, 1 << 30),
+            // A zero in any of these would start a venue nobody can use.
+            ("limits.max_connections", self.limits.max_connections as u64, 1, 1_000_000),
+            ("limits.max_unauthenticated", self.limits.max_unauthenticated as u64, 1, 1_000_000),
+            ("limits.login_timeout_s", self.limits.login_timeout_s, 1, 3_600),
+            ("limits.max_frame", self.limits.max_frame as u64, crossbook_protocol::LONGEST_FRAME as u64, 1 << 24),
+            ("limits.queue", self.limits.queue as u64, 1, 1_000_000),
+            ("limits.in_flight", u64::from(self.limits.in_flight), 1, 1_000_000),
+            ("limits.open_orders", self.limits.open_orders as u64, 1, 100_000_000),
+            ("market_data.max_connections", market.max_connections as u64, 1, 1_000_000),
+            ("market_data.max_streams", market.max_streams as u64, 1, 1_000_000),
+            ("market_data.queue", market.queue as u64, 1, 10_000_000),
+            ("market_data.max_message", market.max_message as u64, 64, 1 << 24),
+            ("market_data.max_messages_per_s", u64::from(market.max_messages_per_s), 1, 1_000_000),
+            ("market_data.max_weight_per_minute", u64::from(market.max_weight_per_minute), 1, 1_000_000_000),
+            ("market_data.max_orders_per_10s", u64::from(market.max_orders_per_10s), 1, 1_000_000_000),
+            ("market_data.max_body", market.max_body as u64, 256, 1 << 24),
+            ("market_data.answer_timeout_ms", market.answer_timeout_ms, 1, 3_600_000),
         ] {
             if !(least..=most).contains(&value) {
                 return Err(ConfigError::OutOfRange { key, value, least, most });
@@ -566,6 +589,21 @@ impl Config {
         }
         if !matches!(self.fix.application.as_str(), "venue" | "echo") {
             return Err(ConfigError::BadFixApplication(self.fix.application.clone()));
+        }
+        if self.fix.comp_id.is_empty() {
+            return Err(ConfigError::BadFixSession("comp_id (the venue's own) is empty".into()));
+        }
+        for (index, session) in self.fix.sessions.iter().enumerate() {
+            if session.comp_id.is_empty() || session.comp_id == self.fix.comp_id {
+                return Err(ConfigError::BadFixSession(format!("a session's comp_id may be neither empty nor the venue's own ({:?}), not {:?}", self.fix.comp_id, session.comp_id)));
+            }
+            if self.fix.sessions[..index].iter().any(|other| other.comp_id == session.comp_id) {
+                return Err(ConfigError::BadFixSession(format!("CompID {:?} is bound twice in sessions", session.comp_id)));
+            }
+            // (The echo application trades for nobody.)
+            if self.fix.application == "venue" && !self.accounts.iter().any(|a| a.id == session.account) {
+                return Err(ConfigError::BadFixSession(format!("CompID {:?} is bound to account {}, which has no [[accounts]] entry", session.comp_id, session.account)));
+            }
         }
         if let Some(replication) = &self.replication {
             if !self.fix.listen.is_empty() {
@@ -640,6 +678,15 @@ impl Config {
                     Command::AddAsset { id, name } => format!("asset {id} ({name})"),
                     Command::AddInstrument(spec) => format!("instrument {} ({})", spec.id, spec.symbol),
                     Command::OpenAccount { account } => format!("account {account}"),
+                    // The engine's bound is on the asset's supply (every
+                    // deposit of it together), not on this account alone.
+                    Command::Deposit { account, asset, amount } if reason == crossbook_engine::RejectReason::BalanceOverflow => {
+                        let before: u128 = commands.iter().take_while(|c| !std::ptr::eq(*c, command)).filter_map(|c| match c {
+                            Command::Deposit { asset: a, amount, .. } if a == asset => Some(u128::from(*amount)),
+                            _ => None,
+                        }).sum();
+                        format!("account {account}'s deposit of {amount} of asset {asset}, which would take the asset's supply (the deposits before it in the file: {before}) past 2^62,")
+                    }
                     Command::Deposit { account, asset, amount } => format!("account {account}'s deposit of {amount} of asset {asset}"),
                     other => format!("{other:?}"),
                 };
@@ -753,6 +800,17 @@ mod tests {
     }
 
     #[test]
+    fn fix_session_bindings_are_checked_at_start() {
+        let with = |sessions: &str| Config::from_toml(&format!("[fix]\nsessions = [{sessions}]")).unwrap().check().map_err(|e| e.to_string());
+        assert_eq!(with(r#"{ comp_id = "T1", account = 1 }, { comp_id = "T2", account = 2 }"#), Ok(()));
+        assert_eq!(with(r#"{ comp_id = "T1", account = 1 }, { comp_id = "T1", account = 2 }"#), Err("fix: CompID \"T1\" is bound twice in sessions".into()));
+        assert_eq!(with(r#"{ comp_id = "T9", account = 99 }"#), Err("fix: CompID \"T9\" is bound to account 99, which has no [[accounts]] entry".into()));
+        assert!(with(r#"{ comp_id = "CROSSBOOK", account = 1 }"#).is_err_and(|e| e.contains("the venue's own")));
+        assert!(with(r#"{ comp_id = "", account = 1 }"#).is_err());
+        assert!(Config::from_toml("[fix]\ncomp_id = \"\"").unwrap().check().is_err_and(|e| e.to_string().contains("comp_id (the venue's own) is empty")));
+    }
+
+    #[test]
     fn durations_that_would_overflow_a_clock_are_refused_by_name() {
         for (section, key, value, range) in [
             ("market_data", "ping_interval_s", i64::MAX as u64, "1 to 3600"),
@@ -760,6 +818,10 @@ mod tests {
             ("market_data", "header_timeout_s", 3_601, "1 to 3600"),
             ("market_data", "max_http_connections", 0, "1 to 1000000"),
             ("fix", "max_latency_s", 10_000_000_000_000_000, "1 to 315360000"),
+            ("limits", "max_connections", 0, "1 to 1000000"),
+            ("limits", "open_orders", 0, "1 to 100000000"),
+            ("market_data", "max_weight_per_minute", 0, "1 to 1000000000"),
+            ("market_data", "max_body", 0, "256 to 16777216"),
         ] {
             let refused = Config::from_toml(&format!("[{section}]\n{key} = {value}")).unwrap().check().expect_err("refused");
             assert_eq!(refused.to_string(), format!("{section}.{key} must be {range}, not {value}"));

@@ -69,6 +69,21 @@ pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// What would make a start fail after a new venue's set-up is journaled:
+/// an address that cannot be bound (one in use, say) and a FIX dictionary
+/// that cannot be read. Each address is bound and let go at once; the
+/// gateways bind them for good once the venue is recovered.
+fn probe(config: &Config) -> Result<(), ServeError> {
+    let addresses = [("listening on", &config.listen), ("listening for FIX on", &config.fix.listen), ("listening for market data on", &config.market_data.listen)];
+    for (what, address) in addresses.into_iter().filter(|(_, address)| !address.is_empty()) {
+        drop(TcpListener::bind(address.as_str()).map_err(ServeError::io(format!("{what} {address}")))?);
+    }
+    if !config.fix.listen.is_empty() {
+        fix::read_dictionary(&config.fix)?;
+    }
+    Ok(())
+}
+
 /// A venue that has run before takes from its configuration what it
 /// lacks (a new asset, instrument or account, with the new account's
 /// deposits; `sequencer::lacking`), journaled like any command; a
@@ -175,10 +190,10 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         None => (recovered, None),
     };
     log(&format!(
-        "recovered seq {} from {}, {} commands replayed, in {} ms",
+        "recovered seq {} from {}, {} replayed, in {} ms",
         recovered.engine.seq(),
         recovered.snapshot.map_or_else(|| "the start of the journal (no snapshot)".to_string(), |s| format!("the snapshot at seq {s}")),
-        recovered.replayed,
+        if recovered.replayed == 1 { "1 command".to_string() } else { format!("{} commands", recovered.replayed) },
         started.elapsed().as_millis()
     ));
     let mut engine = recovered.engine;
@@ -199,6 +214,10 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
     let mut journal = Journal::open(&config.data_dir, journal_config, &recovered.end)?;
     let chain = recovered.end.last_crc;
     if engine.seq() == 0 && replicated_log.is_none() {
+        // A new venue is journaled only once it could be served: a start
+        // that fails here leaves the directory without a venue, so that a
+        // corrected configuration starts afresh.
+        probe(&config)?;
         sequencer::set_up(&mut engine, &mut journal, &config.checked_setup_commands()?)?;
         log(&format!("new venue: {} set-up commands from the configuration", engine.seq()));
     } else {

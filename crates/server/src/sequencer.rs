@@ -402,6 +402,9 @@ pub(crate) struct Sequencer<'a> {
     /// was due, waiting for the release of the batch that ends there: the
     /// gateways' checkpoints are taken at the same command.
     snapshot_pending: Option<(u64, Vec<u8>)>,
+    /// The sequence number of the snapshot SIGUSR1 asked for, until it
+    /// is handed to the snapshotter (which says when it is written).
+    asked_snapshot: Option<u64>,
     /// The last sequence number handed to the sinks.
     released: u64,
     /// The time stamped on the last batch (milliseconds since the Unix
@@ -430,6 +433,7 @@ impl<'a> Sequencer<'a> {
             builder: ReportBuilder::from_engine(&engine),
             last_snapshot: engine.seq(),
             snapshot_pending,
+            asked_snapshot: None,
             released: engine.seq(),
             time_ms: 0,
             engine,
@@ -826,7 +830,8 @@ impl<'a> Sequencer<'a> {
     fn offer_snapshot(&mut self, sinks: &mut [&mut dyn ReportSink]) {
         let Some((seq, state)) = self.snapshot_pending.take() else { return };
         let checkpoints: Option<Vec<(String, Checkpoint)>> = sinks.iter_mut().map(|sink| sink.checkpoint(seq).map(|c| (sink.name().to_owned(), c))).collect();
-        self.snapshotter.offer(Offer { seq, state, checkpoints });
+        let announce = self.asked_snapshot.take_if(|asked| *asked == seq).is_some();
+        self.snapshotter.offer(Offer { seq, state, checkpoints, announce });
     }
 
     /// Snapshots (due or asked for) and the periodic throughput line.
@@ -844,6 +849,7 @@ impl<'a> Sequencer<'a> {
                 self.snapshot_pending = Some((seq, state));
                 if requested {
                     log(&format!("snapshot requested: writing one at seq {seq}"));
+                    self.asked_snapshot = Some(seq);
                 }
             } else if requested {
                 log("snapshot requested: the previous one is still being written; ask again");

@@ -46,6 +46,8 @@ pub(crate) struct Offer {
     pub(crate) seq: u64,
     pub(crate) state: Vec<u8>,
     pub(crate) checkpoints: Option<Vec<(String, Checkpoint)>>,
+    /// Asked for (SIGUSR1): its writing is logged.
+    pub(crate) announce: bool,
 }
 
 impl Snapshotter {
@@ -107,7 +109,7 @@ impl Drop for Snapshotter {
 /// `seq`, then write the snapshot bound to that record. Failures are
 /// logged, never fatal: the journal holds everything the snapshot would.
 fn write_when_durable(dir: &Path, journal: &DurableWatch, offer: Offer, retention: Retention, stopping: &AtomicBool) {
-    let Offer { seq, state, checkpoints } = offer;
+    let Offer { seq, state, checkpoints, announce } = offer;
     loop {
         match journal.wait_durable(seq, Duration::from_millis(100)) {
             Ok(durable) if durable >= seq => break,
@@ -123,8 +125,10 @@ fn write_when_durable(dir: &Path, journal: &DurableWatch, offer: Offer, retentio
     };
     let attachments = checkpoints.and_then(|checkpoints| gather(seq, checkpoints, stopping)).map(|sections| checkpoint::encode(&sections)).unwrap_or_default();
     let header = crossbook_journal::SnapshotHeader { seq, chain };
-    if let Err(e) = crossbook_journal::write_snapshot_state(dir, header, &state, &attachments, retention) {
-        log(&format!("snapshot at seq {seq} failed: {e}; the temporary file is never left behind, the snapshots before it are kept, and the next one is tried when due"));
+    match crossbook_journal::write_snapshot_state(dir, header, &state, &attachments, retention) {
+        Ok(_) if announce => log(&format!("snapshot written at seq {seq}")),
+        Ok(_) => {}
+        Err(e) => log(&format!("snapshot at seq {seq} failed: {e}; the temporary file is never left behind, the snapshots before it are kept, and the next one is tried when due")),
     }
 }
 

@@ -282,6 +282,24 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// A new venue whose start fails (its port taken) journals nothing: the
+/// next start, with the port free or the configuration corrected, sets it
+/// up afresh.
+#[test]
+fn a_start_that_fails_leaves_no_venue_behind() {
+    let dir = crate::support::TempDir::new("serve-failed-start");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let data = dir.0.join("data");
+    let output = Command::new(env!("CARGO_BIN_EXE_crossbook"))
+        .args(["serve", "--listen", &address, "--fix-listen", "", "--market-listen", "", "--data", data.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains(&format!("listening on {address}: ")), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(crossbook_journal::recover(&data).unwrap().engine.seq(), 0, "nothing journaled");
+}
+
 /// A server told to stop while a session's orders are still unanswered
 /// answers them first, then logs the session out once; nothing follows
 /// the Logout.
@@ -441,7 +459,9 @@ fn two_accounts_trade_a_third_cannot_interfere_and_state_survives_a_restart() {
     // A snapshot on request (SIGUSR1), then a clean stop.
     let status = Command::new("kill").args(["-USR1", &server.child_id().to_string()]).status().unwrap();
     assert!(status.success());
-    server.expect_log("snapshot requested");
+    let asked = server.expect_log("snapshot requested: writing one at seq ");
+    let seq = asked.rsplit(' ').next().expect("a seq").to_string();
+    server.expect_log(&format!("snapshot written at seq {seq}"));
     let status = server.terminate();
     assert!(status.success());
 

@@ -1206,9 +1206,14 @@ fn the_operator_deposits_and_withdraws_once_per_reference() {
 fn a_reload_opens_accounts_and_changes_keys_without_a_restart() {
     let dir = TempDir::new("trading-reload");
     let config = dir.0.join("crossbook.toml");
-    let server = start(&dir);
+    // Mallory also trades over FIX as CompID MAL, bound by the file.
+    let binding = "\n[fix]\nsessions = [{ comp_id = \"MAL\", account = 3 }]\n";
+    std::fs::write(&config, format!("{CONFIG}{binding}")).unwrap();
+    let server = spawn_with(&["--config", config.to_str().unwrap(), "--data", dir.0.join("data").to_str().unwrap()], &[]);
     let market = server.market_address.clone();
     let hup = || assert!(std::process::Command::new("kill").args(["-HUP", &server.child_id().to_string()]).status().unwrap().success());
+    let mut mallory_fix = crate::fix::FixClient::connect(&server.fix_address, "MAL");
+    mallory_fix.logon(3, "mallory");
     let (mut alice_session, _) = Client::login(&server.address, 1, "alice");
     let (mut bob_session, _) = Client::login(&server.address, 2, "bob");
     let bob_key = ok(http(&market, "POST", "/api/v3/userDataStream", &[("X-MBX-APIKEY", "bob")], ""))["listenKey"].as_str().unwrap().to_string();
@@ -1245,6 +1250,10 @@ fn a_reload_opens_accounts_and_changes_keys_without_a_restart() {
         .replacen("[[accounts]]\nid = 3\napi_key = \"mallory\"\napi_secret = \"mallory-secret\"\ndeposits = [[2, 1000]]\n", "", 1)
         + "\n[[accounts]]\nid = 5\napi_key = \"dave\"\napi_secret = \"dave-secret\"\ndeposits = [[1, 7000], [2, 250000]]\n";
     assert!(!reloaded.contains("mallory") && reloaded.contains("bob-2"));
+    // With mallory gone, a binding to her would be refused: the file has none.
+    std::fs::write(&config, format!("{reloaded}{binding}")).unwrap();
+    hup();
+    server.expect_log("configuration reload refused, nothing changed: fix: CompID \"MAL\" is bound to account 3, which has no [[accounts]] entry");
     std::fs::write(&config, &reloaded).unwrap();
     hup();
     let line = server.expect_log("configuration reloaded:");
@@ -1253,7 +1262,15 @@ fn a_reload_opens_accounts_and_changes_keys_without_a_restart() {
     assert_eq!(mallory_session.recv(), Some(ServerMessage::Logout { reason: crossbook_protocol::ProtocolError::BadCredentials.code() }), "mallory's too");
     // Taken out of the file, mallory logged in with cancel on disconnect:
     // her order goes with her session.
+    // Her FIX session (a binding needs no key, but the account is gone) is
+    // logged out, and logs on no more.
+    server.expect_log("FIX logout comp_id=MAL");
+    assert!(mallory_fix.closed(), "mallory's FIX session is let go");
     server.expect_log("cancel on disconnect: account 3's open orders are cancelled");
+    let mut again = crate::fix::FixClient::connect(&server.fix_address, "MAL");
+    again.send("A", &[(98, "0"), (108, "30")]);
+    assert!(again.closed(), "a CompID bound to an account out of the file does not log on");
+    server.expect_log("session MAL belongs to account 3, which is not in the configuration");
     let ended = messages(&mut bob_stream, Duration::from_secs(2));
     assert!(ended.iter().any(|m| m["e"] == "listenKeyExpired" && m["listenKey"] == bob_key.as_str()), "{ended:?}");
     // Alice's session stays (no session holds a secret); her requests need

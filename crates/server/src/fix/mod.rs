@@ -238,6 +238,15 @@ fn session_config(fix: &FixConfig, comp_id: &str) -> SessionConfig {
     config
 }
 
+/// The data dictionary `fix.dictionary` names, or the built-in one.
+pub(crate) fn read_dictionary(fix: &crate::config::FixConfig) -> Result<Dictionary, FixError> {
+    if fix.dictionary.is_empty() {
+        return Ok(Dictionary::builtin());
+    }
+    let text = std::fs::read_to_string(&fix.dictionary).map_err(io(format!("reading the FIX dictionary {}", fix.dictionary)))?;
+    Dictionary::from_xml(&text).map_err(|why| FixError::Dictionary { path: fix.dictionary.clone(), why })
+}
+
 impl Gateway {
     /// Reads the dictionary and every session store under `<data>/fix`.
     ///
@@ -254,12 +263,7 @@ impl Gateway {
             "venue" => false,
             other => return Err(FixError::Config(crate::config::ConfigError::BadFixApplication(other.to_string()))),
         };
-        let dictionary = if fix.dictionary.is_empty() {
-            Dictionary::builtin()
-        } else {
-            let text = std::fs::read_to_string(&fix.dictionary).map_err(io(format!("reading the FIX dictionary {}", fix.dictionary)))?;
-            Dictionary::from_xml(&text).map_err(|why| FixError::Dictionary { path: fix.dictionary.clone(), why })?
-        };
+        let dictionary = read_dictionary(&fix)?;
         let dir = config.data_dir.join("fix");
         std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
         let dictionary = Arc::new(dictionary);
@@ -836,15 +840,17 @@ impl Gateway {
             // (A `[[fix.sessions]]` entry is the operator's word and wins.)
             session.account = Some(if configured.is_some() { account } else { session.bound.unwrap_or(account) });
         }
-        // A CompID bound to an account that no longer has a key (taken out
-        // of the configuration) has no password to check: it does not log
-        // on at all.
-        if configured.is_none()
-            && !self.echo
-            && let Some(bound) = session.bound
-            && !self.keys.has(bound)
-        {
-            return Err(AttachRefusal::Revoked { comp_id, account: bound });
+        // A CompID bound to an account taken out of the configuration
+        // (by the session's first Logon, or by a `[[fix.sessions]]` entry)
+        // does not log on at all: an account out of the file trades on no
+        // port.
+        let gone = match configured {
+            Some(account) => Some(account),
+            None => session.bound,
+        }
+        .filter(|&account| !self.echo && !self.keys.has(account));
+        if let Some(account) = gone {
+            return Err(AttachRefusal::Revoked { comp_id, account });
         }
         let handle = stream.try_clone().map_err(AttachRefusal::Socket)?;
         session.connection = Some(Connection { id, out: out.clone(), stream: handle, cancel_on_disconnect: false });
@@ -917,20 +923,24 @@ impl Gateway {
     }
 
     /// Logs out the sessions that logged on as one of `accounts` with its
-    /// key (Username and Password; a `[[fix.sessions]]` CompID needs no
-    /// key and stays): a configuration reload changed or took it away.
+    /// key (Username and Password), which a configuration reload changed
+    /// or took away; and those of a `[[fix.sessions]]` CompID (no key
+    /// needed: a key change leaves them) whose account it took out.
     fn revoke(&self, accounts: &[AccountId]) {
         let live: Vec<(String, u64)> = {
             let state = self.lock();
             state
                 .sessions
                 .iter()
-                .filter(|(comp_id, s)| s.account.is_some_and(|a| accounts.contains(&a)) && !self.config.sessions.iter().any(|c| &&c.comp_id == comp_id))
+                .filter(|(comp_id, s)| {
+                    let configured = self.config.sessions.iter().any(|c| &&c.comp_id == comp_id);
+                    s.account.is_some_and(|a| accounts.contains(&a) && (!configured || !self.keys.has(a)))
+                })
                 .filter_map(|(comp_id, s)| Some((comp_id.clone(), s.connection.as_ref()?.id)))
                 .collect()
         };
         for (comp_id, id) in live {
-            log(&format!("FIX logout comp_id={comp_id}: its account's key was changed or removed by a configuration reload"));
+            log(&format!("FIX logout comp_id={comp_id}: its account's key was changed, or the account removed, by a configuration reload"));
             self.logout_and_close(&comp_id, id, "the account's key was changed or removed");
         }
     }
@@ -996,7 +1006,7 @@ impl std::fmt::Display for AttachRefusal {
             AttachRefusal::Store(e) => write!(f, "{e}"),
             AttachRefusal::OutOfService { comp_id, why } => write!(f, "session {comp_id} is out of service until restart: {why}"),
             AttachRefusal::AlreadyLoggedOn { comp_id } => write!(f, "session {comp_id} is already logged on"),
-            AttachRefusal::Revoked { comp_id, account } => write!(f, "session {comp_id} belongs to account {account}, which has no key in the configuration"),
+            AttachRefusal::Revoked { comp_id, account } => write!(f, "session {comp_id} belongs to account {account}, which is not in the configuration"),
             AttachRefusal::Full { logged_on } => write!(f, "{logged_on} sessions already logged on (limits.max_connections)"),
             AttachRefusal::Socket(e) => write!(f, "cannot clone the socket: {e}"),
             AttachRefusal::Vanished => f.write_str("session vanished"),
