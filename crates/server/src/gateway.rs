@@ -298,7 +298,15 @@ pub(crate) fn run(
         sequencer.tick();
         // The configuration read again (SIGHUP): sessions that logged in or
         // signed with credentials it changed or took away are let go.
-        let revoked = sequencer.reload_if_asked()?;
+        // (Its commands can fail as a round's can: the sessions are told
+        // the same way.)
+        let revoked = match sequencer.reload_if_asked() {
+            Ok(revoked) => revoked,
+            Err(failure) => {
+                gateway.fail(&failure);
+                return Err(failure);
+            }
+        };
         if !revoked.is_empty() {
             gateway.revoke(&revoked);
             for sink in others.iter_mut() {
@@ -769,6 +777,14 @@ fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, keys: &Keys,
             if sessions.by_account.len() >= config.limits.max_connections {
                 conn.queue(&ServerMessage::LoginRejected { reason: ProtocolError::ServerBusy });
                 return close(&format!("login refused for account {claimed}: {} sessions already (limits.max_connections)", config.limits.max_connections));
+            }
+            let history_end = sessions.histories.get(&claimed).map_or(0, |h| h.last);
+            if node.replicated && last_seen != u64::MAX && last_seen > history_end {
+                // This node has not released the reports the client saw
+                // yet (a follower behind the log, a new leader catching
+                // up): a LoginAccepted would tell it they were taken back.
+                conn.queue(&ServerMessage::LoginRejected { reason: ProtocolError::ServerBusy });
+                return close(&format!("login refused for account {claimed}: it saw reports up to {last_seen}, this node has released them up to {history_end} so far (try again, or the leader)"));
             }
             sessions.by_account.insert(claimed, Session { connection: id });
             sessions.count();

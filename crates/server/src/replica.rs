@@ -47,6 +47,11 @@ pub(crate) struct NodeState {
     /// This node leads (its marker is in the log).
     pub(crate) leading: AtomicBool,
     pub(crate) stop: AtomicBool,
+    /// The last command market data has applied (the REST gateway's
+    /// checks read its state); `u64::MAX`: no market data on this node.
+    pub(crate) market_seq: AtomicU64,
+    /// A node of a replicated venue (its history may be behind the log's).
+    pub(crate) replicated: bool,
 }
 
 impl NodeState {
@@ -59,7 +64,16 @@ impl NodeState {
             applied_stream: AtomicU64::new(0),
             leading: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            market_seq: AtomicU64::new(u64::MAX),
+            replicated: !accepting,
         })
+    }
+
+    /// Market data (if this node has it) has applied every command up to
+    /// `seq`.
+    pub(crate) fn market_has(&self, seq: u64) -> bool {
+        let market = self.market_seq.load(std::sync::atomic::Ordering::Acquire);
+        market == u64::MAX || market >= seq
     }
 
     /// The leader's binary address, if a follower knows it.

@@ -303,6 +303,11 @@ pub(crate) struct Replication {
     pub(crate) setup: Vec<Command>,
     /// It may lead (`false`: a read replica).
     pub(crate) candidate: bool,
+    /// It leads, and takes orders once every command it applied is
+    /// released and in market data: until then the gateways' own checks
+    /// (a transfer's reference, a REST client order id, a session's report
+    /// numbers) would read a state behind the engine's.
+    pub(crate) accept_pending: bool,
 }
 
 pub(crate) enum Role {
@@ -553,7 +558,13 @@ impl<'a> Sequencer<'a> {
     /// messages that came (and takes the lead once the lease thread took
     /// the lease and its marker is in); a leader checks it still leads.
     pub(crate) fn replicate(&mut self) -> Result<(), ServeError> {
+        let (seq, released) = (self.engine.seq(), self.released);
         let Some(replication) = self.replication.as_mut() else { return Ok(()) };
+        if replication.accept_pending && released == seq && replication.state.market_has(seq) {
+            replication.accept_pending = false;
+            replication.state.accepting.store(true, Ordering::Release);
+            log(&format!("replication: taking orders from command {seq} (every command applied is released, and in market data)"));
+        }
         let mut delivered = Vec::new();
         if let Role::Follower(reader) = &mut replication.role {
             while delivered.len() < DELIVERED_PER_ROUND {
@@ -627,7 +638,7 @@ impl<'a> Sequencer<'a> {
         replication.role = Role::Leader(appender);
         replication.state.applied_stream.store(marker, Ordering::Release);
         replication.state.leading.store(true, Ordering::Release);
-        replication.state.accepting.store(true, Ordering::Release);
+        replication.accept_pending = true;
         log(&format!("replication: leading (epoch {epoch}) from command {}, stream message {marker}", self.engine.seq()));
         // A new venue: its reference data is the log's first commands; a
         // venue that has run: what this node's configuration adds to it.

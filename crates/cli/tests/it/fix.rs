@@ -351,7 +351,7 @@ fn a_compid_whose_account_lost_its_key_does_not_log_on() {
     let mut mallory = FixClient::connect(&server.fix_address, "ALICEFIX");
     mallory.writer().next_out = next_out;
     assert!(mallory.0.logon(2, "bob", false).is_err(), "the CompID of a revoked account logged on");
-    server.expect_log("belongs to account 1, which has no key");
+    server.expect_log("belongs to account 1, which is not in the configuration");
     // Bob's own CompID is fine.
     let mut bob = FixClient::connect(&server.fix_address, "BOBFIX");
     bob.logon(2, "bob");

@@ -225,7 +225,7 @@ fn a_follower_applies_the_log_and_refuses_orders_with_a_redirect() {
     let dir = TempDir::new("replication-follow");
     let nats = Nats::start(&dir.0);
     let leader = node(&dir.0, "a", &nats, "FOLLOW", false);
-    leader.expect_log_within("replication: leading", Duration::from_secs(20));
+    leader.expect_log_within("replication: taking orders", Duration::from_secs(20));
     let follower = node(&dir.0, "b", &nats, "FOLLOW", true);
     assert!(follower.startup.iter().any(|l| l.contains("following the log from stream message 1")), "{:?}", follower.startup);
     let output = load(&leader.address, &["--count", "20000"]);
@@ -339,6 +339,8 @@ fn a_follower_applies_the_log_and_refuses_orders_with_a_redirect() {
     let data = dir.0.join("a");
     let leader = spawn_process(&["serve"], &["--config", config.to_str().unwrap(), "--data", data.to_str().unwrap(), "--listen", "127.0.0.1:0", "--market-listen", "127.0.0.1:0"], &[]);
     leader.expect_log_within("from the configuration: 2 commands adding what the venue lacked, replicated", Duration::from_secs(20));
+    // It takes orders (and says so to a login) once they are released.
+    leader.expect_log_within("replication: taking orders", Duration::from_secs(20));
     let (mut carol, _) = Client::login(&leader.address, 99, "key-99");
     assert_eq!(crate::trading::binary_balances(&mut carol, 1).0.get(&2), Some(&(777, 0)));
     drop(carol);
@@ -355,7 +357,7 @@ fn failover_trial(trial: u64) {
     let nats = Nats::start(&dir.0);
     let stream = format!("FAILOVER{trial}");
     let leader = node(&dir.0, "a", &nats, &stream, false);
-    leader.expect_log_within("replication: leading", Duration::from_secs(20));
+    leader.expect_log_within("replication: taking orders", Duration::from_secs(20));
     let standby = node(&dir.0, "b", &nats, &stream, true);
     assert!(standby.startup.iter().any(|l| l.contains("following the log")), "{:?}", standby.startup);
     let acked_file = dir.0.join("acked.txt");
@@ -372,7 +374,7 @@ fn failover_trial(trial: u64) {
     let killed_at = Instant::now();
     leader.kill();
     let _ = generator.wait_with_output().unwrap();
-    standby.expect_log_within("replication: leading", Duration::from_secs(30));
+    standby.expect_log_within("replication: taking orders", Duration::from_secs(30));
     let failover = killed_at.elapsed();
     // The new leader takes orders at once.
     let (mut client, _) = Client::login(&standby.address, 9, "demo-key-9");
@@ -432,7 +434,7 @@ fn a_leader_paused_past_its_lease_is_fenced_when_it_wakes() {
     let dir = TempDir::new("replication-pause");
     let nats = Nats::start(&dir.0);
     let mut leader = node(&dir.0, "a", &nats, "PAUSE", false);
-    leader.expect_log_within("replication: leading", Duration::from_secs(20));
+    leader.expect_log_within("replication: taking orders", Duration::from_secs(20));
     let standby = node(&dir.0, "b", &nats, "PAUSE", true);
     assert!(standby.startup.iter().any(|l| l.contains("following the log")), "{:?}", standby.startup);
     let (mut alice, _) = Client::login(&leader.address, 1, "demo-key-1");
@@ -441,7 +443,7 @@ fn a_leader_paused_past_its_lease_is_fenced_when_it_wakes() {
     // Paused past its lease: the standby takes over.
     let pid = leader.child_id().to_string();
     assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
-    standby.expect_log_within("replication: leading", Duration::from_secs(30));
+    standby.expect_log_within("replication: taking orders", Duration::from_secs(30));
     // An order sent to the paused leader meanwhile.
     alice.send(&limit(2, Side::Sell, 12_001, 5, TimeInForce::Gtc));
     let (mut bob, _) = Client::login(&standby.address, 2, "demo-key-2");
@@ -488,7 +490,7 @@ fn losing_one_nats_node_is_a_pause_and_losing_two_stops_acknowledging() {
     let dir = TempDir::new("replication-nats-nodes");
     let mut nats = Nats::start(&dir.0);
     let leader = node(&dir.0, "a", &nats, "QUORUM", false);
-    leader.expect_log_within("replication: leading", Duration::from_secs(20));
+    leader.expect_log_within("replication: taking orders", Duration::from_secs(20));
     let (mut alice, _) = Client::login(&leader.address, 1, "demo-key-1");
     alice.0.set_timeout(Duration::from_secs(30));
     let mut cid = 0;

@@ -431,6 +431,7 @@ impl Market {
             let mut state = self.hub.write();
             let seq = state.seq;
             state.diffs_from(seq);
+            self.hub.node.market_seq.store(seq, Ordering::Release);
             if let Some(trading) = &self.hub.trading {
                 // REST orders' client ids go on after the journal's.
                 trading.next_cid.store(state.accounts.largest_gateway_cid.max(trading::REST_CID_BASE) + 1, Ordering::Relaxed);
@@ -590,6 +591,8 @@ fn feed_loop(hub: &Hub, receiver: Receiver<Feed>) {
                 let mut out = Vec::new();
                 let updates = apply_batch(hub, &mut hub.write(), &batch, &mut out);
                 finish_batch(hub, batch, &updates, out, &mut throttle);
+                // (A new leader takes orders once this has caught up.)
+                hub.node.market_seq.store(hub.read().seq, Ordering::Release);
                 throttle.flush(hub, Instant::now());
             }
             Feed::Checkpoint(answer) => {
