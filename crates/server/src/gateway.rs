@@ -516,11 +516,6 @@ impl Gateway<'_> {
                 // it sent before.
                 conn.close_after("logout".into());
             }
-            if conn.logout_when_answered && conn.in_flight.count() == 0 {
-                conn.logout_when_answered = false;
-                conn.queue(&ServerMessage::Logout { reason: 0 });
-                conn.close_after("server shutting down".into());
-            }
             if self.drop_if_unread(token) {
                 continue;
             }
@@ -580,8 +575,8 @@ impl Gateway<'_> {
             self.flush(token);
         }
         self.ratelog.tick();
-        // Stopping: a session whose answers came with no frame of its own
-        // in the outbox gets its Logout here.
+        // Stopping: a session whose requests were unanswered gets its
+        // Logout once they are (after their answers, delivered above).
         let answered: Vec<Token> = self.conns.iter().filter(|(_, c)| c.logout_when_answered && c.in_flight.count() == 0).map(|(t, _)| *t).collect();
         for token in answered {
             if let Some(conn) = self.conns.get_mut(&token) {

@@ -688,7 +688,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, hub: &Arc<H
     }
     ws::close_all(hub);
     let deadline = tokio::time::Instant::now() + STOP_GRACE;
-    while (open.load(std::sync::atomic::Ordering::Acquire) > 0 || hub.connections.load(std::sync::atomic::Ordering::Acquire) > 0) && tokio::time::Instant::now() < deadline {
+    while (open.load(Ordering::Acquire) > 0 || hub.connections.load(Ordering::Acquire) > 0) && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -252,7 +252,7 @@ impl Throttle {
                         }
                         _ => (None, None),
                     };
-                    if let Some(&due) = slot.close_due.as_ref() {
+                    if let Some(due) = slot.close_due {
                         self.next = Some(self.next.map_or(due, |next| next.min(due)));
                     }
                     if !candles.is_empty() {
