@@ -787,7 +787,7 @@ fn handle(message: ClientMessage, conn: &mut Conn, config: &Config, keys: &Keys,
             // out between the replay and the acceptance, and anything
             // handed out later is queued after them.
             let history = sessions.histories.get(&claimed);
-            let next_seq = history.map_or(0, |h| h.last) + 1;
+            let next_seq = history_end + 1;
             conn.queue(&ServerMessage::LoginAccepted { seq: 0, account: claimed, next_seq });
             if last_seen != u64::MAX && last_seen >= next_seq {
                 // Only an async-mode power cut does this (docs/protocol.md):
