@@ -457,9 +457,19 @@ fn two_accounts_trade_a_third_cannot_interfere_and_state_survives_a_restart() {
     assert_eq!((cancelled.kind, cancelled.order, cancelled.cum_qty, cancelled.leaves_qty), (ReportKind::Cancelled, order, 5, 0));
     assert_eq!(cancelled.seq, missed.seq + 1);
     // A snapshot on request (SIGUSR1), then a clean stop.
-    let status = Command::new("kill").args(["-USR1", &server.child_id().to_string()]).status().unwrap();
-    assert!(status.success());
-    let asked = server.expect_log("snapshot requested: writing one at seq ");
+    // (The start-up snapshot may still be being written: then it says to
+    // ask again.)
+    let mut asked = String::new();
+    for _ in 0..50 {
+        let status = Command::new("kill").args(["-USR1", &server.child_id().to_string()]).status().unwrap();
+        assert!(status.success());
+        asked = server.expect_log("snapshot requested");
+        if asked.contains("writing one at seq ") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(asked.contains("writing one at seq "), "{asked}");
     let seq = asked.rsplit(' ').next().expect("a seq").to_string();
     server.expect_log(&format!("snapshot written at seq {seq}"));
     let status = server.terminate();
