@@ -230,10 +230,16 @@ pub(crate) fn run(
         rounds += 1;
         if stopping.is_none() && shutdown.load(Ordering::Acquire) {
             gateway.begin_shutdown();
+            for sink in others.iter_mut() {
+                sink.stop_intake();
+            }
             stopping = Some(Instant::now());
         }
+        // Commands queued after the last round's apply (a cancel on
+        // disconnect of a session reaped then) go first.
         if let Some(since) = stopping
-            && ((gateway.conns.is_empty() && sequencer.idle()) || since.elapsed() > CLOSE_GRACE)
+            && gateway.commands.is_empty()
+            && ((gateway.conns.is_empty() && sequencer.idle() && others.iter().all(|sink| sink.settled())) || since.elapsed() > CLOSE_GRACE)
         {
             let tokens: Vec<Token> = gateway.conns.keys().copied().collect();
             for token in tokens {

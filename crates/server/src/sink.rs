@@ -248,4 +248,15 @@ pub trait ReportSink {
     fn revoked(&mut self, accounts: &[AccountId]) {
         let _ = accounts;
     }
+
+    /// The venue is stopping: a gateway that hands the sequencer commands
+    /// of its own (REST) takes no more; those it handed over are still
+    /// applied and answered.
+    fn stop_intake(&mut self) {}
+
+    /// Every command it handed the sequencer has been answered: a stopping
+    /// venue waits for that (bounded) before it closes the gateways.
+    fn settled(&self) -> bool {
+        true
+    }
 }

@@ -400,12 +400,42 @@ fn malformed_input_costs_only_its_own_session() {
     send_owned(&mut bob, "D", &order("B1", "1", "50", "1"));
     expect(&bob.next(), &[(150, "0"), (11, "B1")]);
 
-    // A wrong password gets a Logout, then the close.
+    // A wrong password gets a Logout, then the close; names tried with
+    // wrong passwords leave no session behind (no store, no file).
+    let stores = || std::fs::read_dir(dir.join("data").join("fix")).unwrap().count();
+    let before = stores();
+    for name in ["MALLORY", "MALLORY2", "MALLORY3"] {
+        let mut mallory = FixClient::connect(&server.fix_address, name);
+        mallory.send("A", &[(98, "0"), (108, "30"), (553, "3"), (554, "wrong")]);
+        let refused = mallory.next();
+        expect(&refused, &[(35, "5"), (34, "1"), (58, "Logon refused: bad Username (553) or Password (554)")]);
+        assert!(mallory.closed());
+        server.expect_log(&format!("first Logon of CompID \"{name}\": Logon refused: bad Username"));
+    }
+    assert_eq!(stores(), before, "a refused first Logon makes no store");
+    // The same name with the right pair logs on (from sequence number 1).
     let mut mallory = FixClient::connect(&server.fix_address, "MALLORY");
-    mallory.send("A", &[(98, "0"), (108, "30"), (553, "3"), (554, "wrong")]);
-    let refused = mallory.next();
-    expect(&refused, &[(35, "5")]);
+    mallory.logon(3, "demo-key-3");
+    mallory.send("5", &[]);
+    expect(&mallory.next(), &[(35, "5")]);
     assert!(mallory.closed());
+    // An account has at most 16 CompIDs: the 17th is refused, and the
+    // ones it has still log on.
+    for n in 2..=16 {
+        let mut client = FixClient::connect(&server.fix_address, &format!("M{n}"));
+        client.logon(3, "demo-key-3");
+        client.send("5", &[]);
+        expect(&client.next(), &[(35, "5")]);
+        assert!(client.closed());
+    }
+    let mut seventeenth = FixClient::connect(&server.fix_address, "M17");
+    match seventeenth.0.logon(3, "demo-key-3", false) {
+        Err(crossbook_client::ClientError::Refused(text)) => assert!(text.contains("|58=Logon refused: account 3 has 16 CompIDs already (log on with one of them)|"), "{text}"),
+        other => panic!("a 17th CompID: {other:?}"),
+    }
+    let mut again = FixClient::connect(&server.fix_address, "M16");
+    again.writer().next_out = 3;
+    again.logon(3, "demo-key-3");
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -531,6 +561,21 @@ fn a_session_that_ends_cancels_its_accounts_orders_when_the_account_asks() {
     server.expect_log("cancel on disconnect: account 1's open orders are cancelled (FIX connection");
     let (mut alice, _) = Client::login(&server.address, 1, "alice");
     assert_eq!(open_cids(&mut alice, 6), Vec::<u64>::new(), "the FIX order went with the Logout");
+    // FIX, a Logout and at once a new connection of the same CompID that
+    // places an order: the first connection's cancel comes before any
+    // command of the second, so the new order stays.
+    let mut fix = fix_resting("ALICEFIX3", "f3", "97");
+    fix.send("5", &[]);
+    drop(fix);
+    let mut again = FixClient::connect(&server.fix_address, "ALICEFIX3");
+    again.0.logon(1, "alice", true).unwrap_or_else(|e| panic!("logon again: {e}"));
+    send_owned(&mut again, "D", &order("f4", "1", "96", "1"));
+    let accepted = std::iter::repeat_with(|| again.next()).find(|m| m.text(11) == Some("f4")).unwrap();
+    expect(&accepted, &[(35, "8"), (150, "0")]);
+    assert_eq!(open_cids(&mut alice, 7).len(), 1, "f3 went with its connection's Logout, f4 stays");
+    drop(again);
+    server.expect_log("cancel on disconnect: account 1's open orders are cancelled (FIX connection");
+    assert_eq!(open_cids(&mut alice, 8), Vec::<u64>::new(), "f4 went with its connection");
     // Bob's session ending leaves his order; the venue stopping leaves alice's.
     drop(bob);
     rest(&mut alice, 5, 100);

@@ -1093,6 +1093,65 @@ fn rest_history_and_numbering_survive_a_kill() {
     assert!(number(&next) < 1_000, "{}", next["clientOrderId"]);
 }
 
+/// SIGTERM while REST orders stream in (`docs/trading.md`, "When the
+/// venue stops"): every order is either answered (and, if accepted, still
+/// there after the restart), refused with `-1001` (and never placed), or
+/// never reached the venue (a refused or closed connection: never placed).
+/// None is placed without its answer going out.
+#[test]
+fn rest_orders_sent_as_the_venue_stops_are_answered_or_never_placed() {
+    let dir = TempDir::new("trading-rest-stop");
+    let config = dir.0.join("crossbook.toml");
+    std::fs::write(&config, CONFIG.replace("max_weight_per_minute = 400", "max_weight_per_minute = 100000").replace("max_orders_per_10s = 50", "max_orders_per_10s = 100000")).unwrap();
+    let start = || spawn_with(&["--config", config.to_str().unwrap(), "--data", dir.0.join("data").to_str().unwrap()], &[]);
+    let server = start();
+    let address = server.market_address.clone();
+    // Each client's orders and what came back: 200, the -1001 of a
+    // stopping venue, or nothing.
+    #[derive(Debug, PartialEq)]
+    enum Came {
+        Placed,
+        Stopping,
+        Nothing,
+    }
+    let clients: Vec<_> = (0..4)
+        .map(|client| {
+            let address = address.clone();
+            std::thread::spawn(move || {
+                let mut sent = Vec::new();
+                for i in 0..200 {
+                    let cid = format!("stop-{client}-{i}");
+                    let reply = signed(&address, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "1000"), ("newClientOrderId", &cid)], "alice", "alice-secret");
+                    let came = match (reply.status, reply.body["code"].as_i64()) {
+                        (200, None) => Came::Placed,
+                        (503, Some(-1001)) => Came::Stopping,
+                        (0, _) => Came::Nothing,
+                        other => panic!("{cid}: {other:?} {}", reply.body),
+                    };
+                    let last = came != Came::Placed;
+                    sent.push((cid, came));
+                    if last {
+                        break;
+                    }
+                }
+                sent
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(server.terminate().success());
+    let sent: Vec<(String, Came)> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
+    let placed = sent.iter().filter(|(_, came)| *came == Came::Placed).count();
+    assert!(placed > 0, "{sent:?}");
+    let server = start();
+    let history = ok(alice(&server, "GET", "/api/v3/allOrders", &[("symbol", "BTCUSD"), ("limit", "1000")]));
+    let known: std::collections::BTreeSet<&str> = history.as_array().unwrap().iter().filter_map(|o| o["clientOrderId"].as_str()).collect();
+    assert_eq!(known.len(), placed, "the venue holds exactly the orders it answered");
+    for (cid, came) in &sent {
+        assert_eq!(known.contains(cid.as_str()), *came == Came::Placed, "{cid}: {came:?}");
+    }
+}
+
 /// The operator's token of `operator_venue`.
 const OPERATOR_TOKEN: &str = "operator-token-0123";
 

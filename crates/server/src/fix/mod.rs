@@ -114,6 +114,9 @@ const POLL: Duration = Duration::from_millis(50);
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// Events queued for the reporter.
 const REPORT_QUEUE: usize = 65_536;
+/// CompIDs (session stores) an account may have, at most: each first
+/// Logon by Username and Password makes one, kept for good.
+const MAX_COMP_IDS: usize = 16;
 
 fn log(line: &str) {
     crate::log(line);
@@ -179,9 +182,12 @@ struct FixSession {
     /// The engine sequence number the store has reports up to.
     through: u64,
     /// The connection the session layer dropped (a Logout, an error, a
-    /// failed store) that was to cancel its account's orders: its reader
-    /// does, in `detach`.
+    /// failed store), or a new Logon replaced (its peer gone), that was to
+    /// cancel its account's orders: its reader does, in `detach`.
     dropped: Option<u64>,
+    /// The connection attached to it last: the next one's reader waits
+    /// until that one's has ended (`Gateway::readers`).
+    last_connection: Option<u64>,
 }
 
 struct State {
@@ -225,10 +231,13 @@ pub struct Gateway {
     login_timeout: Duration,
     /// Connection events a flood could multiply, rate-limited.
     ratelog: Mutex<crate::ratelog::RateLog>,
-    /// Accounts whose logged-on session `attach` closed (its connection
-    /// was gone) for a new connection, for that connection's reader to
-    /// cancel their orders (cancel on disconnect).
-    ended: Mutex<Vec<AccountId>>,
+    /// Connections whose reader thread has not ended. A session's new
+    /// connection handles nothing before the reader of the one it follows
+    /// has ended: that reader hands the sequencer what it read (its
+    /// orders) and then, if the account asks, the cancel on disconnect,
+    /// before any command of the new connection (`docs/fix.md`).
+    readers: Mutex<HashSet<u64>>,
+    reader_ended: std::sync::Condvar,
 }
 
 fn session_config(fix: &FixConfig, comp_id: &str) -> SessionConfig {
@@ -292,7 +301,7 @@ impl Gateway {
                 state.routes.insert(account, comp_id.clone());
             }
             let app = if echo { App::Echo(EchoApplication::default()) } else { App::Venue };
-            state.sessions.insert(comp_id, FixSession { session, store, account: restored.account, bound: restored.account, connection: None, app, poisoned: None, through: restored.through_seq, dropped: None });
+            state.sessions.insert(comp_id, FixSession { session, store, account: restored.account, bound: restored.account, connection: None, app, poisoned: None, through: restored.through_seq, dropped: None, last_connection: None });
         }
         let fix_accounts = RwLock::new(state.routes.keys().copied().collect());
         Ok(Arc::new(Gateway {
@@ -315,7 +324,8 @@ impl Gateway {
             waiting: Mutex::new(std::collections::VecDeque::new()),
             max_unauthenticated: config.limits.max_unauthenticated.max(1),
             login_timeout: Duration::from_secs(config.limits.login_timeout_s),
-            ended: Mutex::new(Vec::new()),
+            readers: Mutex::new(HashSet::new()),
+            reader_ended: std::sync::Condvar::new(),
             ratelog: Mutex::new(crate::ratelog::RateLog::default()),
         }))
     }
@@ -610,8 +620,10 @@ impl Gateway {
             return;
         }
         let gateway = self.clone();
+        self.readers.lock().unwrap_or_else(|e| e.into_inner()).insert(id);
         let spawned = thread::Builder::new().name(format!("fix-conn-{id}")).spawn(move || {
             let (reason, logged_on) = gateway.read_loop(stream, id, out, &queue, &*wake, &shutdown);
+            gateway.reader_done(id);
             gateway.unwait(id);
             gateway.connections.fetch_sub(1, Ordering::AcqRel);
             let line = || format!("FIX disconnect connection={id} peer={peer} reason={reason}");
@@ -622,8 +634,27 @@ impl Gateway {
             }
         });
         if spawned.is_err() {
+            self.reader_done(id);
             log(&format!("FIX connection {id}: could not start a reader thread"));
         }
+    }
+
+    fn reader_done(&self, id: u64) {
+        self.readers.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        self.reader_ended.notify_all();
+    }
+
+    /// Waits until the reader of connection `id` has ended; `false` if the
+    /// venue stops first.
+    fn wait_for_reader(&self, id: u64, shutdown: &AtomicBool) -> bool {
+        let mut readers = self.readers.lock().unwrap_or_else(|e| e.into_inner());
+        while readers.contains(&id) {
+            if shutdown.load(Ordering::Acquire) {
+                return false;
+            }
+            readers = self.reader_ended.wait_timeout(readers, POLL).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        true
     }
 
     fn ratelog(&self) -> std::sync::MutexGuard<'_, crate::ratelog::RateLog> {
@@ -682,14 +713,16 @@ impl Gateway {
                     Frame::Message(n) => {
                         let raw: Vec<u8> = buffer.drain(..n).collect();
                         if bound.is_none() {
-                            let attached = self.attach(&raw, id, &out, &stream);
-                            let ended = std::mem::take(&mut *self.ended.lock().unwrap_or_else(|e| e.into_inner()));
-                            for account in ended {
-                                self.cancel_on_disconnect(account, id, queue, wake, shutdown);
-                            }
-                            match attached {
-                                Ok(comp_id) => {
+                            match self.attach(&raw, id, &out, &stream) {
+                                Ok((comp_id, follows)) => {
                                     self.unwait(id);
+                                    // What the session's previous connection
+                                    // read goes to the sequencer first.
+                                    if let Some(previous) = follows
+                                        && !self.wait_for_reader(previous, shutdown)
+                                    {
+                                        break 'connection "server shutting down".into();
+                                    }
                                     bound = Some(comp_id);
                                 }
                                 Err(why) => {
@@ -763,7 +796,9 @@ impl Gateway {
 
     /// The first message on a connection: which session it is for. Nothing
     /// is sent to a counterparty we do not know (FIX: silent disconnect).
-    fn attach(&self, raw: &[u8], id: u64, out: &SyncSender<Out>, stream: &TcpStream) -> Result<String, AttachRefusal> {
+    /// Returns the session's CompID and the connection attached to it
+    /// before, whose reader must end before this one goes on.
+    fn attach(&self, raw: &[u8], id: u64, out: &SyncSender<Out>, stream: &TcpStream) -> Result<(String, Option<u64>), AttachRefusal> {
         let message = Message::parse(raw).map_err(|e| AttachRefusal::Garbled(e.to_string()))?;
         let comp_id = message.text(SENDER_COMP_ID).ok_or(AttachRefusal::NoSenderCompId)?.to_owned();
         let mut guard = self.lock();
@@ -783,6 +818,26 @@ impl Gateway {
         if account.is_none() && !state.sessions.contains_key(&comp_id) && configured.is_none() {
             return Err(AttachRefusal::UnknownCompId { comp_id, username_tried: false });
         }
+        // A new CompID's store is made only for a Logon that can succeed:
+        // one that cannot is answered by a session kept nowhere (a
+        // counterparty trying passwords or names leaves nothing behind).
+        if let Some(account) = account
+            && configured.is_none()
+            && !self.echo
+            && !state.sessions.contains_key(&comp_id)
+            && let Some(text) = self.first_logon_refusal(state, &comp_id, account, &message)
+        {
+            let mut session = Session::new(session_config(&self.config, &comp_id), self.dictionary.clone());
+            session.connect(now_ms());
+            let mut actions = Vec::new();
+            session.on_message(raw, now_ms(), &mut Refuse(text.clone()), &mut actions);
+            for action in actions {
+                if let Action::Send(bytes) = action {
+                    let _ = out.try_send(Out::Bytes(bytes));
+                }
+            }
+            return Err(AttachRefusal::FirstLogon { comp_id, text });
+        }
         if !state.sessions.contains_key(&comp_id) {
             let path = store::path_for(&self.dir, &comp_id);
             // The CompID file is durable before the store exists (a store
@@ -795,7 +850,7 @@ impl Gateway {
                 .map_err(|source| AttachRefusal::Store(StoreError::Io { path: self.dir.clone(), doing: "syncing the directory", source }))?;
             let session = Session::restore(session_config(&self.config, &comp_id), self.dictionary.clone(), restored.next_in, restored.next_out, restored.stored);
             let app = if self.echo { App::Echo(EchoApplication::default()) } else { App::Venue };
-            state.sessions.insert(comp_id.clone(), FixSession { session, store, account: restored.account, bound: restored.account, connection: None, app, poisoned: None, through: restored.through_seq, dropped: None });
+            state.sessions.insert(comp_id.clone(), FixSession { session, store, account: restored.account, bound: restored.account, connection: None, app, poisoned: None, through: restored.through_seq, dropped: None, last_connection: None });
         }
         let Some(session) = state.sessions.get_mut(&comp_id) else {
             return Err(AttachRefusal::Vanished);
@@ -810,12 +865,10 @@ impl Gateway {
         {
             let _ = old.stream.shutdown(std::net::Shutdown::Both);
             let _ = old.out.try_send(Out::Close);
-            if old.cancel_on_disconnect
-                && let Some(account) = session.account
-            {
-                // Its reader would find the session taken: this one
-                // cancels for it (`read_loop`).
-                self.ended.lock().unwrap_or_else(|e| e.into_inner()).push(account);
+            // Its reader cancels for it (`detach`), after what it read and
+            // before this connection goes on.
+            if old.cancel_on_disconnect {
+                session.dropped = Some(old.id);
             }
             session.connection = None;
             let mut requests = Vec::new();
@@ -855,7 +908,24 @@ impl Gateway {
         let handle = stream.try_clone().map_err(AttachRefusal::Socket)?;
         session.connection = Some(Connection { id, out: out.clone(), stream: handle, cancel_on_disconnect: false });
         session.session.connect(now_ms());
-        Ok(comp_id)
+        let follows = session.last_connection.replace(id);
+        Ok((comp_id, follows))
+    }
+
+    /// Why the first Logon of a CompID not yet stored, for `account` by
+    /// Username and Password, is refused, if it is: a wrong pair; the
+    /// account logged on as another CompID; or the account with
+    /// [`MAX_COMP_IDS`] CompIDs already.
+    fn first_logon_refusal(&self, state: &State, comp_id: &str, account: AccountId, logon: &Message) -> Option<String> {
+        let credentials = self.credentials(comp_id, Some(account))?;
+        if !venue::credentials_match(&credentials, logon) {
+            return Some(venue::BAD_CREDENTIALS.into());
+        }
+        if let Some(other) = busy_elsewhere(state, comp_id, account) {
+            return Some(venue::busy_text(account, &other));
+        }
+        let owned = state.sessions.values().filter(|s| s.bound == Some(account)).count();
+        (owned >= MAX_COMP_IDS).then(|| format!("Logon refused: account {account} has {MAX_COMP_IDS} CompIDs already (log on with one of them)"))
     }
 
     /// Messages on an attached connection, in order. Returns the engine
@@ -865,13 +935,7 @@ impl Gateway {
         let state = &mut *guard;
         // Another CompID logged on for this session's account: one FIX
         // session per account at a time (its Logon is refused).
-        let busy = state.sessions.get(comp_id).filter(|s| !s.session.is_logged_on()).and_then(|s| s.account).and_then(|account| {
-            let other = state.routes.get(&account)?;
-            // (A connection whose peer is gone does not count: its end may
-            // not have been read yet.)
-            let live = other != comp_id && state.sessions.get(other).is_some_and(|o| o.session.is_logged_on() && o.connection.as_ref().is_some_and(|c| peer_alive(&c.stream)));
-            live.then(|| other.clone())
-        });
+        let busy = state.sessions.get(comp_id).filter(|s| !s.session.is_logged_on()).and_then(|s| s.account).and_then(|account| busy_elsewhere(state, comp_id, account));
         let Some(session) = state.sessions.get_mut(comp_id) else {
             return (Vec::new(), Some("session vanished".into()));
         };
@@ -903,11 +967,15 @@ impl Gateway {
                 && state.routes.get(&account).is_none_or(|c| c != comp_id)
             {
                 // From here on this account's reports come to this session.
+                // The sequencer is told before the command the store is
+                // bound at is read: a command it applies after that read
+                // finds the account among those it passes on (the lock
+                // orders the two), so none falls in between.
+                self.fix_accounts.write().unwrap_or_else(|e| e.into_inner()).insert(account);
                 let seq = self.applied.load(Ordering::Acquire);
                 session.store.bind(account, seq);
                 session.bound = Some(account);
                 state.routes.insert(account, comp_id.to_owned());
-                self.fix_accounts.write().unwrap_or_else(|e| e.into_inner()).insert(account);
             }
         }
         session.finish(actions, self.sync);
@@ -974,12 +1042,37 @@ impl Gateway {
     }
 }
 
+/// The CompID another session of `account` is logged on as, if it is
+/// not `comp_id`'s. (A connection whose peer is gone does not count: its
+/// end may not have been read yet.)
+fn busy_elsewhere(state: &State, comp_id: &str, account: AccountId) -> Option<String> {
+    let other = state.routes.get(&account)?;
+    let live = other != comp_id && state.sessions.get(other).is_some_and(|o| o.session.is_logged_on() && o.connection.as_ref().is_some_and(|c| peer_alive(&c.stream)));
+    live.then(|| other.clone())
+}
+
+/// The application of a Logon refused before a session is made for its
+/// CompID: the session layer checks the Logon as any, and answers one it
+/// would take with a Logout saying why.
+struct Refuse(String);
+
+impl Application for Refuse {
+    fn on_logon(&mut self, _logon: &Message) -> Result<(), crossbook_fix::session::LogonRefusal> {
+        Err(crossbook_fix::session::LogonRefusal { text: self.0.clone() })
+    }
+
+    fn on_message(&mut self, _message: &Message, _shape: &crossbook_fix::validate::Shape, _outbox: &mut crossbook_fix::session::Outbox<'_>) {}
+}
+
 /// Why a connection's first message does not attach it to a session
 /// (logged; FIX sends nothing to a counterparty it does not know).
 #[derive(Debug)]
 enum AttachRefusal {
     Garbled(String),
     NoSenderCompId,
+    /// The first Logon of a CompID, refused (answered by a Logout with
+    /// `text` if it was otherwise valid); no session was made for it.
+    FirstLogon { comp_id: String, text: String },
     UnknownCompId { comp_id: String, username_tried: bool },
     /// Its store could not be created.
     Store(StoreError),
@@ -1001,6 +1094,7 @@ impl std::fmt::Display for AttachRefusal {
         match self {
             AttachRefusal::Garbled(e) => write!(f, "garbled first message ({e})"),
             AttachRefusal::NoSenderCompId => f.write_str("first message without SenderCompID"),
+            AttachRefusal::FirstLogon { comp_id, text } => write!(f, "first Logon of CompID {comp_id:?}: {text}"),
             AttachRefusal::UnknownCompId { comp_id, username_tried: true } => write!(f, "unknown CompID {comp_id:?} and no known Username"),
             AttachRefusal::UnknownCompId { comp_id, username_tried: false } => write!(f, "unknown CompID {comp_id:?}"),
             AttachRefusal::Store(e) => write!(f, "{e}"),

@@ -907,14 +907,14 @@ impl VenueApp<'_> {
 
 impl Application for VenueApp<'_> {
     fn on_logon(&mut self, logon: &Message) -> Result<(), LogonRefusal> {
-        match (&self.credentials, logon.text(553), logon.text(554)) {
-            // Bound by CompID in the configuration; credentials optional.
-            (None, _, _) => {}
-            (Some((user, password)), Some(u), Some(p)) if u == user && crate::config::keys_match(&pad(password), &pad(p)) => {}
-            _ => return Err(LogonRefusal { text: "Logon refused: bad Username (553) or Password (554)".into() }),
+        // Bound by CompID in the configuration: credentials optional.
+        if let Some(credentials) = &self.credentials
+            && !credentials_match(credentials, logon)
+        {
+            return Err(LogonRefusal { text: BAD_CREDENTIALS.into() });
         }
         match &self.busy {
-            Some(other) => Err(LogonRefusal { text: format!("Logon refused: account {} is logged on as {other} (one FIX session per account at a time)", self.account) }),
+            Some(other) => Err(LogonRefusal { text: busy_text(self.account, other) }),
             None => Ok(()),
         }
     }
@@ -926,6 +926,23 @@ impl Application for VenueApp<'_> {
             b"q" => self.mass_cancel(message, outbox),
             _ => outbox.business_reject(message, 3, "Unsupported Message Type"),
         }
+    }
+}
+
+/// The Logout text of a Logon while the account is logged on as `other`.
+pub(crate) fn busy_text(account: AccountId, other: &str) -> String {
+    format!("Logon refused: account {account} is logged on as {other} (one FIX session per account at a time)")
+}
+
+/// The Logout text of a Logon with a wrong Username or Password.
+pub(crate) const BAD_CREDENTIALS: &str = "Logon refused: bad Username (553) or Password (554)";
+
+/// The Logon carries this Username (553) and Password (554); the
+/// password compared in constant time.
+pub(crate) fn credentials_match((user, password): &(String, String), logon: &Message) -> bool {
+    match (logon.text(553), logon.text(554)) {
+        (Some(u), Some(p)) => u == user && crate::config::keys_match(&pad(password), &pad(p)),
+        _ => false,
     }
 }
 

@@ -665,6 +665,16 @@ fn feed_command(durable: &Durable<'_>, events: &mut Vec<Event>) -> Option<Queued
 pub(crate) struct MarketSink(pub(crate) Arc<Market>);
 
 impl ReportSink for MarketSink {
+    fn stop_intake(&mut self) {
+        if let Some(trading) = &self.0.hub.trading {
+            trading.close();
+        }
+    }
+
+    fn settled(&self) -> bool {
+        self.0.hub.trading.as_ref().is_none_or(|trading| trading.settled())
+    }
+
     /// The listen keys of accounts whose API keys a configuration reload
     /// changed or took away end (`listenKeyExpired`), as when a key's
     /// hour is up: they were opened with the old credentials.

@@ -33,7 +33,7 @@ use crossbook_marketdata::{MarketData, Unit, render};
 use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -148,6 +148,8 @@ pub(crate) struct Trading {
     /// the command that added it is durable).
     assets: RwLock<Vec<AssetInfo>>,
     link: Mutex<Option<SequencerLink>>,
+    /// The venue is stopping: requests are refused, not queued.
+    closed: AtomicBool,
     in_flight: Arc<InFlight>,
     waiting: Mutex<Waiting>,
     next_request: AtomicU64,
@@ -172,6 +174,7 @@ impl Trading {
             keys,
             assets: RwLock::new(assets),
             link: Mutex::new(None),
+            closed: AtomicBool::new(false),
             in_flight: InFlight::polled(),
             waiting: Mutex::new(Waiting::default()),
             // 0 names no request (another node's, applied from the log).
@@ -187,6 +190,19 @@ impl Trading {
 
     pub(crate) fn connect(&self, link: SequencerLink) {
         *lock(&self.link) = Some(link);
+    }
+
+    /// The venue is stopping: nothing more reaches the sequencer (what
+    /// did is still answered).
+    pub(crate) fn close(&self) {
+        let mut link = lock(&self.link);
+        self.closed.store(true, Ordering::Release);
+        *link = None;
+    }
+
+    /// Every request handed to the sequencer has been answered.
+    pub(crate) fn settled(&self) -> bool {
+        self.in_flight.count() == 0
     }
 
     /// Queues `request` for the sequencer; `false` if the queue is full
@@ -242,6 +258,9 @@ impl Trading {
         };
         if !self.send(request, annex.map(|a| a.encode())) {
             self.forget(number, client_id.as_ref());
+            if self.closed.load(Ordering::Acquire) {
+                return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, -1001, "The server is shutting down."));
+            }
             return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, -1008, "Server is currently overloaded with other requests. Please try again in a few minutes."));
         }
         match tokio::time::timeout(self.answer_timeout, receiver).await {
