@@ -280,17 +280,19 @@ enum OrderAction {
         /// `limit` or `market`.
         #[arg(long = "type", default_value = "limit")]
         order_type: String,
-        /// `gtc`, `ioc` or `fok`.
-        #[arg(long, default_value = "gtc")]
-        tif: String,
+        /// `gtc`, `ioc` or `fok` (default: gtc for a limit order, ioc for a
+        /// market order, which cannot rest).
+        #[arg(long)]
+        tif: Option<String>,
         #[arg(long)]
         post_only: bool,
         /// Self-trade prevention: none, cancel-newest, cancel-oldest, cancel-both
         /// (or cancel_newest, ... as docs/protocol.md writes them).
         #[arg(long, default_value = "none")]
         stp: String,
-        /// In quote units: a market buy's most to spend (fees included),
-        /// or a FOK market sell's least proceeds (fees deducted).
+        /// In quote units, at least 1: a market buy's most to spend (fees
+        /// included), or a FOK market sell's least proceeds (fees
+        /// deducted). Without it: no budget.
         #[arg(long)]
         budget: Option<u64>,
         /// The client order id (default: the clock in microseconds).
@@ -368,6 +370,15 @@ fn seconds(flag: &str, value: f64) -> Result<Duration> {
     Ok(Duration::from_secs_f64(value))
 }
 
+/// A time that must not be zero (a wait that could never succeed, a run
+/// with no time to measure).
+fn positive_seconds(flag: &str, value: f64) -> Result<Duration> {
+    if value == 0.0 {
+        bail!("{flag} must be more than 0 seconds");
+    }
+    seconds(flag, value)
+}
+
 fn main() {
     // A tool whose output goes to a pipe that closed (`crossbook load |
     // head`) ends quietly, as a Unix tool does, instead of panicking on
@@ -418,7 +429,7 @@ fn real_main() -> Result<()> {
             address,
             streams: streams.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect(),
             connections,
-            duration: seconds("--duration", duration)?,
+            duration: positive_seconds("--duration", duration)?,
             depth_clients,
             depth_symbol,
             json,
@@ -446,7 +457,7 @@ fn real_main() -> Result<()> {
             connections,
             keys: (1..=crossbook_server::config::DEMO_ACCOUNTS).map(crossbook_server::config::demo_key).collect(),
             secrets: (1..=crossbook_server::config::DEMO_ACCOUNTS).map(crossbook_server::config::demo_secret).collect(),
-            duration: seconds("--duration", duration)?,
+            duration: positive_seconds("--duration", duration)?,
             rate: match rate {
                 Some(rate) if !(0.001..=1e9).contains(&rate) => bail!("--rate must be from 0.001 to 1000000000 orders per second, not {rate}"),
                 rate => rate,
@@ -462,9 +473,15 @@ fn real_main() -> Result<()> {
         Cmd::Order { address, account, key, last_seen, timeout, linger, action } => order::run(order::Options {
             address,
             account,
-            key: key.unwrap_or_else(|| crossbook_server::config::demo_key(account)),
+            key: match key {
+                // The Login's key field is 32 bytes: a longer key would be
+                // cut, and its first 32 bytes could be someone's key.
+                Some(key) if key.is_empty() || key.len() > crossbook_protocol::API_KEY_BYTES => bail!("--key must be 1 to {} bytes, not {}", crossbook_protocol::API_KEY_BYTES, key.len()),
+                Some(key) => key,
+                None => crossbook_server::config::demo_key(account),
+            },
             last_seen: last_seen.unwrap_or(u64::MAX),
-            timeout: seconds("--timeout", timeout)?,
+            timeout: positive_seconds("--timeout", timeout)?,
             linger: seconds("--linger", linger)?,
             action: order_action(action)?,
         }),
@@ -512,12 +529,22 @@ fn order_action(action: OrderAction) -> Result<order::Action> {
                 (crossbook_engine::OrderType::Market, Some(_)) => bail!("a market order has no --price (--budget caps what a market buy spends)"),
                 (_, price) => price.unwrap_or(0),
             };
+            // On the wire 0 is "no budget": a budget of 0 typed here would
+            // become none.
+            if budget == Some(0) {
+                bail!("--budget must be at least 1 (leave it out for no budget)");
+            }
+            let tif = match (&tif, order_type) {
+                (Some(tif), _) => order::parse_tif(tif)?,
+                (None, crossbook_engine::OrderType::Market) => crossbook_engine::TimeInForce::Ioc,
+                (None, _) => crossbook_engine::TimeInForce::Gtc,
+            };
             order::Action::Place(crossbook_protocol::NewOrder {
                 cid: cid.unwrap_or_else(order::fresh_cid),
                 instrument,
                 side: order::parse_side(&side)?,
                 order_type,
-                tif: order::parse_tif(&tif)?,
+                tif,
                 post_only,
                 stp: order::parse_stp(&stp)?,
                 price,

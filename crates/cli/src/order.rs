@@ -107,7 +107,7 @@ fn say(line: &str) -> Result<bool> {
 /// Runs `options.action`; an order the server rejects is an error (exit
 /// status 1) after its report is printed.
 pub(crate) fn run(options: Options) -> Result<()> {
-    let (mut client, reply) = Client::login(&options.address, options.account, &options.key, options.last_seen).with_context(|| format!("logging in to {}", options.address))?;
+    let (mut client, reply) = Client::login_within(&options.address, options.account, &options.key, options.last_seen, options.timeout).with_context(|| format!("logging in to {}", options.address))?;
     if !say(&describe(&reply))? {
         return Ok(());
     }
@@ -144,7 +144,13 @@ pub(crate) fn run(options: Options) -> Result<()> {
             if matches!(options.action, Action::Watch { .. }) {
                 break;
             }
-            bail!("no answer from the server within {} s", options.timeout.as_secs_f64());
+            let after = options.timeout.as_secs_f64();
+            match options.action {
+                Action::Place(_) | Action::Cancel { .. } | Action::Replace { .. } | Action::CancelAll { .. } => bail!(
+                    "no answer from the server within {after} s: whether it was done is not known (`crossbook order open-orders` shows the open orders; `--last-seen N` replays the reports after N)"
+                ),
+                _ => bail!("no answer from the server within {after} s"),
+            }
         }
         let message = match client.recv() {
             Ok(Some(message)) => message,

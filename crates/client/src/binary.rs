@@ -3,11 +3,12 @@
 use crate::{ClientError, DEFAULT_TIMEOUT, read_some};
 use crossbook_protocol::{API_KEY_BYTES, ClientMessage, Decoded, MAX_FRAME, ServerMessage, decode_server, encode_client};
 use std::io::Write;
-use std::net::TcpStream;
+use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-/// The API key field of a Login: `key`'s bytes, zero-padded (a longer key
-/// is cut at `API_KEY_BYTES`, and the server will refuse it).
+/// The API key field of a Login: `key`'s bytes, zero-padded. A longer key
+/// is cut at `API_KEY_BYTES` (no configured key is longer, but its first
+/// bytes could be one: refuse such a key before calling this).
 pub fn api_key(key: &str) -> [u8; API_KEY_BYTES] {
     let mut field = [0u8; API_KEY_BYTES];
     let bytes = &key.as_bytes()[..key.len().min(API_KEY_BYTES)];
@@ -25,7 +26,28 @@ pub struct Client {
 impl Client {
     /// Connects (no login yet), with Nagle off.
     pub fn connect(address: &str) -> Result<Client, ClientError> {
-        let stream = TcpStream::connect(address)?;
+        Client::connect_within(address, DEFAULT_TIMEOUT)
+    }
+
+    /// [`Client::connect`], giving up on each of the address's resolutions
+    /// after `patience`.
+    pub fn connect_within(address: &str, patience: Duration) -> Result<Client, ClientError> {
+        let mut last = None;
+        let mut connected = None;
+        for resolved in address.to_socket_addrs()? {
+            match TcpStream::connect_timeout(&resolved, patience) {
+                Ok(stream) => {
+                    connected = Some(stream);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let stream = match (connected, last) {
+            (Some(stream), _) => stream,
+            (None, Some(e)) => return Err(e.into()),
+            (None, None) => return Err(std::io::Error::new(std::io::ErrorKind::NotFound, format!("{address} resolves to no address")).into()),
+        };
         stream.set_nodelay(true)?;
         // Short socket reads; `recv` keeps its own deadline.
         stream.set_read_timeout(Some(Duration::from_millis(100)))?;
@@ -36,9 +58,17 @@ impl Client {
     /// last report sequence number already had (0: replay everything kept;
     /// `u64::MAX`: nothing). Returns the server's answer, accepted or not.
     pub fn login(address: &str, account: u64, key: &str, last_seen: u64) -> Result<(Client, ServerMessage), ClientError> {
-        let mut client = Client::connect(address)?;
+        Client::login_within(address, account, key, last_seen, DEFAULT_TIMEOUT)
+    }
+
+    /// [`Client::login`], giving up after `patience` for the connection and
+    /// again for the answer.
+    pub fn login_within(address: &str, account: u64, key: &str, last_seen: u64, patience: Duration) -> Result<(Client, ServerMessage), ClientError> {
+        let mut client = Client::connect_within(address, patience)?;
+        client.set_timeout(patience);
         client.send(&ClientMessage::Login { account, api_key: api_key(key), last_seen })?;
         let reply = client.recv()?.ok_or(ClientError::Closed)?;
+        client.set_timeout(DEFAULT_TIMEOUT);
         Ok((client, reply))
     }
 

@@ -194,9 +194,21 @@ pub(crate) struct Tally {
     last_seq: u64,
     cancels: u64,
     errors: u64,
+    /// What the first error was.
+    first_error: Option<String>,
     unanswered: u64,
     /// (order, cid) of acknowledged orders, when asked for.
     accepted: Vec<(u64, u64)>,
+}
+
+impl Tally {
+    /// A session's connection failed (it ends): counted, the first kept.
+    pub(crate) fn error(&mut self, why: impl FnOnce() -> String) {
+        self.errors += 1;
+        if self.first_error.is_none() {
+            self.first_error = Some(why());
+        }
+    }
 }
 
 pub(crate) fn histogram() -> Histogram<u64> {
@@ -212,7 +224,7 @@ fn connect(address: &str, account: u64, key: &str) -> Result<TcpStream> {
     match reply {
         ServerMessage::LoginAccepted { .. } if client.buffered() == 0 => Ok(client.into_parts().0),
         ServerMessage::LoginAccepted { .. } => bail!("account {account}: the server sent more than the login reply before any order"),
-        other => bail!("login as account {account} refused: {other:?}"),
+        other => bail!("login as account {account} refused: {}", crossbook_client::binary::describe(&other)),
     }
 }
 
@@ -279,7 +291,7 @@ impl Client {
             stream,
             wire,
             index,
-            tally: Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, fills: 0, last_seq: 0, cancels: 0, errors: 0, unanswered: 0, accepted: Vec::new() },
+            tally: Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, fills: 0, last_seq: 0, cancels: 0, errors: 0, first_error: None, unanswered: 0, accepted: Vec::new() },
             rng: crossbook_workload::Rng::new(0xC0FFEE + index),
             run: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64) & 0xF_FFFF,
             next: 0,
@@ -335,8 +347,10 @@ impl Client {
                 self.tally.cancels += 1;
             }
         }
-        if !out.is_empty() && self.stream.write_all(out).is_err() {
-            self.tally.errors += 1;
+        if !out.is_empty()
+            && let Err(e) = self.stream.write_all(out)
+        {
+            self.tally.error(|| format!("writing to the server: {e}"));
             self.broken = true;
         }
     }
@@ -344,8 +358,13 @@ impl Client {
     /// Reads what is there (the socket said it is readable) and records it.
     fn receive(&mut self, chunk: &mut [u8], keep: bool) {
         match self.stream.read(chunk) {
-            Ok(0) | Err(_) => {
-                self.tally.errors += 1;
+            Ok(0) => {
+                self.tally.error(|| "the server closed the connection".into());
+                self.broken = true;
+                return;
+            }
+            Err(e) => {
+                self.tally.error(|| format!("reading from the server: {e}"));
                 self.broken = true;
                 return;
             }
@@ -363,8 +382,8 @@ impl Client {
                     }
                 }
                 Ok(None) => break,
-                Err(_) => {
-                    self.tally.errors += 1;
+                Err(e) => {
+                    self.tally.error(|| format!("a garbled message from the server: {e}"));
                     self.broken = true;
                     break;
                 }
@@ -515,9 +534,20 @@ fn percentiles(h: &Histogram<u64>) -> serde_json::Value {
 }
 
 pub fn run(options: Options) -> Result<()> {
+    if options.connections == 0 {
+        bail!("--connections must be at least 1");
+    }
     let last = options.first_account.saturating_add(options.connections).saturating_sub(1);
-    if options.connections == 0 || options.first_account == 0 || last > options.keys.len() as u64 {
+    if options.first_account == 0 || last > options.keys.len() as u64 {
         bail!("--first-account plus --connections must stay within accounts 1 to {} (one account each)", options.keys.len());
+    }
+    if options.last_seen_out.is_some() && options.protocol != Protocol::Binary {
+        bail!("--last-seen-out is for the binary protocol (its reports' sequence numbers)");
+    }
+    // The files are made before any order is sent: a path that cannot be
+    // written fails the run before it trades, not after.
+    for path in [&options.acked_out, &options.last_seen_out].into_iter().flatten() {
+        std::fs::File::create(path).with_context(|| format!("writing {}", path.display()))?;
     }
     let options = Arc::new(options);
     let (tallies, sending) = if matches!(options.protocol, Protocol::Rest | Protocol::WsApi) {
@@ -543,6 +573,7 @@ pub fn run(options: Options) -> Result<()> {
     let mut ack = histogram();
     let mut fill = histogram();
     let (mut sent, mut acked, mut rejected, mut fills, mut cancels, mut errors, mut unanswered) = (0, 0, 0, 0, 0, 0, 0);
+    let mut first_error = None;
     let mut accepted = Vec::new();
     let mut last_seen = String::new();
     for (index, tally) in tallies.into_iter().enumerate() {
@@ -555,6 +586,9 @@ pub fn run(options: Options) -> Result<()> {
         fills += tally.fills;
         cancels += tally.cancels;
         errors += tally.errors;
+        if first_error.is_none() {
+            first_error = tally.first_error.map(|why| format!("account {}: {why}", options.first_account + index as u64));
+        }
         unanswered += tally.unanswered;
         accepted.extend(tally.accepted);
     }
@@ -605,6 +639,11 @@ pub fn run(options: Options) -> Result<()> {
             let p = percentiles(h);
             println!("{name} p50 {} p90 {} p99 {} p99.9 {} max {}", p["p50"], p["p90"], p["p99"], p["p99.9"], p["max"]);
         }
+    }
+    // The figures are out (and the files written): a run whose sessions
+    // failed says so, and ends non-zero.
+    if errors > 0 {
+        bail!("{errors} session errors (the first: {}); the figures above are of what was answered", first_error.unwrap_or_default());
     }
     Ok(())
 }

@@ -192,7 +192,7 @@ impl Session {
 
 /// One session's run: its orders, until `end` or its quota.
 fn session(mut http: Session, index: u64, options: &Options, start: Instant, end: Instant, interval: Option<Duration>, quota: u64) -> Tally {
-    let mut tally = Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, fills: 0, last_seq: 0, cancels: 0, errors: 0, unanswered: 0, accepted: Vec::new() };
+    let mut tally = Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, fills: 0, last_seq: 0, cancels: 0, errors: 0, first_error: None, unanswered: 0, accepted: Vec::new() };
     let mut rng = crossbook_workload::Rng::new(0xC0FFEE + index);
     let mut resting: VecDeque<u64> = VecDeque::new();
     let mut next = 0u64;
@@ -234,8 +234,8 @@ fn session(mut http: Session, index: u64, options: &Options, start: Instant, end
                 tally.ack.saturating_record(nanos);
                 tally.rejected += 1;
             }
-            Err(_) => {
-                tally.errors += 1;
+            Err(e) => {
+                tally.error(|| format!("an order request: {e}"));
                 tally.unanswered += 1;
                 break;
             }
@@ -245,8 +245,8 @@ fn session(mut http: Session, index: u64, options: &Options, start: Instant, end
         while resting.len() > MAX_RESTING {
             let Some(oldest) = resting.pop_front() else { break };
             tally.cancels += 1;
-            if http.signed("DELETE", "/api/v3/order", &format!("symbol=BTCUSD&orderId={oldest}")).is_err() {
-                tally.errors += 1;
+            if let Err(e) = http.signed("DELETE", "/api/v3/order", &format!("symbol=BTCUSD&orderId={oldest}")) {
+                tally.error(|| format!("a cancel request: {e}"));
                 return tally;
             }
         }
@@ -270,7 +270,7 @@ fn order_params(new_order: &crossbook_protocol::NewOrder) -> String {
 /// (the server answers them in order), orders sent when due (open loop)
 /// or as answers free the window (closed loop).
 fn ws_session(mut ws: Session, index: u64, options: &Options, start: Instant, end: Instant, interval: Option<Duration>, quota: u64) -> Tally {
-    let mut tally = Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, fills: 0, last_seq: 0, cancels: 0, errors: 0, unanswered: 0, accepted: Vec::new() };
+    let mut tally = Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, fills: 0, last_seq: 0, cancels: 0, errors: 0, first_error: None, unanswered: 0, accepted: Vec::new() };
     let mut rng = crossbook_workload::Rng::new(0xC0FFEE + index);
     let mut resting: VecDeque<u64> = VecDeque::new();
     // In flight: id, and for an order its planned time and whether it is
@@ -310,8 +310,8 @@ fn ws_session(mut ws: Session, index: u64, options: &Options, start: Instant, en
                     tally.sent += 1;
                     in_flight.push_back((id, Some((planned, new_order.tif == TimeInForce::Ioc))));
                 }
-                Err(_) => {
-                    tally.errors += 1;
+                Err(e) => {
+                    tally.error(|| format!("sending an order: {e}"));
                     return tally;
                 }
             }
@@ -335,8 +335,8 @@ fn ws_session(mut ws: Session, index: u64, options: &Options, start: Instant, en
                 ws.ws_wait(wait);
                 continue;
             }
-            Err(_) => {
-                tally.errors += 1;
+            Err(e) => {
+                tally.error(|| format!("reading an answer: {e}"));
                 tally.unanswered += in_flight.iter().filter(|(_, order)| order.is_some()).count() as u64;
                 return tally;
             }
@@ -371,8 +371,8 @@ fn ws_session(mut ws: Session, index: u64, options: &Options, start: Instant, en
             tally.cancels += 1;
             match ws.ws_send("order.cancel", &format!("symbol=BTCUSD&orderId={oldest}")) {
                 Ok(id) => in_flight.push_back((id, None)),
-                Err(_) => {
-                    tally.errors += 1;
+                Err(e) => {
+                    tally.error(|| format!("sending a cancel: {e}"));
                     return tally;
                 }
             }

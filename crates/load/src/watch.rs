@@ -7,7 +7,7 @@
 
 use anyhow::{Context, Result, bail};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -46,11 +46,23 @@ fn trade_time(text: &str) -> Option<u64> {
     digits[..end].parse().ok()
 }
 
+/// How long connecting and the WebSocket handshake may take, at least (a
+/// longer run gives them until its end).
+const HANDSHAKE: Duration = Duration::from_secs(10);
+
 fn watch_one(address: &str, path: &str, until: Instant) -> Result<Seen> {
-    let (mut socket, _) = tungstenite::connect(format!("ws://{address}{path}")).with_context(|| format!("connecting to ws://{address}{path}"))?;
-    if let tungstenite::stream::MaybeTlsStream::Plain(stream) = socket.get_ref() {
-        stream.set_read_timeout(Some(Duration::from_millis(200)))?;
-    }
+    let url = format!("ws://{address}{path}");
+    let patience = until.saturating_duration_since(Instant::now()).max(HANDSHAKE);
+    let resolved = address.to_socket_addrs().with_context(|| format!("resolving {address}"))?.next().with_context(|| format!("{address} resolves to no address"))?;
+    let stream = TcpStream::connect_timeout(&resolved, patience).with_context(|| format!("connecting to {address}"))?;
+    stream.set_read_timeout(Some(patience))?;
+    stream.set_write_timeout(Some(patience))?;
+    let (mut socket, _) = match tungstenite::client(url.as_str(), stream) {
+        Ok(done) => done,
+        Err(tungstenite::HandshakeError::Interrupted(_)) => bail!("{url}: no WebSocket handshake from the server within {} s", patience.as_secs_f64()),
+        Err(tungstenite::HandshakeError::Failure(e)) => return Err(anyhow::Error::new(e).context(format!("WebSocket handshake with {url}"))),
+    };
+    socket.get_ref().set_read_timeout(Some(Duration::from_millis(200)))?;
     let mut seen = Seen { messages: 0, bytes: 0, trade_latency_ms: hdrhistogram::Histogram::new(3)?, closed: None };
     while Instant::now() < until {
         match socket.read() {
@@ -83,6 +95,13 @@ fn watch_one(address: &str, path: &str, until: Instant) -> Result<Seen> {
 /// Asks for the depth over one keep-alive connection until `stop`;
 /// returns the requests answered with 200.
 fn ask_depth(address: &str, symbol: &str, stop: &AtomicBool) -> Result<u64> {
+    asking_depth(address, symbol, stop).map_err(|e| match e.downcast_ref::<std::io::Error>().map(std::io::Error::kind) {
+        Some(std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => anyhow::anyhow!("GET /api/v3/depth on {address}: no answer within 10 s"),
+        _ => e.context(format!("GET /api/v3/depth on {address}")),
+    })
+}
+
+fn asking_depth(address: &str, symbol: &str, stop: &AtomicBool) -> Result<u64> {
     let stream = TcpStream::connect(address)?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     let mut writer = stream.try_clone()?;

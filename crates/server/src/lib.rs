@@ -75,9 +75,12 @@ pub(crate) fn now_ms() -> u64 {
 /// gateways bind them for good once the venue is recovered.
 fn probe(config: &Config) -> Result<(), ServeError> {
     let addresses = [("listening on", &config.listen), ("listening for FIX on", &config.fix.listen), ("listening for market data on", &config.market_data.listen)];
+    // All held at once: two ports configured alike fail here too.
+    let mut held = Vec::new();
     for (what, address) in addresses.into_iter().filter(|(_, address)| !address.is_empty()) {
-        drop(TcpListener::bind(address.as_str()).map_err(ServeError::io(format!("{what} {address}")))?);
+        held.push(TcpListener::bind(address.as_str()).map_err(ServeError::io(format!("{what} {address}")))?);
     }
+    drop(held);
     if !config.fix.listen.is_empty() {
         fix::read_dictionary(&config.fix)?;
     }

@@ -264,6 +264,15 @@ fn the_tools_refuse_what_they_cannot_use_with_a_message() {
         (vec!["watch", "--duration", "NaN"], "--duration must be"),
         (vec!["order", "--timeout", "inf", "balances"], "--timeout must be"),
         (vec!["order", "--linger", "1e30", "balances"], "--linger must be"),
+        (vec!["order", "--timeout", "0", "balances"], "--timeout must be more than 0"),
+        // A budget of 0 would go out as "no budget" (0 on the wire).
+        (vec!["order", "place", "--side", "buy", "--type", "market", "--qty", "1", "--budget", "0"], "--budget must be at least 1"),
+        // A key past the Login's 32 bytes would be cut, not refused.
+        (vec!["order", "--key", "0123456789abcdef0123456789abcdefX", "balances"], "--key must be 1 to 32 bytes"),
+        (vec!["load", "--duration", "0"], "--duration must be more than 0"),
+        (vec!["load", "--connections", "0"], "--connections must be at least 1"),
+        (vec!["load", "--protocol", "fix", "--last-seen-out", &journal], "--last-seen-out is for the binary protocol"),
+        (vec!["load", "--acked-out", "/nowhere/acked.txt"], "writing /nowhere/acked.txt"),
         (vec!["bench", "--commands", "0"], "--commands must be at least 1"),
         (vec!["bench", "--workload", "steady-deep", "--flow", "/nowhere"], "--flow is for --workload exchange-core-single"),
         (vec!["compat", "exchange-core", &flow], "reading"),

@@ -338,6 +338,10 @@ fn crossbook_order_places_cancels_and_queries_by_hand() {
     assert!(!cancelled && out.contains("reason=unknown_order"), "{out}");
     let (all, out) = run(&["cancel-all"]);
     assert!(all && out.contains("cancel-all-done"), "{out}");
+    // A market order without --tif is IOC (a market order cannot rest):
+    // on an empty book, accepted and then cancelled for it.
+    let (market, out) = run(&["place", "--side", "buy", "--type", "market", "--qty", "1"]);
+    assert!(market && out.contains(" accepted ") && out.contains("reason=ioc"), "{out}");
     let (bad, out) = crossbook(&["order", "--address", address, "--account", "1", "--key", "wrong", "balances"]);
     assert!(!bad && out.contains("login-rejected reason=bad_credentials"), "{out}");
 }
