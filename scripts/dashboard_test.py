@@ -11,9 +11,14 @@ candle (`GET /api/v3/klines`) and the last price (`GET
 that the page says it is out of sync and resyncs, halts and resumes an
 instrument (its button marked), lists a new instrument by a configuration
 reload (its button appears without a page reload, and its book shows an
-order placed on it), and stops the server and checks that the page says
-the connection is lost. Writes a screenshot
-(target/dashboard.png by default). Ends with "N passed, M failed".
+order placed on it). A second page whose first order-book request fails
+must retry and go live; a narrow (phone) page must show the chart. The
+server is paused (SIGSTOP): the page must say it is stalled, and live
+again once it goes on (SIGCONT). Then it stops the server and checks that
+the page says the connection is lost and shows no figures, and starts a
+fresh venue (other data) on the same port: the page must come back
+without the old venue's trades. Writes screenshots (target/dashboard.png
+by default, and siblings). Ends with "N passed, M failed".
 
     scripts/dashboard-test [--binary target/release/crossbook] [--chromium /usr/bin/chromium]
 """
@@ -110,6 +115,11 @@ def main():
             checks.check("the last price is the 24-hour ticker's", page.text_content("#last-price") == ticker["lastPrice"],
                          f"{page.text_content('#last-price')} vs {ticker['lastPrice']}")
             checks.check("the venue's figures are shown", page.text_content("#stat-seq") not in ("", "-"), page.text_content("#stat-seq"))
+            precision = page.evaluate("window.crossbook.pricePrecision")
+            spread = page.text_content("#spread")
+            checks.check("the spread is written in the instrument's decimals",
+                         spread.startswith("spread ") and (len(spread.split(".")[1]) if "." in spread else 0) == precision and "e" not in spread[len("spread "):],
+                         f"{spread} ({precision} decimals)")
             history = page.evaluate("window.crossbook.statusHistory")
             checks.check("the page kept up with the busy venue (never dropped, never out of sync)",
                          not any(h.startswith(("disconnected", "out of sync")) for h in history), history)
@@ -154,11 +164,62 @@ def main():
                          wait_for(page, "document.getElementById('status').textContent === 'live' && [...document.querySelectorAll('#bids .row')].some(r => r.dataset.price === '1234' && r.dataset.qty === '7')", 10),
                          page.evaluate("[...document.querySelectorAll('#bids .row')].map(r => [r.dataset.price, r.dataset.qty])"))
             page.screenshot(path=args.screenshot.replace(".png", "-listed.png"))
+            page.click('#symbols button[data-symbol="BTCUSD"]')
+            checks.check("back on BTCUSD, live", wait_for(page, "document.getElementById('status').textContent === 'live'"), page.text_content("#status"))
+            # A page whose first order-book request fails asks again.
+            failing = browser.new_page(viewport={"width": 1400, "height": 860})
+            failing.on("pageerror", lambda e: errors.append(str(e)))
+            refused = []
+
+            def refuse_first(route):
+                if not refused:
+                    refused.append(route.request.url)
+                    route.abort()
+                else:
+                    route.continue_()
+            failing.route("**/api/v3/depth*", refuse_first)
+            failing.goto(f"http://{market}/")
+            went_live = wait_for(failing, "window.crossbook.statusHistory.some(s => s.startsWith('order book not loaded')) && document.getElementById('status').textContent === 'live' && document.querySelectorAll('#bids .row').length > 0")
+            checks.check("a failed order-book request is retried, and the page goes live", went_live and bool(refused),
+                         f"{refused} {failing.evaluate('window.crossbook.statusHistory')}")
+            checks.check("and it said so meanwhile", any(h.startswith("order book not loaded") for h in failing.evaluate("window.crossbook.statusHistory")),
+                         failing.evaluate("window.crossbook.statusHistory"))
+            failing.close()
+            # A phone's screen: one column, the chart shown.
+            narrow = browser.new_page(viewport={"width": 375, "height": 812})
+            narrow.on("pageerror", lambda e: errors.append(str(e)))
+            narrow.goto(f"http://{market}/")
+            wait_for(narrow, "document.getElementById('status').textContent === 'live'")
+            box = narrow.evaluate("(() => { const r = document.getElementById('chart').getBoundingClientRect(); return [r.width, r.height]; })()")
+            wide = narrow.evaluate("document.documentElement.scrollWidth")
+            checks.check("on a narrow screen the chart is shown, and nothing is wider than the screen",
+                         box[0] > 300 and box[1] > 200 and wide <= 375, f"chart {box}, page {wide} px wide")
+            narrow.screenshot(path=args.screenshot.replace(".png", "-narrow.png"), full_page=True)
+            narrow.close()
+            # The server frozen: the page says it is stalled, then live.
+            server.send_signal(signal.SIGSTOP)
+            stalled = wait_for(page, "document.getElementById('status').textContent.startsWith('stalled')", 12)
+            page.screenshot(path=args.screenshot.replace(".png", "-stalled.png"))
+            server.send_signal(signal.SIGCONT)
+            checks.check("a frozen server shows as stalled", stalled, page.evaluate("window.crossbook.statusHistory"))
+            checks.check("and live once it goes on", wait_for(page, "document.getElementById('status').textContent === 'live'"),
+                         page.evaluate("window.crossbook.statusHistory"))
             # The server stops: the page says the connection is lost.
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=30)
             checks.check("a stopped server shows as disconnected",
                          wait_for(page, "document.getElementById('status').textContent.startsWith('disconnected')"), page.text_content("#status"))
+            checks.check("and shows no figures of the venue that stopped",
+                         wait_for(page, "['stat-seq', 'stat-orders', 'stat-trades', 'stat-sessions'].every(id => document.getElementById(id).textContent === '-')", 5),
+                         page.evaluate("['stat-seq', 'stat-orders', 'stat-sessions'].map(id => document.getElementById(id).textContent)"))
+            # A fresh venue on the same port: the page comes back without
+            # the old one's trades (whose ids were higher than the new ones').
+            server, binary_address, _ = start_server(args.binary, os.path.join(data, "fresh"), config, market=market)
+            checks.check("the page comes back on a fresh venue", wait_for(page, "document.getElementById('status').textContent === 'live'", 20),
+                         page.evaluate("window.crossbook.statusHistory"))
+            checks.check("without the old venue's trades",
+                         wait_for(page, "document.querySelectorAll('#trades .row').length === 0", 5),
+                         page.evaluate("[...document.querySelectorAll('#trades .row')].slice(0, 3).map(r => r.dataset.id)"))
             checks.check("no script errors on the page", not errors, errors)
             browser.close()
     finally:

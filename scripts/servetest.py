@@ -65,12 +65,13 @@ class Checks:
         return self.check(name, False, f"no error, wanted {expected.__name__}; returned {str(result)[:300]}")
 
 
-def start_server(binary, data, config=None):
+def start_server(binary, data, config=None, market="127.0.0.1:0"):
     """Starts `crossbook serve` (binary protocol and market data on free ports,
-    no FIX) on `data`, with the configuration file `config` (default: the
-    built-in one); returns (process, binary address, market address)."""
+    or market data on `market`; no FIX) on `data`, with the configuration
+    file `config` (default: the built-in one); returns (process, binary
+    address, market address)."""
     process = subprocess.Popen(
-        [binary, "serve", "--listen", "127.0.0.1:0", "--fix-listen", "", "--market-listen", "127.0.0.1:0", "--data", data]
+        [binary, "serve", "--listen", "127.0.0.1:0", "--fix-listen", "", "--market-listen", market, "--data", data]
         + (["--config", config] if config else []),
         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     found = {}

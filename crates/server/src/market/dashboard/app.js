@@ -8,6 +8,17 @@
 const LEVELS = 15;
 const TRADES = 40;
 const INTERVALS = ['1m', '5m', '15m', '1h', '4h', '1d'];
+// The connection is asked for an answer (LIST_SUBSCRIPTIONS) this often;
+// one that has not come after STALLED_MS shows the page as stalled (a
+// frozen server, a stuck network: nothing would say so otherwise), and
+// after DEAD_MS the connection is dropped and made again.
+const HEARTBEAT_MS = 2000;
+const STALLED_MS = 5000;
+const DEAD_MS = 15000;
+// Diffs kept while the book's snapshot is on its way, at most.
+const BUFFERED_DIFFS = 5000;
+// A request for the snapshot or the figures that takes longer fails.
+const REQUEST_MS = 5000;
 
 const state = {
   instruments: [],
@@ -23,6 +34,11 @@ const state = {
   lastCandle: null,
   previousStats: null,
   statusHistory: [],
+  pricePrecision: 2,
+  // The heartbeat: the id of the last request sent, when it was sent,
+  // and the last one answered.
+  heartbeat: { sent: 0, sentAt: 0, answered: 0 },
+  stalled: false,
 };
 
 // Messages change the state as they come; the page is drawn from it at
@@ -57,9 +73,19 @@ function drawDirty() {
 const $ = (id) => document.getElementById(id);
 
 async function getJSON(path) {
-  const response = await fetch(path, { cache: 'no-store' });
+  const response = await fetch(path, { cache: 'no-store', signal: AbortSignal.timeout(REQUEST_MS) });
   if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
   return response.json();
+}
+
+// A price difference in the instrument's decimals (exact: in ticks of
+// its precision, not as a float's digits).
+function formatPriceDifference(a, b) {
+  const precision = state.pricePrecision;
+  const ticks = Math.round(parseFloat(a) * 10 ** precision) - Math.round(parseFloat(b) * 10 ** precision);
+  const digits = String(Math.abs(ticks)).padStart(precision + 1, '0');
+  const whole = precision ? `${digits.slice(0, -precision)}.${digits.slice(-precision)}` : digits;
+  return (ticks < 0 ? '-' : '') + whole;
 }
 
 function setStatus(kind, text) {
@@ -82,7 +108,9 @@ const chart = LightweightCharts.createChart($('chart'), {
 const candleSeries = chart.addSeries(LightweightCharts.CandlestickSeries, {
   upColor: '#26a69a', downColor: '#ef5350', borderVisible: false, wickUpColor: '#26a69a', wickDownColor: '#ef5350',
 });
-const volumeSeries = chart.addSeries(LightweightCharts.HistogramSeries, { priceFormat: { type: 'volume' }, priceScaleId: '' });
+// On its own scale, without a label on the price axis (it would read as
+// a price).
+const volumeSeries = chart.addSeries(LightweightCharts.HistogramSeries, { priceFormat: { type: 'volume' }, priceScaleId: '', lastValueVisible: false, priceLineVisible: false });
 volumeSeries.priceScale().applyOptions({ scaleMargins: { top: 0.8, bottom: 0 } });
 
 function bar(openTime, open, high, low, close, volume) {
@@ -139,15 +167,15 @@ function renderBook() {
   if (!book) return;
   const asks = [...book.asks.entries()].sort((a, b) => parseFloat(a[0]) - parseFloat(b[0])).slice(0, LEVELS);
   const bids = [...book.bids.entries()].sort((a, b) => parseFloat(b[0]) - parseFloat(a[0])).slice(0, LEVELS);
-  const biggest = Math.max(1, ...asks.map((l) => parseFloat(l[1])), ...bids.map((l) => parseFloat(l[1])));
+  // Bars against the biggest level shown (quantities below 1 too).
+  const biggest = Math.max(...asks.map((l) => parseFloat(l[1])), ...bids.map((l) => parseFloat(l[1]))) || 1;
   const rows = (levels, kind) => levels.map(([price, qty]) => {
     const width = (100 * parseFloat(qty) / biggest).toFixed(1);
     return `<div class="row ${kind}" data-price="${price}" data-qty="${qty}"><div class="bar" style="width:${width}%"></div><span class="price">${price}</span><span class="qty">${qty}</span></div>`;
   }).join('');
   $('asks').innerHTML = rows(asks, 'ask');
   $('bids').innerHTML = rows(bids, 'bid');
-  const spread = asks.length && bids.length ? (parseFloat(asks[0][0]) - parseFloat(bids[0][0])) : null;
-  $('spread').textContent = spread === null ? 'spread -' : `spread ${+spread.toFixed(10)}`;
+  $('spread').textContent = asks.length && bids.length ? `spread ${formatPriceDifference(asks[0][0], bids[0][0])}` : 'spread -';
   $('book-id').textContent = `update ${book.lastUpdateId}`;
 }
 
@@ -164,7 +192,12 @@ async function resync(symbol) {
   try {
     snapshot = await getJSON(`/api/v3/depth?symbol=${symbol}&limit=5000`);
   } catch (e) {
-    setStatus('down', `disconnected: ${e.message}`);
+    // Asked again while the stream is up (the diffs stay buffered).
+    if (symbol !== state.symbol) return;
+    setStatus('syncing', `order book not loaded (${e.message}): retrying`);
+    setTimeout(() => {
+      if (symbol === state.symbol && state.syncing && state.ws && state.ws.readyState === WebSocket.OPEN) resync(symbol);
+    }, 2000);
     return;
   }
   if (symbol !== state.symbol) return;
@@ -176,7 +209,7 @@ async function resync(symbol) {
     if (!applyDiff(diff)) return;
   }
   renderBook();
-  if (state.ws && state.ws.readyState === WebSocket.OPEN) setStatus('live', 'live');
+  if (state.ws && state.ws.readyState === WebSocket.OPEN && !state.stalled) setStatus('live', 'live');
 }
 
 // Applies one diff by the procedure; false (and a resync) on a gap.
@@ -194,7 +227,13 @@ function applyDiff(diff) {
 }
 
 function onDepth(diff) {
-  if (state.syncing) { state.buffer.push(diff); return; }
+  if (state.syncing) {
+    // The oldest go first: a snapshot newer than them does not need them,
+    // an older one finds the gap and asks again.
+    state.buffer.push(diff);
+    if (state.buffer.length > BUFFERED_DIFFS) state.buffer.shift();
+    return;
+  }
   if (applyDiff(diff)) { dirty.book = true; redraw(); }
 }
 
@@ -209,6 +248,12 @@ function keepNewestTrades() {
 
 function renderTrades() {
   const trades = keepNewestTrades();
+  // The last price follows the trades as they come (the ticker's other
+  // figures come every second).
+  if (trades.length && trades[0].id > state.lastPriceTrade) {
+    state.lastPriceTrade = trades[0].id;
+    $('last-price').textContent = trades[0].price;
+  }
   $('trades').innerHTML = trades.map((t) => {
     const time = new Date(t.time).toISOString().slice(11, 19);
     return `<div class="row ${t.isBuyerMaker ? 'sell' : 'buy'}" data-id="${t.id}" data-price="${t.price}" data-qty="${t.qty}"><span>${t.price}</span><span>${t.qty}</span><span style="text-align:right">${time}</span></div>`;
@@ -223,7 +268,10 @@ async function loadTrades(symbol) {
 }
 
 function showTicker(t) {
-  $('last-price').textContent = t.lastPrice;
+  if (t.lastId >= state.lastPriceTrade) {
+    state.lastPriceTrade = t.lastId;
+    $('last-price').textContent = t.lastPrice;
+  }
   const change = $('change');
   change.textContent = `${t.priceChange} (${t.priceChangePercent}%)`;
   change.className = parseFloat(t.priceChange) < 0 ? 'sell' : 'buy';
@@ -243,6 +291,7 @@ async function loadTicker(symbol) {
 
 function onMessage(event) {
   const message = JSON.parse(event.data);
+  if (message.id !== undefined && message.data === undefined) { onAnswer(message); return; }
   const data = message.data;
   if (!data || message.stream.split('@')[0] !== state.symbol.toLowerCase()) return;
   const kind = message.stream.slice(message.stream.indexOf('@') + 1);
@@ -262,10 +311,44 @@ function onMessage(event) {
     dirty.klines.set(data.k.t, data.k);
     redraw();
   } else if (kind === 'ticker') {
-    dirty.ticker = { lastPrice: data.c, priceChange: data.p, priceChangePercent: data.P, highPrice: data.h, lowPrice: data.l, volume: data.v, quoteVolume: data.q, count: data.n };
+    dirty.ticker = { lastId: data.L, lastPrice: data.c, priceChange: data.p, priceChangePercent: data.P, highPrice: data.h, lowPrice: data.l, volume: data.v, quoteVolume: data.q, count: data.n };
     redraw();
   }
 }
+
+// ---- the heartbeat ---------------------------------------------------
+
+function onAnswer(message) {
+  if (typeof message.id !== 'number' || message.id > state.heartbeat.sent) return;
+  state.heartbeat.answered = Math.max(state.heartbeat.answered, message.id);
+  if (state.stalled && state.heartbeat.answered === state.heartbeat.sent) {
+    state.stalled = false;
+    setStatus(state.syncing ? 'syncing' : 'live', state.syncing ? 'syncing the order book' : 'live');
+  }
+}
+
+function beat() {
+  const ws = state.ws;
+  if (!ws || ws.readyState !== WebSocket.OPEN) return;
+  const hb = state.heartbeat;
+  const waited = hb.answered < hb.sent ? performance.now() - hb.sentAt : 0;
+  if (waited > DEAD_MS) {
+    // Dropped and made again (onclose says so and reconnects).
+    ws.close();
+    return;
+  }
+  if (waited > STALLED_MS) {
+    state.stalled = true;
+    setStatus('down', `stalled: no answer from the server for ${Math.floor(waited / 1000)} s`);
+    return;
+  }
+  if (hb.answered === hb.sent) {
+    hb.sent += 1;
+    hb.sentAt = performance.now();
+    ws.send(JSON.stringify({ method: 'LIST_SUBSCRIPTIONS', id: hb.sent }));
+  }
+}
+setInterval(beat, HEARTBEAT_MS / 2);
 
 function connect() {
   const symbol = state.symbol;
@@ -280,8 +363,15 @@ function connect() {
   state.ws = ws;
   state.syncing = true;
   state.buffer = [];
+  state.heartbeat = { sent: 0, sentAt: 0, answered: 0 };
+  state.stalled = false;
   ws.onmessage = onMessage;
   ws.onopen = () => {
+    // What the page showed came from the connection before: the venue
+    // may have been started again on other data (its trade ids start
+    // again). The REST answers and this connection's messages replace it.
+    state.trades = new Map();
+    state.lastPriceTrade = -1;
     resync(symbol);
     loadTrades(symbol).catch(() => {});
     loadKlines(symbol).catch(() => {});
@@ -300,9 +390,11 @@ function select(symbol) {
   state.symbol = symbol;
   const info = state.instruments.find((i) => i.symbol === symbol);
   const precision = info ? info.pricePrecision : 2;
+  state.pricePrecision = precision;
   candleSeries.applyOptions({ priceFormat: { type: 'price', precision, minMove: Math.pow(10, -precision) } });
   state.book = null;
   state.trades = new Map();
+  state.lastPriceTrade = -1;
   dirty.klines.clear();
   dirty.ticker = null;
   for (const b of document.querySelectorAll('#symbols button')) b.classList.toggle('active', b.dataset.symbol === symbol);
@@ -324,9 +416,16 @@ function buildControls() {
   }
 }
 
+// The venue's figures: '-' while they cannot be had (none is shown that
+// is not current).
+function clearStats() {
+  for (const id of ['stat-seq', 'stat-orders', 'stat-trades', 'stat-sessions', 'stat-sockets']) $(id).textContent = '-';
+  state.previousStats = null;
+}
+
 async function pollStats() {
   let stats;
-  try { stats = await getJSON('/crossbook/stats'); } catch (e) { return; }
+  try { stats = await getJSON('/crossbook/stats'); } catch (e) { clearStats(); return; }
   const now = performance.now();
   const previous = state.previousStats;
   $('stat-seq').textContent = stats.seq;
