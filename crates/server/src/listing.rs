@@ -78,6 +78,33 @@ impl Listing {
         *crate::lock(&self.defined) = (config.assets.clone(), config.instruments.clone());
     }
 
+    /// What `config` (a reload just read) says otherwise of what is
+    /// listed, each as a line for the log: such settings are kept until
+    /// the next start (a client's prices do not change scale under it),
+    /// which takes them.
+    pub(crate) fn changed_by(&self, config: &Config) -> Vec<String> {
+        let listed = self.get();
+        let mut lines = Vec::new();
+        for asset in &listed.assets {
+            match config.assets.iter().find(|a| a.id == asset.id) {
+                Some(file) if file.decimals != asset.decimals => lines.push(format!(
+                    "asset {} ({}): decimals {} in the file, {} in use until the next start, which shows every {} amount at the new scale",
+                    asset.id, asset.name, file.decimals, asset.decimals, asset.name
+                )),
+                _ => {}
+            }
+        }
+        for instrument in &listed.instruments {
+            let Some(file) = config.instruments.iter().find(|i| i.id == instrument.id) else { continue };
+            for (what, in_file, in_use) in [("fix_price_unit", &file.fix_price_unit, &instrument.fix_price_unit), ("fix_qty_unit", &file.fix_qty_unit, &instrument.fix_qty_unit)] {
+                if in_file != in_use {
+                    lines.push(format!("instrument {} ({}): {what} {in_file:?} in the file, {in_use:?} in use until the next start", instrument.id, instrument.symbol));
+                }
+            }
+        }
+        lines
+    }
+
     /// Lists what `command` added, if its `events` say the engine added
     /// it: with the definition read last when it has one that matches
     /// what the engine added, or else with the engine's own definition
@@ -242,6 +269,20 @@ mod tests {
         assert_eq!((fix.price_unit.to_text(), fix.qty_unit.to_text()), ("0.01".to_string(), "0.001".to_string()));
         assert_eq!(listed.fix[0].price_unit.to_text(), config.instruments[0].fix_price_unit);
         assert_eq!(listed.instruments.len(), listed.fix.len());
+    }
+
+    #[test]
+    fn a_reload_that_changes_a_listed_setting_is_told_it_waits_for_the_next_start() {
+        let config = Config::default();
+        let listing = listing_of(&config);
+        assert_eq!(listing.changed_by(&config), Vec::<String>::new());
+        let mut next = config.clone();
+        next.assets[1].decimals += 1;
+        next.instruments[0].fix_qty_unit = "0.5".into();
+        let lines = listing.changed_by(&next);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].starts_with(&format!("asset {} ({}): decimals {} in the file, {} in use", next.assets[1].id, next.assets[1].name, next.assets[1].decimals, config.assets[1].decimals)), "{lines:?}");
+        assert!(lines[1].contains("fix_qty_unit \"0.5\" in the file"), "{lines:?}");
     }
 
     #[test]

@@ -710,6 +710,11 @@ impl<'a> Sequencer<'a> {
                 _ => None,
             })
             .collect();
+        // What it changes of what is listed waits for the next start:
+        // said now, not found out then.
+        for line in self.settings.listing.changed_by(&config) {
+            log(&format!("configuration reload: {line}"));
+        }
         // A new asset's or instrument's settings (decimals, FIX units)
         // come from this file when the engine adds it.
         self.settings.listing.define(&config);
