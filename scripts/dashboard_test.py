@@ -13,8 +13,9 @@ instrument (its button marked), lists a new instrument by a configuration
 reload (its button appears without a page reload, and its book shows an
 order placed on it). A second page whose first order-book request fails
 must retry and go live; a narrow (phone) page must show the chart. The
-server is paused (SIGSTOP): the page must say it is stalled, and live
-again once it goes on (SIGCONT). Then it stops the server and checks that
+server is paused (SIGSTOP): the page must say it is stalled, then (15 s
+on) disconnected while it connects again, and live again once the
+server goes on (SIGCONT). Then it stops the server and checks that
 the page says the connection is lost and shows no figures, and starts a
 fresh venue (other data) on the same port: the page must come back
 without the old venue's trades. Writes screenshots (target/dashboard.png
@@ -200,8 +201,11 @@ def main():
             server.send_signal(signal.SIGSTOP)
             stalled = wait_for(page, "document.getElementById('status').textContent.startsWith('stalled')", 12)
             page.screenshot(path=args.screenshot.replace(".png", "-stalled.png"))
+            # Still frozen: the page drops the connection and makes another.
+            dropped = wait_for(page, "document.getElementById('status').textContent.startsWith('disconnected: no answer')", 15)
             server.send_signal(signal.SIGCONT)
             checks.check("a frozen server shows as stalled", stalled, page.evaluate("window.crossbook.statusHistory"))
+            checks.check("and, still frozen 15 s on, as disconnected (a new connection on its way)", dropped, page.evaluate("window.crossbook.statusHistory"))
             checks.check("and live once it goes on", wait_for(page, "document.getElementById('status').textContent === 'live'"),
                          page.evaluate("window.crossbook.statusHistory"))
             # The server stops: the page says the connection is lost.

@@ -373,10 +373,11 @@ fn seconds(flag: &str, value: f64) -> Result<Duration> {
 /// A time that must not be zero (a wait that could never succeed, a run
 /// with no time to measure).
 fn positive_seconds(flag: &str, value: f64) -> Result<Duration> {
-    if value == 0.0 {
+    let duration = seconds(flag, value)?;
+    if duration.is_zero() {
         bail!("{flag} must be more than 0 seconds");
     }
-    seconds(flag, value)
+    Ok(duration)
 }
 
 fn main() {

@@ -174,7 +174,7 @@ impl std::fmt::Display for JournalError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             JournalError::Io { context, source } => write!(f, "{context}: {source}"),
-            JournalError::Poisoned(why) => write!(f, "journal refuses work after an earlier I/O failure: {why}"),
+            JournalError::Poisoned(why) => write!(f, "a write or sync failed, and the journal takes nothing more: {why}"),
             JournalError::InUse { dir, holder } => write!(
                 f,
                 "the data directory {} is in use by another crossbook process ({holder}): one process at a time may write it (two would interleave their records and lose acknowledged commands)",

@@ -368,9 +368,23 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         }
     }
     drop(queue);
+    // What was queued and not applied yet: a FIX command is applied (its
+    // session gets its reports at its next Logon, from its store); a REST
+    // request is not (its answer could no longer go out: nothing done,
+    // and its client sees the connection close without one).
     let mut leftover = Vec::new();
+    let mut unanswerable = 0;
     while let Ok(items) = inbound.try_recv() {
-        leftover.extend(items);
+        for item in items {
+            if item.source == sink::REST {
+                unanswerable += 1;
+            } else {
+                leftover.push(item);
+            }
+        }
+    }
+    if unanswerable > 0 {
+        log(&format!("{unanswerable} REST requests still queued as the venue stopped were not applied (their clients get no answer: nothing was done)"));
     }
     if let Some(market) = &market {
         market.stop();

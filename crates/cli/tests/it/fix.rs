@@ -413,9 +413,11 @@ fn malformed_input_costs_only_its_own_session() {
         server.expect_log(&format!("first Logon of CompID \"{name}\": Logon refused: bad Username"));
     }
     assert_eq!(stores(), before, "a refused first Logon makes no store");
-    // The same name with the right pair logs on (from sequence number 1).
+    // The same name with the right pair logs on, its numbers going on
+    // from the refused exchange's (the venue's Logout was its 1).
     let mut mallory = FixClient::connect(&server.fix_address, "MALLORY");
-    mallory.logon(3, "demo-key-3");
+    let logon = mallory.logon(3, "demo-key-3");
+    expect(&logon, &[(35, "A"), (34, "2")]);
     mallory.send("5", &[]);
     expect(&mallory.next(), &[(35, "5")]);
     assert!(mallory.closed());

@@ -117,6 +117,8 @@ const REPORT_QUEUE: usize = 65_536;
 /// CompIDs (session stores) an account may have, at most: each first
 /// Logon by Username and Password makes one, kept for good.
 const MAX_COMP_IDS: usize = 16;
+/// Refused first Logons whose sequence numbers are remembered, at most.
+const REFUSED_REMEMBERED: usize = 1024;
 
 fn log(line: &str) {
     crate::log(line);
@@ -238,6 +240,10 @@ pub struct Gateway {
     /// before any command of the new connection (`docs/fix.md`).
     readers: Mutex<HashSet<u64>>,
     reader_ended: std::sync::Condvar,
+    /// The sequence numbers of CompIDs whose first Logon was refused
+    /// (no store is made for them), newest last, at most
+    /// [`REFUSED_REMEMBERED`]: a store made later starts from them.
+    refused: Mutex<std::collections::VecDeque<(String, (u64, u64))>>,
 }
 
 fn session_config(fix: &FixConfig, comp_id: &str) -> SessionConfig {
@@ -326,6 +332,7 @@ impl Gateway {
             login_timeout: Duration::from_secs(config.limits.login_timeout_s),
             readers: Mutex::new(HashSet::new()),
             reader_ended: std::sync::Condvar::new(),
+            refused: Mutex::new(std::collections::VecDeque::new()),
             ratelog: Mutex::new(crate::ratelog::RateLog::default()),
         }))
     }
@@ -644,17 +651,22 @@ impl Gateway {
         self.reader_ended.notify_all();
     }
 
-    /// Waits until the reader of connection `id` has ended; `false` if the
-    /// venue stops first.
-    fn wait_for_reader(&self, id: u64, shutdown: &AtomicBool) -> bool {
+    /// Waits until the reader of connection `id` has ended (within the
+    /// login time-out; a reader ends within moments once its connection
+    /// is closed); why not, if it does not, or the venue stops first.
+    fn wait_for_reader(&self, id: u64, shutdown: &AtomicBool) -> Result<(), String> {
+        let deadline = std::time::Instant::now() + self.login_timeout;
         let mut readers = self.readers.lock().unwrap_or_else(|e| e.into_inner());
         while readers.contains(&id) {
             if shutdown.load(Ordering::Acquire) {
-                return false;
+                return Err("server shutting down".into());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(format!("the session's previous connection {id} had not ended within {} s", self.login_timeout.as_secs()));
             }
             readers = self.reader_ended.wait_timeout(readers, POLL).unwrap_or_else(|e| e.into_inner()).0;
         }
-        true
+        Ok(())
     }
 
     fn ratelog(&self) -> std::sync::MutexGuard<'_, crate::ratelog::RateLog> {
@@ -716,14 +728,15 @@ impl Gateway {
                             match self.attach(&raw, id, &out, &stream) {
                                 Ok((comp_id, follows)) => {
                                     self.unwait(id);
+                                    bound = Some(comp_id);
                                     // What the session's previous connection
                                     // read goes to the sequencer first.
                                     if let Some(previous) = follows
-                                        && !self.wait_for_reader(previous, shutdown)
+                                        && let Err(why) = self.wait_for_reader(previous, shutdown)
                                     {
-                                        break 'connection "server shutting down".into();
+                                        let _ = out.try_send(Out::Close);
+                                        break 'connection why;
                                     }
-                                    bound = Some(comp_id);
                                 }
                                 Err(why) => {
                                     let _ = out.try_send(Out::Close);
@@ -836,6 +849,17 @@ impl Gateway {
                     let _ = out.try_send(Out::Bytes(bytes));
                 }
             }
+            // A counterparty that keeps its sequence numbers counted the
+            // Logon and the Logout: its next Logon of this CompID goes on
+            // from there, as it would have with a stored session.
+            if (session.next_in(), session.next_out()) != (1, 1) {
+                let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+                refused.retain(|(name, _)| *name != comp_id);
+                if refused.len() >= REFUSED_REMEMBERED {
+                    refused.pop_front();
+                }
+                refused.push_back((comp_id.clone(), (session.next_in(), session.next_out())));
+            }
             return Err(AttachRefusal::FirstLogon { comp_id, text });
         }
         if !state.sessions.contains_key(&comp_id) {
@@ -844,7 +868,19 @@ impl Gateway {
             // without one would stop the next start), and both names are
             // durable before anything is recorded in the store.
             write_durably(&path.with_extension("compid"), comp_id.as_bytes()).map_err(AttachRefusal::Store)?;
-            let (store, restored) = Store::open(&path).map_err(AttachRefusal::Store)?;
+            let (mut store, mut restored) = Store::open(&path).map_err(AttachRefusal::Store)?;
+            let remembered = {
+                let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+                let at = refused.iter().position(|(name, _)| *name == comp_id);
+                at.and_then(|at| refused.remove(at)).map(|(_, numbers)| numbers)
+            };
+            if let Some((next_in, next_out)) = remembered
+                && (restored.next_in, restored.next_out) == (1, 1)
+            {
+                store.record(&StoreOp::Sent { seq: next_out - 1, app: None }, 0);
+                store.record(&StoreOp::Received { next_in }, 0);
+                (restored.next_in, restored.next_out) = (next_in, next_out);
+            }
             std::fs::File::open(&self.dir)
                 .and_then(|d| d.sync_all())
                 .map_err(|source| AttachRefusal::Store(StoreError::Io { path: self.dir.clone(), doing: "syncing the directory", source }))?;
@@ -924,7 +960,9 @@ impl Gateway {
         if let Some(other) = busy_elsewhere(state, comp_id, account) {
             return Some(venue::busy_text(account, &other));
         }
-        let owned = state.sessions.values().filter(|s| s.bound == Some(account)).count();
+        // (Counted under the lock that makes them: two first Logons at once
+        // cannot both pass.)
+        let owned = state.sessions.values().filter(|s| s.bound == Some(account) || s.account == Some(account)).count();
         (owned >= MAX_COMP_IDS).then(|| format!("Logon refused: account {account} has {MAX_COMP_IDS} CompIDs already (log on with one of them)"))
     }
 
@@ -1287,8 +1325,21 @@ impl FixSession {
         log(&format!("FIX session {}: store failed, closing it until restart: {why}", self.session.config().target_comp_id));
         self.poisoned = Some(why);
         if let Some(connection) = self.connection.take() {
-            let _ = connection.out.try_send(Out::Close);
-            self.dropped = connection.cancel_on_disconnect.then_some(connection.id);
+            self.let_go(connection);
+        }
+    }
+
+    /// A connection the session closes: its writer is told (or, if its
+    /// queue is full, the socket is shut at once, so that its reader
+    /// ends), and its reader cancels for it in `detach` if it is to.
+    fn let_go(&mut self, connection: Connection) {
+        if connection.out.try_send(Out::Close).is_err() {
+            let _ = connection.stream.shutdown(std::net::Shutdown::Both);
+        }
+        // (Never overwriting a connection's pending cancel with `None`:
+        // one that never logged on cancels nothing.)
+        if connection.cancel_on_disconnect {
+            self.dropped = Some(connection.id);
         }
     }
 
@@ -1310,10 +1361,10 @@ impl FixSession {
                 Action::Store(_) => {}
             }
         }
-        if close {
-            let _ = connection.out.try_send(Out::Close);
-            self.dropped = connection.cancel_on_disconnect.then_some(connection.id);
-            self.connection = None;
+        if close
+            && let Some(connection) = self.connection.take()
+        {
+            self.let_go(connection);
         }
     }
 

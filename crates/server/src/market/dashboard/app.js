@@ -92,8 +92,10 @@ function setStatus(kind, text) {
   const status = $('status');
   status.className = kind;
   status.textContent = text;
-  state.statusHistory.push(text);
-  if (state.statusHistory.length > 50) state.statusHistory.shift();
+  // One entry per state (a count of seconds going up is the same one).
+  const history = state.statusHistory;
+  if (!history.length || history[history.length - 1].split(':')[0] !== text.split(':')[0]) history.push(text);
+  if (history.length > 50) history.shift();
 }
 
 // ---- the chart -------------------------------------------------------
@@ -194,7 +196,7 @@ async function resync(symbol) {
   } catch (e) {
     // Asked again while the stream is up (the diffs stay buffered).
     if (symbol !== state.symbol) return;
-    setStatus('syncing', `order book not loaded (${e.message}): retrying`);
+    if (!state.stalled) setStatus('syncing', `order book not loaded (${e.message}): retrying`);
     setTimeout(() => {
       if (symbol === state.symbol && state.syncing && state.ws && state.ws.readyState === WebSocket.OPEN) resync(symbol);
     }, 2000);
@@ -333,8 +335,14 @@ function beat() {
   const hb = state.heartbeat;
   const waited = hb.answered < hb.sent ? performance.now() - hb.sentAt : 0;
   if (waited > DEAD_MS) {
-    // Dropped and made again (onclose says so and reconnects).
+    // Dropped and made again at once: a close would wait for the
+    // server's answer to it (a minute, in a browser) before onclose.
+    state.ws = null;
+    ws.onclose = null;
+    ws.onmessage = null;
     ws.close();
+    setStatus('down', `disconnected: no answer from the server for ${Math.floor(waited / 1000)} s; reconnecting`);
+    connect();
     return;
   }
   if (waited > STALLED_MS) {
@@ -365,7 +373,9 @@ function connect() {
   state.buffer = [];
   state.heartbeat = { sent: 0, sentAt: 0, answered: 0 };
   state.stalled = false;
-  ws.onmessage = onMessage;
+  // Only the current connection's messages count (one being replaced may
+  // still deliver some).
+  ws.onmessage = (event) => { if (ws === state.ws) onMessage(event); };
   ws.onopen = () => {
     // What the page showed came from the connection before: the venue
     // may have been started again on other data (its trade ids start
