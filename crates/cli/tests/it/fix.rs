@@ -442,6 +442,36 @@ fn malformed_input_costs_only_its_own_session() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// SIGTERM with a FIX session logged on: every order it sent before is
+/// answered, then it is logged out (Logout `the venue is stopping`), and
+/// the process exits 0.
+#[test]
+fn a_stopping_venue_answers_fix_orders_then_logs_the_session_out() {
+    let dir = temp_dir("stop-logout");
+    let mut server = start_default(&dir);
+    let mut alice = FixClient::connect(&server.fix_address, "ALICE");
+    alice.logon(1, "demo-key-1");
+    for i in 0..200 {
+        send_owned(&mut alice, "D", &order(&format!("S{i}"), "2", "100", "1"));
+    }
+    assert!(std::process::Command::new("kill").args(["-TERM", &server.child_id().to_string()]).status().unwrap().success());
+    let mut answered = 0;
+    let logout = loop {
+        let message = alice.next();
+        if message.text(35) == Some("8") {
+            expect(&message, &[(150, "0"), (11, &format!("S{answered}"))]);
+            answered += 1;
+        } else {
+            break message;
+        }
+    };
+    expect(&logout, &[(35, "5"), (58, "the venue is stopping")]);
+    assert_eq!(answered, 200, "every order sent before the stop was answered before the Logout");
+    assert!(alice.closed());
+    assert!(server.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn sequence_numbers_and_missed_reports_survive_a_restart() {
     let dir = temp_dir("restart");

@@ -240,6 +240,8 @@ pub struct Gateway {
     /// before any command of the new connection (`docs/fix.md`).
     readers: Mutex<HashSet<u64>>,
     reader_ended: std::sync::Condvar,
+    /// The reporter thread (`stop` lets it finish).
+    reporter: Mutex<Option<thread::JoinHandle<()>>>,
     /// The sequence numbers of CompIDs whose first Logon was refused
     /// (no store is made for them), newest last, at most
     /// [`REFUSED_REMEMBERED`]: a store made later starts from them.
@@ -332,6 +334,7 @@ impl Gateway {
             login_timeout: Duration::from_secs(config.limits.login_timeout_s),
             readers: Mutex::new(HashSet::new()),
             reader_ended: std::sync::Condvar::new(),
+            reporter: Mutex::new(None),
             refused: Mutex::new(std::collections::VecDeque::new()),
             ratelog: Mutex::new(crate::ratelog::RateLog::default()),
         }))
@@ -479,7 +482,8 @@ impl Gateway {
         *self.reports.lock().unwrap_or_else(|e| e.into_inner()) = Some(sender);
         {
             let gateway = self.clone();
-            thread::Builder::new().name("fix-reporter".into()).spawn(move || gateway.report_loop(receiver)).map_err(io("starting the FIX reporter thread"))?;
+            let reporter = thread::Builder::new().name("fix-reporter".into()).spawn(move || gateway.report_loop(receiver)).map_err(io("starting the FIX reporter thread"))?;
+            *self.reporter.lock().unwrap_or_else(|e| e.into_inner()) = Some(reporter);
         }
         {
             let gateway = self.clone();
@@ -503,20 +507,26 @@ impl Gateway {
         Ok(address)
     }
 
-    /// Stops handing out reports and closes every connection after what it
-    /// has queued.
-    ///
-    /// With `failure` (the venue stops because it cannot make commands
-    /// durable), every logged-on counterparty is first sent a Logout whose
-    /// Text (58) says why.
+    /// Stops handing out reports, sends what the reporter still has, then
+    /// logs every logged-on counterparty out (a Logout whose Text (58)
+    /// says why: `failure`, the venue stopping because it cannot make
+    /// commands durable, or `the venue is stopping`) and closes every
+    /// connection after what it has queued.
     pub fn stop(&self, failure: Option<&str>) {
         self.reports.lock().unwrap_or_else(|e| e.into_inner()).take();
+        // The reporter ends once it has sent what was handed to it
+        // (bounded: a venue that cannot stop cleanly stops anyway).
+        if let Some(reporter) = self.reporter.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let deadline = std::time::Instant::now() + CLOSE_GRACE;
+            while !reporter.is_finished() && std::time::Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(2));
+            }
+        }
+        let why = failure.unwrap_or("the venue is stopping");
         let mut guard = self.lock();
         let state = &mut *guard;
         for session in state.sessions.values_mut() {
-            if let Some(why) = failure
-                && session.connection.is_some()
-            {
+            if session.connection.is_some() {
                 let mut actions = Vec::new();
                 let mut requests = Vec::new();
                 with_app(self, session, &mut state.book, &mut requests, |session, app| session.session.logout_and_drop(why, now_ms(), app, &mut actions));
@@ -689,8 +699,11 @@ impl Gateway {
         let in_flight = crate::sequencer::InFlight::new();
         let mut frames: Vec<Vec<u8>> = Vec::new();
         let connected = std::time::Instant::now();
+        // Left because the venue is stopping (not for the connection's own sake).
+        let mut stopping = false;
         let reason = 'connection: loop {
             if shutdown.load(Ordering::Acquire) {
+                stopping = true;
                 break 'connection "server shutting down".to_string();
             }
             if bound.is_none() && connected.elapsed() > self.login_timeout {
@@ -761,6 +774,7 @@ impl Gateway {
             frames.clear();
             if !requests.is_empty() {
                 if !in_flight.wait_below(self.in_flight_limit, || shutdown.load(Ordering::Acquire)) {
+                    stopping = true;
                     break 'connection "server shutting down".into();
                 }
                 in_flight.add(requests.len() as u32);
@@ -778,6 +792,7 @@ impl Gateway {
                     })
                     .collect();
                 if queue.send(batch).is_err() {
+                    stopping = true;
                     break 'connection "server stopping".into();
                 }
                 wake();
@@ -787,6 +802,11 @@ impl Gateway {
             }
         };
         let logged_on = bound.is_some();
+        // The venue is stopping: the session keeps its connection, which
+        // gets the answers still to come and then a Logout (`stop`).
+        if stopping && logged_on {
+            return (reason, logged_on);
+        }
         if let Some(account) = bound.and_then(|comp_id| self.detach(&comp_id, id)) {
             self.cancel_on_disconnect(account, id, queue, wake, shutdown);
         }
