@@ -119,6 +119,9 @@ const REPORT_QUEUE: usize = 65_536;
 const MAX_COMP_IDS: usize = 16;
 /// Refused first Logons whose sequence numbers are remembered, at most.
 const REFUSED_REMEMBERED: usize = 1024;
+/// How long an ending connection waits for what it handed the sequencer
+/// to be durable, at most (moments, normally).
+const SETTLE: Duration = Duration::from_secs(2);
 
 fn log(line: &str) {
     crate::log(line);
@@ -190,6 +193,11 @@ struct FixSession {
     /// The connection attached to it last: the next one's reader waits
     /// until that one's has ended (`Gateway::readers`).
     last_connection: Option<u64>,
+    /// The sequence number of the first message read whose engine
+    /// command is not durable yet, if any: the store's incoming number
+    /// goes no further (a restart asks the counterparty to send again
+    /// from there, so a crash cannot lose an order it had sent).
+    received_floor: Option<u64>,
 }
 
 struct State {
@@ -309,7 +317,7 @@ impl Gateway {
                 state.routes.insert(account, comp_id.clone());
             }
             let app = if echo { App::Echo(EchoApplication::default()) } else { App::Venue };
-            state.sessions.insert(comp_id, FixSession { session, store, account: restored.account, bound: restored.account, connection: None, app, poisoned: None, through: restored.through_seq, dropped: None, last_connection: None });
+            state.sessions.insert(comp_id, FixSession { session, store, account: restored.account, bound: restored.account, connection: None, app, poisoned: None, through: restored.through_seq, dropped: None, last_connection: None, received_floor: None });
         }
         let fix_accounts = RwLock::new(state.routes.keys().copied().collect());
         Ok(Arc::new(Gateway {
@@ -701,7 +709,14 @@ impl Gateway {
         let connected = std::time::Instant::now();
         // Left because the venue is stopping (not for the connection's own sake).
         let mut stopping = false;
+        // Requests handed over so far, and for each batch not yet durable:
+        // the count at its end, and the first message it came from.
+        let mut queued: u64 = 0;
+        let mut floors: std::collections::VecDeque<(u64, u64)> = std::collections::VecDeque::new();
         let reason = 'connection: loop {
+            if let Some(comp_id) = &bound {
+                self.lift_floor(comp_id, queued, &in_flight, &mut floors);
+            }
             if shutdown.load(Ordering::Acquire) {
                 stopping = true;
                 break 'connection "server shutting down".to_string();
@@ -770,9 +785,11 @@ impl Gateway {
             if frames.is_empty() {
                 continue;
             }
-            let (requests, closed) = self.on_messages(&comp_id, id, &frames);
+            let (requests, closed, first_read) = self.on_messages(&comp_id, id, &frames);
             frames.clear();
             if !requests.is_empty() {
+                floors.push_back((queued + requests.len() as u64, first_read));
+                queued += requests.len() as u64;
                 if !in_flight.wait_below(self.in_flight_limit, || shutdown.load(Ordering::Acquire)) {
                     stopping = true;
                     break 'connection "server shutting down".into();
@@ -802,6 +819,18 @@ impl Gateway {
             }
         };
         let logged_on = bound.is_some();
+        // What this connection handed over becomes durable in moments: the
+        // store's incoming number follows it (bounded: a venue that cannot
+        // make it durable keeps the number where it is, which is safe).
+        if let Some(comp_id) = &bound
+            && !floors.is_empty()
+        {
+            let deadline = std::time::Instant::now() + SETTLE;
+            while in_flight.count() > 0 && std::time::Instant::now() < deadline {
+                thread::park_timeout(Duration::from_millis(5));
+            }
+            self.lift_floor(comp_id, queued, &in_flight, &mut floors);
+        }
         // The venue is stopping: the session keeps its connection, which
         // gets the answers still to come and then a Logout (`stop`).
         if stopping && logged_on {
@@ -906,7 +935,7 @@ impl Gateway {
                 .map_err(|source| AttachRefusal::Store(StoreError::Io { path: self.dir.clone(), doing: "syncing the directory", source }))?;
             let session = Session::restore(session_config(&self.config, &comp_id), self.dictionary.clone(), restored.next_in, restored.next_out, restored.stored);
             let app = if self.echo { App::Echo(EchoApplication::default()) } else { App::Venue };
-            state.sessions.insert(comp_id.clone(), FixSession { session, store, account: restored.account, bound: restored.account, connection: None, app, poisoned: None, through: restored.through_seq, dropped: None, last_connection: None });
+            state.sessions.insert(comp_id.clone(), FixSession { session, store, account: restored.account, bound: restored.account, connection: None, app, poisoned: None, through: restored.through_seq, dropped: None, last_connection: None, received_floor: None });
         }
         let Some(session) = state.sessions.get_mut(&comp_id) else {
             return Err(AttachRefusal::Vanished);
@@ -968,6 +997,28 @@ impl Gateway {
         Ok((comp_id, follows))
     }
 
+    /// Lets the store's incoming number go on past the batches of
+    /// `floors` that are durable now (`queued` requests handed over,
+    /// `in_flight` of them not yet answered: they are answered in order).
+    fn lift_floor(&self, comp_id: &str, queued: u64, in_flight: &crate::sequencer::InFlight, floors: &mut std::collections::VecDeque<(u64, u64)>) {
+        let durable = queued - u64::from(in_flight.count()).min(queued);
+        let mut lifted = false;
+        while floors.front().is_some_and(|&(end, _)| end <= durable) {
+            floors.pop_front();
+            lifted = true;
+        }
+        if !lifted {
+            return;
+        }
+        let floor = floors.front().map(|&(_, first)| first);
+        let mut guard = self.lock();
+        if let Some(session) = guard.sessions.get_mut(comp_id) {
+            session.received_floor = floor;
+            let next_in = session.session.next_in();
+            session.store.record(&StoreOp::Received { next_in: floor.map_or(next_in, |f| f.min(next_in)) }, 0);
+        }
+    }
+
     /// Why the first Logon of a CompID not yet stored, for `account` by
     /// Username and Password, is refused, if it is: a wrong pair; the
     /// account logged on as another CompID; or the account with
@@ -988,19 +1039,22 @@ impl Gateway {
 
     /// Messages on an attached connection, in order. Returns the engine
     /// requests they made and, if the connection is to close, why.
-    fn on_messages(&self, comp_id: &str, id: u64, frames: &[Vec<u8>]) -> (Vec<Request>, Option<String>) {
+    /// Also returns the sequence number the store's incoming number is
+    /// held at until the requests are durable.
+    fn on_messages(&self, comp_id: &str, id: u64, frames: &[Vec<u8>]) -> (Vec<Request>, Option<String>, u64) {
         let mut guard = self.lock();
         let state = &mut *guard;
         // Another CompID logged on for this session's account: one FIX
         // session per account at a time (its Logon is refused).
         let busy = state.sessions.get(comp_id).filter(|s| !s.session.is_logged_on()).and_then(|s| s.account).and_then(|account| busy_elsewhere(state, comp_id, account));
         let Some(session) = state.sessions.get_mut(comp_id) else {
-            return (Vec::new(), Some("session vanished".into()));
+            return (Vec::new(), Some("session vanished".into()), 0);
         };
         if session.connection.as_ref().is_none_or(|c| c.id != id) {
-            return (Vec::new(), Some("the session was closed".into()));
+            return (Vec::new(), Some("the session was closed".into()), 0);
         }
         let was_logged_on = session.session.is_logged_on();
+        let first_read = session.session.next_in();
         let mut actions = Vec::new();
         let mut requests = Vec::new();
         let now = now_ms();
@@ -1036,8 +1090,13 @@ impl Gateway {
                 state.routes.insert(account, comp_id.to_owned());
             }
         }
+        // What these messages asked the engine for is not durable yet: the
+        // store's incoming number stays at the first of them until it is.
+        if !requests.is_empty() {
+            session.received_floor = Some(session.received_floor.map_or(first_read, |floor| floor.min(first_read)));
+        }
         session.finish(actions, self.sync);
-        (requests, closed)
+        (requests, closed, first_read)
     }
 
     fn credentials(&self, comp_id: &str, account: Option<AccountId>) -> Option<(String, String)> {
@@ -1327,11 +1386,22 @@ impl FixSession {
             if matches!(action, Action::Store(StoreOp::Received { .. })) && Some(index) != last_received {
                 continue;
             }
-            if let Action::Store(op) = action {
-                self.store.record(op, engine_seq);
-                if let StoreOp::Sent { .. } = op {
-                    self.through = self.through.max(engine_seq);
+            match action {
+                Action::Store(StoreOp::Received { next_in }) => {
+                    let next_in = self.received_floor.map_or(*next_in, |floor| floor.min(*next_in));
+                    self.store.record(&StoreOp::Received { next_in }, engine_seq);
                 }
+                Action::Store(op) => {
+                    if let StoreOp::Reset = op {
+                        // Numbering starts again: nothing before counts.
+                        self.received_floor = None;
+                    }
+                    self.store.record(op, engine_seq);
+                    if let StoreOp::Sent { .. } = op {
+                        self.through = self.through.max(engine_seq);
+                    }
+                }
+                _ => {}
             }
         }
     }
