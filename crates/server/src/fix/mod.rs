@@ -122,6 +122,9 @@ const REFUSED_REMEMBERED: usize = 1024;
 /// How long an ending connection waits for what it handed the sequencer
 /// to be durable, at most (moments, normally).
 const SETTLE: Duration = Duration::from_secs(2);
+/// How long a Logon waits for its session's previous connection, which
+/// still looks alive, to end before it is refused.
+const RELOGON_WAIT: Duration = Duration::from_millis(250);
 
 fn log(line: &str) {
     crate::log(line);
@@ -530,6 +533,16 @@ impl Gateway {
                 thread::sleep(Duration::from_millis(2));
             }
         }
+        // The readers (which stopped reading) let the stores' incoming
+        // numbers go on past what they handed over once it is durable,
+        // and end: waited for, so that the syncs below have it (bounded).
+        let deadline = std::time::Instant::now() + CLOSE_GRACE;
+        {
+            let mut readers = self.readers.lock().unwrap_or_else(|e| e.into_inner());
+            while !readers.is_empty() && std::time::Instant::now() < deadline {
+                readers = self.reader_ended.wait_timeout(readers, Duration::from_millis(5)).unwrap_or_else(|e| e.into_inner()).0;
+            }
+        }
         let why = failure.unwrap_or("the venue is stopping");
         let mut guard = self.lock();
         let state = &mut *guard;
@@ -753,7 +766,7 @@ impl Gateway {
                     Frame::Message(n) => {
                         let raw: Vec<u8> = buffer.drain(..n).collect();
                         if bound.is_none() {
-                            match self.attach(&raw, id, &out, &stream) {
+                            match self.attach_waiting(&raw, id, &out, &stream, shutdown) {
                                 Ok((comp_id, follows)) => {
                                     self.unwait(id);
                                     bound = Some(comp_id);
@@ -944,24 +957,15 @@ impl Gateway {
             return Err(AttachRefusal::OutOfService { comp_id, why: why.to_string() });
         }
         // A session whose connection is gone (its end not read yet by its
-        // reader) must not block its own Logon: it is closed now.
+        // reader) must not block its own Logon: that reader takes what is
+        // left to read (what the counterparty sent before it went), ends
+        // (cancelling, if the account asks), and this Logon goes on then
+        // (`attach_waiting`).
         if let Some(old) = &session.connection
             && !peer_alive(&old.stream)
         {
-            let _ = old.stream.shutdown(std::net::Shutdown::Both);
-            let _ = old.out.try_send(Out::Close);
-            // Its reader cancels for it (`detach`), after what it read and
-            // before this connection goes on.
-            if old.cancel_on_disconnect {
-                session.dropped = Some(old.id);
-            }
-            session.connection = None;
-            let mut requests = Vec::new();
-            with_app(self, session, &mut state.book, &mut requests, |session, app| session.session.disconnected(app));
+            return Err(AttachRefusal::PreviousEnding { previous: old.id });
         }
-        let Some(session) = state.sessions.get_mut(&comp_id) else {
-            return Err(AttachRefusal::Vanished);
-        };
         if session.connection.is_some() || session.session.is_connected() {
             return Err(AttachRefusal::AlreadyLoggedOn { comp_id });
         }
@@ -1016,7 +1020,29 @@ impl Gateway {
             session.received_floor = floor;
             let next_in = session.session.next_in();
             session.store.record(&StoreOp::Received { next_in: floor.map_or(next_in, |f| f.min(next_in)) }, 0);
+            // Written now (the next report's sync makes it durable): a
+            // kill then does not ask the counterparty for what the journal
+            // has. (A failed write is the next sync's failure.)
+            let _ = session.store.flush();
         }
+    }
+
+    /// [`Gateway::attach`], after the session's previous connection has
+    /// ended: at once if its peer is gone (its reader takes what is left
+    /// and ends), and, if it still looks alive, for up to
+    /// [`RELOGON_WAIT`] (its end and this Logon can reach the venue in
+    /// either order) before the Logon is refused.
+    fn attach_waiting(&self, raw: &[u8], id: u64, out: &SyncSender<Out>, stream: &TcpStream, shutdown: &AtomicBool) -> Result<(String, Option<u64>), AttachRefusal> {
+        let deadline = std::time::Instant::now() + RELOGON_WAIT;
+        // (Bounded: each wait ends a reader, or fails.)
+        for _ in 0..64 {
+            match self.attach(raw, id, out, stream) {
+                Err(AttachRefusal::PreviousEnding { previous }) => self.wait_for_reader(previous, shutdown).map_err(AttachRefusal::Waited)?,
+                Err(AttachRefusal::AlreadyLoggedOn { .. }) if std::time::Instant::now() < deadline && !shutdown.load(Ordering::Acquire) => thread::sleep(Duration::from_millis(10)),
+                other => return other,
+            }
+        }
+        Err(AttachRefusal::Waited("the session's previous connections kept it".into()))
     }
 
     /// Why the first Logon of a CompID not yet stored, for `account` by
@@ -1187,6 +1213,11 @@ impl Application for Refuse {
 enum AttachRefusal {
     Garbled(String),
     NoSenderCompId,
+    /// The session's connection is gone but its reader has not ended yet
+    /// (`attach_waiting` waits for it).
+    PreviousEnding { previous: u64 },
+    /// Waiting for a previous connection to end did not end well.
+    Waited(String),
     /// The first Logon of a CompID, refused (answered by a Logout with
     /// `text` if it was otherwise valid); no session was made for it.
     FirstLogon { comp_id: String, text: String },
@@ -1211,6 +1242,8 @@ impl std::fmt::Display for AttachRefusal {
         match self {
             AttachRefusal::Garbled(e) => write!(f, "garbled first message ({e})"),
             AttachRefusal::NoSenderCompId => f.write_str("first message without SenderCompID"),
+            AttachRefusal::PreviousEnding { previous } => write!(f, "the session's previous connection {previous} is ending"),
+            AttachRefusal::Waited(why) => f.write_str(why),
             AttachRefusal::FirstLogon { comp_id, text } => write!(f, "first Logon of CompID {comp_id:?}: {text}"),
             AttachRefusal::UnknownCompId { comp_id, username_tried: true } => write!(f, "unknown CompID {comp_id:?} and no known Username"),
             AttachRefusal::UnknownCompId { comp_id, username_tried: false } => write!(f, "unknown CompID {comp_id:?}"),
