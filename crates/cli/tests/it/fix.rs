@@ -20,7 +20,7 @@ pub(crate) fn now_ms() -> i64 {
 
 /// The FIX initiator of `crossbook-client`, with the test's habits: every
 /// failure is a panic with what happened.
-pub(crate) struct FixClient(crossbook_client::fix::Initiator);
+pub(crate) struct FixClient(pub(crate) crossbook_client::fix::Initiator);
 
 impl FixClient {
     pub(crate) fn connect(address: &str, comp_id: &str) -> FixClient {

@@ -1275,6 +1275,12 @@ fn a_reload_opens_accounts_and_changes_keys_without_a_restart() {
     let server = spawn_with(&["--config", config.to_str().unwrap(), "--data", dir.0.join("data").to_str().unwrap()], &[]);
     let market = server.market_address.clone();
     let hup = || assert!(std::process::Command::new("kill").args(["-HUP", &server.child_id().to_string()]).status().unwrap().success());
+    // A Username naming another account is not this CompID's session.
+    let mut confused = crate::fix::FixClient::connect(&server.fix_address, "MAL");
+    match confused.0.logon(1, "alice", false) {
+        Err(crossbook_client::ClientError::Refused(text)) => assert!(text.contains("|58=Logon refused: this CompID trades for account 3, not the one Username (553) names|"), "{text}"),
+        other => panic!("MAL as account 1: {other:?}"),
+    }
     let mut mallory_fix = crate::fix::FixClient::connect(&server.fix_address, "MAL");
     mallory_fix.logon(3, "mallory");
     let (mut alice_session, _) = Client::login(&server.address, 1, "alice");

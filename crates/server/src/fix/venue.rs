@@ -907,11 +907,14 @@ impl VenueApp<'_> {
 
 impl Application for VenueApp<'_> {
     fn on_logon(&mut self, logon: &Message) -> Result<(), LogonRefusal> {
-        // Bound by CompID in the configuration: credentials optional.
-        if let Some(credentials) = &self.credentials
-            && !credentials_match(credentials, logon)
-        {
-            return Err(LogonRefusal { text: BAD_CREDENTIALS.into() });
+        match &self.credentials {
+            Some(credentials) if !credentials_match(credentials, logon) => return Err(LogonRefusal { text: BAD_CREDENTIALS.into() }),
+            // Bound by CompID in the configuration: credentials optional,
+            // but a Username naming another account is not this session.
+            None if logon.text(553).is_some_and(|user| user != self.account.to_string()) => {
+                return Err(LogonRefusal { text: format!("Logon refused: this CompID trades for account {}, not the one Username (553) names", self.account) });
+            }
+            _ => {}
         }
         match &self.busy {
             Some(other) => Err(LogonRefusal { text: busy_text(self.account, other) }),
