@@ -168,7 +168,7 @@ enum Cmd {
     /// (and optionally K REST depth clients); report messages/s and the
     /// latency of `@trade` messages (docs/benchmarks.md).
     Watch {
-        /// The market-data server (default: crossbook serve's, 127.0.0.1:7702).
+        /// The market-data server (crossbook serve's default).
         #[arg(long, default_value = "127.0.0.1:7702")]
         address: String,
         /// Streams each connection subscribes to, comma-separated.
@@ -530,6 +530,9 @@ fn order_action(action: OrderAction) -> Result<order::Action> {
                 (crossbook_engine::OrderType::Market, Some(_)) => bail!("a market order has no --price (--budget caps what a market buy spends)"),
                 (_, price) => price.unwrap_or(0),
             };
+            if instrument == 0 {
+                bail!("--instrument must be at least 1 (instrument ids start at 1)");
+            }
             // On the wire 0 is "no budget": a budget of 0 typed here would
             // become none.
             if budget == Some(0) {

@@ -2,7 +2,7 @@
 //! the binary protocol, printing every message the server sends back, one
 //! line each (`crossbook_client::binary::describe`).
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Result, anyhow, bail};
 use crossbook_client::binary::{Client, describe};
 use crossbook_engine::{OrderType, SelfTradePrevention, Side, TimeInForce};
 use crossbook_protocol::{ClientMessage, NewOrder, ReportKind, ServerMessage};
@@ -107,12 +107,23 @@ fn say(line: &str) -> Result<bool> {
 /// Runs `options.action`; an order the server rejects is an error (exit
 /// status 1) after its report is printed.
 pub(crate) fn run(options: Options) -> Result<()> {
-    let (mut client, reply) = Client::login_within(&options.address, options.account, &options.key, options.last_seen, options.timeout).with_context(|| format!("logging in to {}", options.address))?;
+    let (mut client, reply) = Client::login_within(&options.address, options.account, &options.key, options.last_seen, options.timeout).map_err(|e| {
+        // Another protocol's port answers with what does not frame.
+        let hint = if matches!(e, crossbook_client::ClientError::Garbled(_) | crossbook_client::ClientError::Closed) { " (is it the binary protocol's port? crossbook serve's is 7700; 7701 is FIX, 7702 HTTP)" } else { "" };
+        anyhow!("logging in to {}: {e}{hint}", options.address)
+    })?;
     if !say(&describe(&reply))? {
         return Ok(());
     }
-    if !matches!(reply, ServerMessage::LoginAccepted { .. }) {
-        bail!("login refused");
+    match reply {
+        ServerMessage::LoginAccepted { next_seq, .. } => {
+            // The account's reports end before it: a --last-seen past
+            // them names reports the venue no longer has (docs/protocol.md).
+            if options.last_seen != u64::MAX && options.last_seen >= next_seq {
+                eprintln!("crossbook: warning: --last-seen {} is past the account's last report ({}): nothing is replayed; reports past it were taken back (a power cut in async durability) or never were", options.last_seen, next_seq.saturating_sub(1));
+            }
+        }
+        _ => bail!("login refused"),
     }
     let request = 1;
     let message = match &options.action {

@@ -269,6 +269,7 @@ fn the_tools_refuse_what_they_cannot_use_with_a_message() {
         (vec!["order", "place", "--side", "buy", "--type", "market", "--qty", "1", "--budget", "0"], "--budget must be at least 1"),
         // A key past the Login's 32 bytes would be cut, not refused.
         (vec!["order", "--key", "0123456789abcdef0123456789abcdefX", "balances"], "--key must be 1 to 32 bytes"),
+        (vec!["order", "place", "--instrument", "0", "--side", "buy", "--price", "1", "--qty", "1"], "--instrument must be at least 1"),
         (vec!["load", "--duration", "0"], "--duration must be more than 0"),
         (vec!["load", "--connections", "0"], "--connections must be at least 1"),
         (vec!["load", "--protocol", "fix", "--last-seen-out", &journal], "--last-seen-out is for the binary protocol"),
