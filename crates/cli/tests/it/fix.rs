@@ -442,6 +442,33 @@ fn malformed_input_costs_only_its_own_session() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A session dropped for not reading its messages can log on again at
+/// once (it is not left looking connected).
+#[test]
+fn a_session_dropped_for_not_reading_logs_on_again() {
+    let dir = temp_dir("slow-reader");
+    let server = start_default(&dir);
+    let mut alice = FixClient::connect(&server.fix_address, "ALICE");
+    alice.logon(1, "demo-key-1");
+    // Orders whose ExecutionReports are never read, until the venue drops
+    // the session (its writer's queue full behind a full socket).
+    let mut sent = 0;
+    while sent < 200_000 {
+        let order = order(&format!("N{sent}"), "1", "1", "1");
+        let borrowed: Vec<(u32, &str)> = order.iter().map(|(t, v)| (*t, v.as_str())).collect();
+        if alice.0.send("D", &borrowed).is_err() {
+            break;
+        }
+        sent += 1;
+    }
+    server.expect_log_within("dropping a counterparty that does not read", Duration::from_secs(30));
+    drop(alice);
+    let mut again = FixClient::connect(&server.fix_address, "ALICE");
+    again.0.logon(1, "demo-key-1", true).unwrap_or_else(|e| panic!("logon after the drop ({sent} orders sent): {e}"));
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// kill -9 while a FIX session streams orders: after the restart the
 /// venue's store expects the first message whose order the journal does
 /// not hold (it asks for it again), never one past an order it lost.

@@ -201,6 +201,9 @@ struct FixSession {
     /// goes no further (a restart asks the counterparty to send again
     /// from there, so a crash cannot lose an order it had sent).
     received_floor: Option<u64>,
+    /// The incoming number the store's last Received record holds (one
+    /// that would say the same again is not written).
+    received: u64,
 }
 
 struct State {
@@ -251,6 +254,9 @@ pub struct Gateway {
     /// before any command of the new connection (`docs/fix.md`).
     readers: Mutex<HashSet<u64>>,
     reader_ended: std::sync::Condvar,
+    /// Each reader's count of requests not answered yet: a stopping venue
+    /// waits for them before it closes the gateways (`settled`).
+    in_flights: Mutex<HashMap<u64, Arc<crate::sequencer::InFlight>>>,
     /// The reporter thread (`stop` lets it finish).
     reporter: Mutex<Option<thread::JoinHandle<()>>>,
     /// The sequence numbers of CompIDs whose first Logon was refused
@@ -320,7 +326,7 @@ impl Gateway {
                 state.routes.insert(account, comp_id.clone());
             }
             let app = if echo { App::Echo(EchoApplication::default()) } else { App::Venue };
-            state.sessions.insert(comp_id, FixSession { session, store, account: restored.account, bound: restored.account, connection: None, app, poisoned: None, through: restored.through_seq, dropped: None, last_connection: None, received_floor: None });
+            state.sessions.insert(comp_id, FixSession { session, store, account: restored.account, bound: restored.account, connection: None, app, poisoned: None, through: restored.through_seq, dropped: None, last_connection: None, received_floor: None, received: restored.next_in });
         }
         let fix_accounts = RwLock::new(state.routes.keys().copied().collect());
         Ok(Arc::new(Gateway {
@@ -346,6 +352,7 @@ impl Gateway {
             readers: Mutex::new(HashSet::new()),
             reader_ended: std::sync::Condvar::new(),
             reporter: Mutex::new(None),
+            in_flights: Mutex::new(HashMap::new()),
             refused: Mutex::new(std::collections::VecDeque::new()),
             ratelog: Mutex::new(crate::ratelog::RateLog::default()),
         }))
@@ -678,6 +685,7 @@ impl Gateway {
     }
 
     fn reader_done(&self, id: u64) {
+        self.in_flights.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
         self.readers.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
         self.reader_ended.notify_all();
     }
@@ -718,17 +726,18 @@ impl Gateway {
         // The counterparty's CompID once the first message named it.
         let mut bound: Option<String> = None;
         let in_flight = crate::sequencer::InFlight::new();
+        self.in_flights.lock().unwrap_or_else(|e| e.into_inner()).insert(id, in_flight.clone());
         let mut frames: Vec<Vec<u8>> = Vec::new();
         let connected = std::time::Instant::now();
         // Left because the venue is stopping (not for the connection's own sake).
         let mut stopping = false;
-        // Requests handed over so far, and for each batch not yet durable:
-        // the count at its end, and the first message it came from.
-        let mut queued: u64 = 0;
-        let mut floors: std::collections::VecDeque<(u64, u64)> = std::collections::VecDeque::new();
+        // What this connection handed the sequencer that is not durable yet.
+        let mut floors = Floors::default();
         let reason = 'connection: loop {
-            if let Some(comp_id) = &bound {
-                self.lift_floor(comp_id, queued, &in_flight, &mut floors);
+            if let Some(comp_id) = &bound
+                && let Some(floor) = floors.lifted(&in_flight)
+            {
+                self.set_floor(comp_id, floor);
             }
             if shutdown.load(Ordering::Acquire) {
                 stopping = true;
@@ -798,16 +807,20 @@ impl Gateway {
             if frames.is_empty() {
                 continue;
             }
-            let (requests, closed, first_read) = self.on_messages(&comp_id, id, &frames);
+            let (requests, closed, first, reset) = self.on_messages(&comp_id, id, &frames, floors.floor());
             frames.clear();
+            if reset {
+                floors.numbering_restarted();
+            }
             if !requests.is_empty() {
-                floors.push_back((queued + requests.len() as u64, first_read));
-                queued += requests.len() as u64;
                 if !in_flight.wait_below(self.in_flight_limit, || shutdown.load(Ordering::Acquire)) {
+                    // Never handed over: the number stays before them.
+                    floors.lost(first);
                     stopping = true;
                     break 'connection "server shutting down".into();
                 }
-                in_flight.add(requests.len() as u32);
+                let count = requests.len() as u64;
+                in_flight.add(count as u32);
                 let batch = requests
                     .into_iter()
                     .map(|request| Inbound {
@@ -822,9 +835,11 @@ impl Gateway {
                     })
                     .collect();
                 if queue.send(batch).is_err() {
+                    floors.lost(first);
                     stopping = true;
                     break 'connection "server stopping".into();
                 }
+                floors.handed(count, first);
                 wake();
             }
             if let Some(why) = closed {
@@ -836,13 +851,15 @@ impl Gateway {
         // store's incoming number follows it (bounded: a venue that cannot
         // make it durable keeps the number where it is, which is safe).
         if let Some(comp_id) = &bound
-            && !floors.is_empty()
+            && floors.floor().is_some()
         {
             let deadline = std::time::Instant::now() + SETTLE;
             while in_flight.count() > 0 && std::time::Instant::now() < deadline {
                 thread::park_timeout(Duration::from_millis(5));
             }
-            self.lift_floor(comp_id, queued, &in_flight, &mut floors);
+            if let Some(floor) = floors.lifted(&in_flight) {
+                self.set_floor(comp_id, floor);
+            }
         }
         // The venue is stopping: the session keeps its connection, which
         // gets the answers still to come and then a Logout (`stop`).
@@ -948,7 +965,7 @@ impl Gateway {
                 .map_err(|source| AttachRefusal::Store(StoreError::Io { path: self.dir.clone(), doing: "syncing the directory", source }))?;
             let session = Session::restore(session_config(&self.config, &comp_id), self.dictionary.clone(), restored.next_in, restored.next_out, restored.stored);
             let app = if self.echo { App::Echo(EchoApplication::default()) } else { App::Venue };
-            state.sessions.insert(comp_id.clone(), FixSession { session, store, account: restored.account, bound: restored.account, connection: None, app, poisoned: None, through: restored.through_seq, dropped: None, last_connection: None, received_floor: None });
+            state.sessions.insert(comp_id.clone(), FixSession { session, store, account: restored.account, bound: restored.account, connection: None, app, poisoned: None, through: restored.through_seq, dropped: None, last_connection: None, received_floor: None, received: restored.next_in });
         }
         let Some(session) = state.sessions.get_mut(&comp_id) else {
             return Err(AttachRefusal::Vanished);
@@ -1001,29 +1018,25 @@ impl Gateway {
         Ok((comp_id, follows))
     }
 
-    /// Lets the store's incoming number go on past the batches of
-    /// `floors` that are durable now (`queued` requests handed over,
-    /// `in_flight` of them not yet answered: they are answered in order).
-    fn lift_floor(&self, comp_id: &str, queued: u64, in_flight: &crate::sequencer::InFlight, floors: &mut std::collections::VecDeque<(u64, u64)>) {
-        let durable = queued - u64::from(in_flight.count()).min(queued);
-        let mut lifted = false;
-        while floors.front().is_some_and(|&(end, _)| end <= durable) {
-            floors.pop_front();
-            lifted = true;
-        }
-        if !lifted {
+    /// Holds the store's incoming number of `comp_id` at `floor` from now
+    /// on (its reader's, with nothing read to hand it with), writing it
+    /// at once if that moves it: a kill then does not ask the
+    /// counterparty for what the journal has (the next report's sync
+    /// makes it durable).
+    fn set_floor(&self, comp_id: &str, floor: Option<u64>) {
+        let mut guard = self.lock();
+        let Some(session) = guard.sessions.get_mut(comp_id) else { return };
+        if session.poisoned.is_some() {
             return;
         }
-        let floor = floors.front().map(|&(_, first)| first);
-        let mut guard = self.lock();
-        if let Some(session) = guard.sessions.get_mut(comp_id) {
-            session.received_floor = floor;
-            let next_in = session.session.next_in();
-            session.store.record(&StoreOp::Received { next_in: floor.map_or(next_in, |f| f.min(next_in)) }, 0);
-            // Written now (the next report's sync makes it durable): a
-            // kill then does not ask the counterparty for what the journal
-            // has. (A failed write is the next sync's failure.)
-            let _ = session.store.flush();
+        session.received_floor = floor;
+        let next_in = session.session.next_in();
+        let before = session.received;
+        session.record_received(next_in);
+        if session.received != before
+            && let Err(e) = session.store.flush()
+        {
+            session.poison(e);
         }
     }
 
@@ -1034,10 +1047,19 @@ impl Gateway {
     /// either order) before the Logon is refused.
     fn attach_waiting(&self, raw: &[u8], id: u64, out: &SyncSender<Out>, stream: &TcpStream, shutdown: &AtomicBool) -> Result<(String, Option<u64>), AttachRefusal> {
         let deadline = std::time::Instant::now() + RELOGON_WAIT;
+        let mut waited_for = None;
         // (Bounded: each wait ends a reader, or fails.)
         for _ in 0..64 {
             match self.attach(raw, id, out, stream) {
-                Err(AttachRefusal::PreviousEnding { previous }) => self.wait_for_reader(previous, shutdown).map_err(AttachRefusal::Waited)?,
+                Err(AttachRefusal::PreviousEnding { previous }) => {
+                    // A reader that ended and kept its connection: the
+                    // venue is stopping.
+                    if waited_for == Some(previous) || shutdown.load(Ordering::Acquire) {
+                        return Err(AttachRefusal::Waited("server shutting down".into()));
+                    }
+                    self.wait_for_reader(previous, shutdown).map_err(AttachRefusal::Waited)?;
+                    waited_for = Some(previous);
+                }
                 Err(AttachRefusal::AlreadyLoggedOn { .. }) if std::time::Instant::now() < deadline && !shutdown.load(Ordering::Acquire) => thread::sleep(Duration::from_millis(10)),
                 other => return other,
             }
@@ -1065,21 +1087,25 @@ impl Gateway {
 
     /// Messages on an attached connection, in order. Returns the engine
     /// requests they made and, if the connection is to close, why.
-    /// Also returns the sequence number the store's incoming number is
-    /// held at until the requests are durable.
-    fn on_messages(&self, comp_id: &str, id: u64, frames: &[Vec<u8>]) -> (Vec<Request>, Option<String>, u64) {
+    /// `floor`: where the store's incoming number is held for what this
+    /// connection handed over before. Also returns where it is held for
+    /// the requests returned, until they are durable (1 if the numbering
+    /// started again among these messages, which the reader's floors
+    /// follow).
+    fn on_messages(&self, comp_id: &str, id: u64, frames: &[Vec<u8>], floor: Option<u64>) -> (Vec<Request>, Option<String>, u64, bool) {
         let mut guard = self.lock();
         let state = &mut *guard;
         // Another CompID logged on for this session's account: one FIX
         // session per account at a time (its Logon is refused).
         let busy = state.sessions.get(comp_id).filter(|s| !s.session.is_logged_on()).and_then(|s| s.account).and_then(|account| busy_elsewhere(state, comp_id, account));
         let Some(session) = state.sessions.get_mut(comp_id) else {
-            return (Vec::new(), Some("session vanished".into()), 0);
+            return (Vec::new(), Some("session vanished".into()), 0, false);
         };
         if session.connection.as_ref().is_none_or(|c| c.id != id) {
-            return (Vec::new(), Some("the session was closed".into()), 0);
+            return (Vec::new(), Some("the session was closed".into()), 0, false);
         }
         let was_logged_on = session.session.is_logged_on();
+        session.received_floor = floor;
         let first_read = session.session.next_in();
         let mut actions = Vec::new();
         let mut requests = Vec::new();
@@ -1118,11 +1144,13 @@ impl Gateway {
         }
         // What these messages asked the engine for is not durable yet: the
         // store's incoming number stays at the first of them until it is.
+        let reset = actions.iter().any(|a| matches!(a, Action::Store(StoreOp::Reset)));
+        let first = if reset { 1 } else { first_read };
         if !requests.is_empty() {
-            session.received_floor = Some(session.received_floor.map_or(first_read, |floor| floor.min(first_read)));
+            session.received_floor = Some(session.received_floor.map_or(first, |floor| floor.min(first)));
         }
         session.finish(actions, self.sync);
-        (requests, closed, first_read)
+        (requests, closed, first, reset)
     }
 
     fn credentials(&self, comp_id: &str, account: Option<AccountId>) -> Option<(String, String)> {
@@ -1176,12 +1204,78 @@ impl Gateway {
         let state = &mut *guard;
         let session = state.sessions.get_mut(comp_id)?;
         let Some(connection) = session.connection.take_if(|c| c.id == id) else {
-            // Dropped by the session layer already (a Logout, say).
+            // Dropped already: by the session layer (a Logout, say), which
+            // has ended its side; or for not reading, which has not (and
+            // the session's next Logon would find it still connected).
+            if session.connection.is_none() && session.session.is_connected() {
+                let mut requests = Vec::new();
+                with_app(self, session, &mut state.book, &mut requests, |session, app| session.session.disconnected(app));
+            }
             return session.dropped.take_if(|dropped| *dropped == id).and(session.account);
         };
         let mut requests = Vec::new();
         with_app(self, session, &mut state.book, &mut requests, |session, app| session.session.disconnected(app));
         session.account.filter(|_| connection.cancel_on_disconnect)
+    }
+}
+
+/// What one connection's reader handed the sequencer that is not durable
+/// yet, in order: the store's incoming number is held at the first
+/// message of the oldest such batch.
+#[derive(Default)]
+struct Floors {
+    /// Requests handed over so far.
+    handed: u64,
+    /// For each batch not known durable: the count of requests handed over
+    /// at its end, and the first message it came from.
+    pending: std::collections::VecDeque<(u64, u64)>,
+    /// The first message of a batch that was never handed over (the venue
+    /// stopping): held there for good.
+    lost: Option<u64>,
+    /// The floor last handed to the session.
+    told: Option<u64>,
+}
+
+impl Floors {
+    fn floor(&self) -> Option<u64> {
+        match (self.pending.front().map(|&(_, first)| first), self.lost) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn handed(&mut self, count: u64, first: u64) {
+        self.handed += count;
+        self.pending.push_back((self.handed, first));
+        self.told = self.floor();
+    }
+
+    fn lost(&mut self, first: u64) {
+        self.lost = Some(self.lost.map_or(first, |lost| lost.min(first)));
+    }
+
+    /// The numbering started again: what is pending is held at 1.
+    fn numbering_restarted(&mut self) {
+        for (_, first) in &mut self.pending {
+            *first = 1;
+        }
+        self.lost = self.lost.map(|_| 1);
+        self.told = self.floor();
+    }
+
+    /// Drops the batches `in_flight` says are durable (requests are
+    /// answered in the order they were handed over); the new floor, if it
+    /// moved since it was last told.
+    fn lifted(&mut self, in_flight: &crate::sequencer::InFlight) -> Option<Option<u64>> {
+        let durable = self.handed - u64::from(in_flight.count()).min(self.handed);
+        while self.pending.front().is_some_and(|&(end, _)| end <= durable) {
+            self.pending.pop_front();
+        }
+        let floor = self.floor();
+        (floor != self.told).then(|| {
+            self.told = floor;
+            floor
+        })
     }
 }
 
@@ -1335,6 +1429,11 @@ impl ReportSink for FixSink {
     fn reset(&mut self) {
         self.gateway.lock().book = FixBook::new();
     }
+
+    /// Every request a FIX reader handed over has been answered.
+    fn settled(&self) -> bool {
+        self.gateway.in_flights.lock().unwrap_or_else(|e| e.into_inner()).values().all(|count| count.count() == 0)
+    }
 }
 
 impl FixSink {
@@ -1420,14 +1519,14 @@ impl FixSession {
                 continue;
             }
             match action {
-                Action::Store(StoreOp::Received { next_in }) => {
-                    let next_in = self.received_floor.map_or(*next_in, |floor| floor.min(*next_in));
-                    self.store.record(&StoreOp::Received { next_in }, engine_seq);
-                }
+                Action::Store(StoreOp::Received { next_in }) => self.record_received(*next_in),
                 Action::Store(op) => {
                     if let StoreOp::Reset = op {
-                        // Numbering starts again: nothing before counts.
-                        self.received_floor = None;
+                        // Numbering starts again at 1: what is not durable
+                        // yet is held at its start (the messages before
+                        // cannot be asked for again in the new numbering).
+                        self.received_floor = self.received_floor.map(|_| 1);
+                        self.received = 1;
                     }
                     self.store.record(op, engine_seq);
                     if let StoreOp::Sent { .. } = op {
@@ -1436,6 +1535,16 @@ impl FixSession {
                 }
                 _ => {}
             }
+        }
+    }
+
+    /// Records the next expected incoming number, held at the floor; not
+    /// again if the store already says so.
+    fn record_received(&mut self, next_in: u64) {
+        let next_in = self.received_floor.map_or(next_in, |floor| floor.min(next_in));
+        if next_in != self.received {
+            self.store.record(&StoreOp::Received { next_in }, 0);
+            self.received = next_in;
         }
     }
 

@@ -911,7 +911,7 @@ impl Application for VenueApp<'_> {
             Some(credentials) if !credentials_match(credentials, logon) => return Err(LogonRefusal { text: BAD_CREDENTIALS.into() }),
             // Bound by CompID in the configuration: credentials optional,
             // but a Username naming another account is not this session.
-            None if logon.text(553).is_some_and(|user| user != self.account.to_string()) => {
+            None if logon.text(553).is_some_and(|user| user.parse::<AccountId>().ok() != Some(self.account)) => {
                 return Err(LogonRefusal { text: format!("Logon refused: this CompID trades for account {}, not the one Username (553) names", self.account) });
             }
             _ => {}
