@@ -145,6 +145,17 @@ fn two_accounts_trade_replace_cancel_and_mass_cancel_over_fix() {
     expect(&bob.next(), &[(150, "4"), (11, "B2")]);
     expect(&bob.next(), &[(150, "4"), (11, "B3")]);
     expect(&bob.next(), &[(35, "r"), (11, "B4"), (530, "7"), (531, "7"), (533, "2")]);
+    // A mass cancel sent again with its ClOrdID (a resend after a crash,
+    // say) is refused, not run again over orders placed since.
+    send_owned(&mut bob, "D", &order("B5", "1", "92", "1"));
+    expect(&bob.next(), &[(150, "0"), (11, "B5")]);
+    bob.send("q", &[(11, "B4"), (530, "7"), (60, &format_timestamp(now_ms()))]);
+    let again = bob.next();
+    expect(&again, &[(35, "r"), (11, "B4"), (531, "0")]);
+    assert!(again.text(58).is_some_and(|t| t.contains("duplicate ClOrdID")), "{}", printable(again.raw()));
+    bob.send("q", &[(11, "B6"), (530, "7"), (60, &format_timestamp(now_ms()))]);
+    expect(&bob.next(), &[(150, "4"), (11, "B5")]);
+    expect(&bob.next(), &[(35, "r"), (11, "B6"), (531, "7"), (533, "1")]);
 
     // Prices and quantities are converted exactly or refused with a reason.
     send_owned(&mut alice, "D", &order("A4", "2", "100.5", "1"));

@@ -256,7 +256,10 @@ pub struct Gateway {
     reader_ended: std::sync::Condvar,
     /// Each reader's count of requests not answered yet: a stopping venue
     /// waits for them before it closes the gateways (`settled`).
-    in_flights: Mutex<HashMap<u64, Arc<crate::sequencer::InFlight>>>,
+    /// (With whether the reader may still hand something over: until it
+    /// has left its loop, which at a stop it does within a read's
+    /// time-out.)
+    in_flights: Mutex<HashMap<u64, (Arc<crate::sequencer::InFlight>, Arc<AtomicBool>)>>,
     /// The reporter thread (`stop` lets it finish).
     reporter: Mutex<Option<thread::JoinHandle<()>>>,
     /// The sequence numbers of CompIDs whose first Logon was refused
@@ -726,7 +729,8 @@ impl Gateway {
         // The counterparty's CompID once the first message named it.
         let mut bound: Option<String> = None;
         let in_flight = crate::sequencer::InFlight::new();
-        self.in_flights.lock().unwrap_or_else(|e| e.into_inner()).insert(id, in_flight.clone());
+        let reading = Arc::new(AtomicBool::new(true));
+        self.in_flights.lock().unwrap_or_else(|e| e.into_inner()).insert(id, (in_flight.clone(), reading.clone()));
         let mut frames: Vec<Vec<u8>> = Vec::new();
         let connected = std::time::Instant::now();
         // Left because the venue is stopping (not for the connection's own sake).
@@ -846,6 +850,7 @@ impl Gateway {
                 break 'connection why;
             }
         };
+        reading.store(false, Ordering::Release);
         let logged_on = bound.is_some();
         // What this connection handed over becomes durable in moments: the
         // store's incoming number follows it (bounded: a venue that cannot
@@ -1430,9 +1435,10 @@ impl ReportSink for FixSink {
         self.gateway.lock().book = FixBook::new();
     }
 
-    /// Every request a FIX reader handed over has been answered.
+    /// Every FIX reader has stopped reading (the venue is stopping) and
+    /// every request one handed over has been answered.
     fn settled(&self) -> bool {
-        self.gateway.in_flights.lock().unwrap_or_else(|e| e.into_inner()).values().all(|count| count.count() == 0)
+        self.gateway.in_flights.lock().unwrap_or_else(|e| e.into_inner()).values().all(|(count, reading)| !reading.load(Ordering::Acquire) && count.count() == 0)
     }
 }
 

@@ -350,6 +350,22 @@ impl FixBook {
         if let (Command::Replace { account, .. }, Some(annex)) = (&event.command, &event.annex) {
             self.pending.remove(&(*account, annex.cl_ord_id.clone()));
         }
+        // A mass cancel's ClOrdID is taken too: one sent again (a resend
+        // after a crash) is refused, not run a second time.
+        if let (Command::CancelAll { account, .. }, Some(annex)) = (&event.command, &event.annex)
+            && annex.kind == b'q'
+            && !annex.cl_ord_id.is_empty()
+        {
+            let key = (*account, annex.cl_ord_id.clone());
+            if self.seen.insert(key.clone()) {
+                self.seen_order.push_back(key);
+                if self.seen_order.len() > SEEN_CL_ORD_IDS
+                    && let Some(old) = self.seen_order.pop_front()
+                {
+                    self.seen.remove(&old);
+                }
+            }
+        }
         let mut mass_cancelled = 0u64;
         let mut rejected = false;
         for (index, addressed) in event.reports.iter().enumerate() {
@@ -891,6 +907,9 @@ impl VenueApp<'_> {
         };
         if cl_ord_id.len() > MAX_CL_ORD_ID {
             return refuse("ClOrdID longer than 60 characters", outbox);
+        }
+        if self.book.seen.contains(&(self.account, cl_ord_id.clone())) {
+            return refuse("duplicate ClOrdID: a mass cancel with it was already taken", outbox);
         }
         let instrument = match message.get(tag::MASS_CANCEL_REQUEST_TYPE) {
             Some(b"7") => None,
