@@ -259,7 +259,7 @@ pub struct Gateway {
     /// (With whether the reader may still hand something over: until it
     /// has left its loop, which at a stop it does within a read's
     /// time-out.)
-    in_flights: Mutex<HashMap<u64, (Arc<crate::sequencer::InFlight>, Arc<AtomicBool>)>>,
+    in_flights: Mutex<HashMap<u64, ReaderState>>,
     /// The reporter thread (`stop` lets it finish).
     reporter: Mutex<Option<thread::JoinHandle<()>>>,
     /// The sequence numbers of CompIDs whose first Logon was refused
@@ -1223,6 +1223,10 @@ impl Gateway {
         session.account.filter(|_| connection.cancel_on_disconnect)
     }
 }
+
+/// A reader's count of requests not answered yet, and whether it may
+/// still hand something over.
+type ReaderState = (Arc<crate::sequencer::InFlight>, Arc<AtomicBool>);
 
 /// What one connection's reader handed the sequencer that is not durable
 /// yet, in order: the store's incoming number is held at the first
