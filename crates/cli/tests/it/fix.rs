@@ -480,6 +480,20 @@ fn a_session_dropped_for_not_reading_logs_on_again() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// ALICE (account 1) logs on at `next_out`: the first message the venue
+/// does not hold as received, which its ResendRequest asks from, or
+/// `next_out` if it asks nothing.
+fn expected_at_logon(address: &str, next_out: u64) -> u64 {
+    let mut alice = FixClient::connect(address, "ALICE");
+    alice.writer().next_out = next_out;
+    alice.logon(1, "demo-key-1");
+    alice.0.set_timeout(Duration::from_secs(2));
+    match alice.recv() {
+        Some(message) if message.text(35) == Some("2") => message.text(7).and_then(|v| v.parse::<u64>().ok()).expect("BeginSeqNo"),
+        _ => next_out,
+    }
+}
+
 /// kill -9 while a FIX session streams orders: after the restart the
 /// venue's store expects the first message whose order the journal does
 /// not hold (it asks for it again), never one past an order it lost.
@@ -497,16 +511,7 @@ fn a_kill_never_loses_fix_orders_the_store_counted_as_received() {
         std::thread::sleep(Duration::from_millis(5 + 10 * round));
         server.kill();
         let server = start_default(&dir);
-        let mut alice = FixClient::connect(&server.fix_address, "ALICE");
-        alice.writer().next_out = ORDERS + 2;
-        alice.logon(1, "demo-key-1");
-        alice.0.set_timeout(Duration::from_secs(2));
-        // The first message the venue does not hold as received: what its
-        // ResendRequest asks from, or the next one if it asks nothing.
-        let expected = match alice.recv() {
-            Some(message) if message.text(35) == Some("2") => message.text(7).and_then(|v| v.parse::<u64>().ok()).expect("BeginSeqNo"),
-            _ => ORDERS + 2,
-        };
+        let expected = expected_at_logon(&server.fix_address, ORDERS + 2);
         let (mut binary, _) = crate::serve::Client::login(&server.address, 1, "demo-key-1");
         let open = open_cids(&mut binary, 1).len() as u64;
         assert!(open >= expected - 2, "round {round}: the store counted messages 2..{} as received, but only {open} orders are in the journal", expected - 1);
@@ -545,14 +550,7 @@ fn a_stopping_venue_answers_fix_orders_then_logs_the_session_out() {
     assert!(alice.closed());
     assert!(server.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()));
     let server = start_default(&dir);
-    let mut alice = FixClient::connect(&server.fix_address, "ALICE");
-    alice.writer().next_out = ORDERS + 2;
-    alice.logon(1, "demo-key-1");
-    alice.0.set_timeout(Duration::from_secs(2));
-    let expected = match alice.recv() {
-        Some(message) if message.text(35) == Some("2") => message.text(7).and_then(|v| v.parse::<u64>().ok()).expect("BeginSeqNo"),
-        _ => ORDERS + 2,
-    };
+    let expected = expected_at_logon(&server.fix_address, ORDERS + 2);
     assert_eq!(expected, answered + 2, "the first message not answered ({answered} of {ORDERS} were) is the one asked for again");
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
