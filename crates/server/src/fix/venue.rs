@@ -320,6 +320,19 @@ impl FixBook {
         Ok(book)
     }
 
+    /// A ClOrdID taken by a journaled request: refused if sent again
+    /// (the last [`SEEN_CL_ORD_IDS`] are remembered).
+    fn remember(&mut self, key: (AccountId, String)) {
+        if self.seen.insert(key.clone()) {
+            self.seen_order.push_back(key);
+            if self.seen_order.len() > SEEN_CL_ORD_IDS
+                && let Some(old) = self.seen_order.pop_front()
+            {
+                self.seen.remove(&old);
+            }
+        }
+    }
+
     fn insert_order(&mut self, id: OrderId, order: FixOrder) {
         self.orders.insert(id, order);
     }
@@ -335,13 +348,8 @@ impl FixBook {
         if let (Command::Place(place), Some(annex)) = (&event.command, &event.annex) {
             let key = (place.account, annex.cl_ord_id.clone());
             self.pending.remove(&key);
-            if !event.refused && self.seen.insert(key.clone()) {
-                self.seen_order.push_back(key);
-                if self.seen_order.len() > SEEN_CL_ORD_IDS
-                    && let Some(old) = self.seen_order.pop_front()
-                {
-                    self.seen.remove(&old);
-                }
+            if !event.refused {
+                self.remember(key);
             }
             if place.cid > FIX_CID_BASE {
                 self.next_cid = self.next_cid.max(place.cid + 1);
@@ -356,15 +364,7 @@ impl FixBook {
             && annex.kind == b'q'
             && !annex.cl_ord_id.is_empty()
         {
-            let key = (*account, annex.cl_ord_id.clone());
-            if self.seen.insert(key.clone()) {
-                self.seen_order.push_back(key);
-                if self.seen_order.len() > SEEN_CL_ORD_IDS
-                    && let Some(old) = self.seen_order.pop_front()
-                {
-                    self.seen.remove(&old);
-                }
-            }
+            self.remember((*account, annex.cl_ord_id.clone()));
         }
         let mut mass_cancelled = 0u64;
         let mut rejected = false;
