@@ -302,7 +302,7 @@ fn a_start_that_fails_leaves_no_venue_behind() {
 
 /// A server told to stop while a session's orders are still unanswered
 /// answers them first, then logs the session out once; nothing follows
-/// the Logout.
+/// the Logout, and every order the venue journaled was answered.
 #[test]
 fn a_stopping_server_answers_what_is_in_flight_before_its_logout() {
     let dir = crate::support::TempDir::new("serve-stop-in-flight");
@@ -313,14 +313,22 @@ fn a_stopping_server_answers_what_is_in_flight_before_its_logout() {
         encode_client(&limit(cid, Side::Buy, 90, 1, TimeInForce::Gtc), &mut burst);
     }
     client.send_bytes(&burst).expect("send");
+    // The stop comes once the venue is answering, so that it meets
+    // orders read and not yet answered (a stop before the first read
+    // would answer none, which is right but tests nothing).
+    let first = client.report();
     let stopping = std::thread::spawn(move || server.terminate());
-    let (mut reports, mut logouts, mut after_logout) = (0, 0, Vec::new());
+    let mut accepted = u64::from(first.kind == ReportKind::Accepted);
+    let (mut reports, mut logouts, mut after_logout) = (1, 0, Vec::new());
     while let Some(message) = client.recv() {
         if logouts > 0 {
             after_logout.push(format!("{message:?}"));
         }
         match message {
-            ServerMessage::ExecutionReport(_) => reports += 1,
+            ServerMessage::ExecutionReport(report) => {
+                reports += 1;
+                accepted += u64::from(report.kind == ReportKind::Accepted);
+            }
             ServerMessage::Logout { .. } => logouts += 1,
             _ => {}
         }
@@ -328,7 +336,9 @@ fn a_stopping_server_answers_what_is_in_flight_before_its_logout() {
     assert!(stopping.join().expect("terminate").success());
     assert_eq!(logouts, 1, "one Logout");
     assert!(after_logout.is_empty(), "nothing after the Logout: {:?}", &after_logout[..after_logout.len().min(3)]);
-    assert!(reports > 0, "the orders read before the stop were answered");
+    let recovered = crossbook_journal::recover(&dir.0.join("data")).expect("recover");
+    let resting = recovered.engine.open_orders_of(1, None).len() as u64;
+    assert_eq!(resting, accepted, "every order the venue journaled was answered ({reports} reports)");
 }
 
 /// One process at a time writes a data directory: a second `serve` on
