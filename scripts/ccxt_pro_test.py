@@ -92,15 +92,18 @@ async def private(checks, market):
     try:
         await seller.load_markets()
         await buyer.load_markets()
+        # ccxt.pro subscribes when a watch is first awaited; the order
+        # goes in once that has surely been answered (a loaded machine
+        # takes longer than an idle one: 2 s, not 0.5).
         orders = asyncio.create_task(seller.watch_orders(SYMBOL))
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(SUBSCRIBED_S)
         placed = await seller.create_order(SYMBOL, "limit", "sell", 2, 10000)
         seen = (await asyncio.wait_for(orders, 10))[-1]
         checks.equal("watch_orders: the new order, open", (seen["id"], seen["status"], seen["amount"], seen["filled"]), (placed["id"], "open", 2.0, 0.0))
         orders = asyncio.create_task(seller.watch_orders(SYMBOL))
         trades = asyncio.create_task(seller.watch_my_trades(SYMBOL))
         balance = asyncio.create_task(seller.watch_balance())
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(SUBSCRIBED_S)
         await buyer.create_order(SYMBOL, "limit", "buy", 1, 10000, {"timeInForce": "IOC"})
         seen = (await asyncio.wait_for(orders, 10))[-1]
         checks.equal("watch_orders: partly filled", (seen["id"], seen["status"], seen["filled"], seen["remaining"]), (placed["id"], "open", 1.0, 1.0))
@@ -157,7 +160,7 @@ async def private(checks, market):
     try:
         await funded.load_markets()
         balance = asyncio.create_task(funded.watch_balance())
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(SUBSCRIBED_S)
         before = (await funded.fetch_balance())["USD"]["free"]
         done = deposit(market, 9, "USD", 250, "ccxt-pro-deposit-1")
         checks.equal("the operator's deposit is done", done["status"], "DONE")
@@ -165,6 +168,12 @@ async def private(checks, market):
         checks.equal("watch_balance: the deposit added to the free USD (balanceUpdate)", streamed["USD"]["free"], before + 250)
     finally:
         await funded.close()
+
+
+# How long ccxt.pro is given to subscribe before the event it must see.
+SUBSCRIBED_S = 2.0
+# The public watchers' names in `seen`.
+WATCHERS = ["book", "trades", "ticker", "ohlcv", "tickers", "bids_asks", "agg_trades"]
 
 
 async def follow(exchange, seen, name, watch):
@@ -207,9 +216,26 @@ async def run(checks, binary, binary_address, market):
             asyncio.create_task(follow(exchange, seen, "bids_asks", lambda: exchange.watch_bids_asks([SYMBOL]))),
             asyncio.create_task(follow(aggregating, seen, "agg_trades", watch_agg_trades)),
         ]
-        await asyncio.sleep(1.0)
-        # Trades made before (by the private streams' part) are not watched.
-        first = get(market, "/api/v3/ticker/24hr?symbol=BTCUSD")["count"] + 1
+        # Every watcher live before the run: a few trades are made until
+        # each has had a message and both trade watchers have the last of
+        # them (ccxt.pro subscribes as a watch is first awaited). What
+        # they saw of those (and of the private part's trades) is not
+        # the run's.
+        deadline = time.monotonic() + 30
+        while True:
+            warm = await asyncio.create_subprocess_exec(binary, "load", "--address", binary_address, "--count", "40", "--duration", "10",
+                                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            await warm.wait()
+            last = get(market, "/api/v3/ticker/24hr?symbol=BTCUSD")["count"]
+            quiet = time.monotonic() + 5
+            while time.monotonic() < quiet and not (last in trades and last in aggregates and all(n in seen for n in WATCHERS)):
+                await asyncio.sleep(0.1)
+            if (last in trades and last in aggregates and all(n in seen for n in WATCHERS)) or time.monotonic() > deadline:
+                break
+        checks.check("every watcher is live before the run", all(n in seen for n in WATCHERS), sorted(seen))
+        trades.clear()
+        aggregates.clear()
+        first = last + 1
         load = await asyncio.create_subprocess_exec(binary, "load", "--address", binary_address, "--rate", "2000", "--duration", "4",
                                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         checks.equal("crossbook load ends with status 0", await load.wait(), 0)

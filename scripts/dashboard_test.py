@@ -59,6 +59,17 @@ def wait_for(page, predicate_js, timeout_s=15):
         return False
 
 
+def converge(probe, passed=lambda ok: ok, timeout_s=8.0):
+    """`probe()` gives (ok, detail); asked again every 200 ms until
+    `passed(ok)` or `timeout_s`; the last answer."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ok, detail = probe()
+        if passed(ok) or time.monotonic() > deadline:
+            return ok, detail
+        time.sleep(0.2)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--binary", default=os.path.join(REPO, "target", "release", "crossbook"))
@@ -96,25 +107,41 @@ def main():
             checks.check("the page has followed the feed to the end",
                          wait_for(page, f"window.crossbook.book && window.crossbook.book.lastUpdateId >= {seq - 5} && document.querySelectorAll('#trades .row').length > 0"),
                          page.evaluate("window.crossbook.book && window.crossbook.book.lastUpdateId"))
-            time.sleep(1.0)
-            depth = get(market, "/api/v3/depth?symbol=BTCUSD&limit=15")
-            ladder = page.evaluate("""() => ({
-                bids: [...document.querySelectorAll('#bids .row')].map(r => [r.dataset.price, r.dataset.qty]),
-                asks: [...document.querySelectorAll('#asks .row')].map(r => [r.dataset.price, r.dataset.qty]),
-            })""")
-            checks.check("the ladder's bids are GET /api/v3/depth's", ladder["bids"] == depth["bids"], f"{ladder['bids'][:3]} vs {depth['bids'][:3]}")
-            checks.check("the ladder's asks are GET /api/v3/depth's", ladder["asks"] == depth["asks"], f"{ladder['asks'][:3]} vs {depth['asks'][:3]}")
-            trades = get(market, "/api/v3/trades?symbol=BTCUSD&limit=40")
-            shown = page.evaluate("[...document.querySelectorAll('#trades .row')].map(r => [Number(r.dataset.id), r.dataset.price, r.dataset.qty])")
-            expected = [[t["id"], t["price"], t["qty"]] for t in reversed(trades)]
-            checks.check("the trades list is GET /api/v3/trades's, newest first", shown == expected, f"{shown[:3]} vs {expected[:3]}")
-            kline = get(market, "/api/v3/klines?symbol=BTCUSD&interval=1m&limit=1")[-1]
-            candle = page.evaluate("({...document.getElementById('candle').dataset})")
-            wanted = {"openTime": str(kline[0]), "open": kline[1], "high": kline[2], "low": kline[3], "close": kline[4], "volume": kline[5]}
-            checks.check("the last candle is GET /api/v3/klines's", candle == wanted, f"{candle} vs {wanted}")
-            ticker = get(market, "/api/v3/ticker/24hr?symbol=BTCUSD")
-            checks.check("the last price is the 24-hour ticker's", page.text_content("#last-price") == ticker["lastPrice"],
-                         f"{page.text_content('#last-price')} vs {ticker['lastPrice']}")
+            # The page and the REST API converge once the feed's last
+            # messages are in: `@kline_1m` goes out at most every 2 s, so
+            # each comparison is retried (up to 8 s) rather than made once
+            # after a fixed pause.
+            def ladder_is_depth():
+                depth = get(market, "/api/v3/depth?symbol=BTCUSD&limit=15")
+                ladder = page.evaluate("""() => ({
+                    bids: [...document.querySelectorAll('#bids .row')].map(r => [r.dataset.price, r.dataset.qty]),
+                    asks: [...document.querySelectorAll('#asks .row')].map(r => [r.dataset.price, r.dataset.qty]),
+                })""")
+                return (ladder["bids"] == depth["bids"], ladder["asks"] == depth["asks"]), \
+                    (f"{ladder['bids'][:3]} vs {depth['bids'][:3]}", f"{ladder['asks'][:3]} vs {depth['asks'][:3]}")
+            (bids_ok, asks_ok), (bids, asks) = converge(lambda: ladder_is_depth(), lambda ok: all(ok))
+            checks.check("the ladder's bids are GET /api/v3/depth's", bids_ok, bids)
+            checks.check("the ladder's asks are GET /api/v3/depth's", asks_ok, asks)
+
+            def trades_are_rest():
+                trades = get(market, "/api/v3/trades?symbol=BTCUSD&limit=40")
+                shown = page.evaluate("[...document.querySelectorAll('#trades .row')].map(r => [Number(r.dataset.id), r.dataset.price, r.dataset.qty])")
+                expected = [[t["id"], t["price"], t["qty"]] for t in reversed(trades)]
+                return shown == expected, f"{shown[:3]} vs {expected[:3]}"
+            checks.check("the trades list is GET /api/v3/trades's, newest first", *converge(trades_are_rest))
+
+            def candle_is_kline():
+                kline = get(market, "/api/v3/klines?symbol=BTCUSD&interval=1m&limit=1")[-1]
+                candle = page.evaluate("({...document.getElementById('candle').dataset})")
+                wanted = {"openTime": str(kline[0]), "open": kline[1], "high": kline[2], "low": kline[3], "close": kline[4], "volume": kline[5]}
+                return candle == wanted, f"{candle} vs {wanted}"
+            checks.check("the last candle is GET /api/v3/klines's", *converge(candle_is_kline))
+
+            def last_price_is_ticker():
+                ticker = get(market, "/api/v3/ticker/24hr?symbol=BTCUSD")
+                shown = page.text_content("#last-price")
+                return shown == ticker["lastPrice"], f"{shown} vs {ticker['lastPrice']}"
+            checks.check("the last price is the 24-hour ticker's", *converge(last_price_is_ticker))
             checks.check("the venue's figures are shown", page.text_content("#stat-seq") not in ("", "-"), page.text_content("#stat-seq"))
             precision = page.evaluate("window.crossbook.pricePrecision")
             spread = page.text_content("#spread")

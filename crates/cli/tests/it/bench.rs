@@ -42,8 +42,10 @@ fn compare_passes_the_same_build_and_flags_a_slow_or_different_one() {
     let path = baseline(&dir);
     let path_str = path.to_str().unwrap();
 
-    // The same build, with room for a shared machine's noise.
-    let same = crossbook(&["bench", "--compare", path_str, "--threshold", "75"]);
+    // The same build, with room for a shared machine's noise (another
+    // test's server on the same cores can halve a short run's speed and
+    // double its latency); the slow build below is 10 times slower.
+    let same = crossbook(&["bench", "--compare", path_str, "--threshold", "500"]);
     let text = String::from_utf8_lossy(&same.stdout);
     assert!(same.status.success(), "{text}\n{}", String::from_utf8_lossy(&same.stderr));
     assert!(text.contains("events_sha256 same") && text.contains("no regression"), "{text}");

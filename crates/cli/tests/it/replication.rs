@@ -132,22 +132,29 @@ impl Drop for Nats {
     }
 }
 
+/// Lease times of the tests' nodes (`node_config`).
+const FAST_LEASE: u64 = 1_000;
+const STEADY_LEASE: u64 = 5_000;
+
 /// A node's configuration: the default venue, FIX off, async local
-/// journal, REST limits raised, and the cluster.
-fn node_config(dir: &Path, name: &str, nats: &Nats, stream: &str) -> PathBuf {
+/// journal, REST limits raised, and the cluster, with a lease of
+/// `lease_ms`: short (`FAST_LEASE`) where a test is about a takeover,
+/// longer (`STEADY_LEASE`) where one would only be a loaded machine's
+/// stall mistaken for a dead leader.
+fn node_config(dir: &Path, name: &str, nats: &Nats, stream: &str, lease_ms: u64) -> PathBuf {
     let base = std::fs::read_to_string(crate::support::repo_root().join("crossbook.toml")).unwrap();
     let config = base
         .replacen("listen = \"127.0.0.1:7701\"", "listen = \"\"", 1)
         .replacen("durability = \"sync\"", "durability = \"async\"", 1)
-        .replacen("[[assets]]", &format!("[replication]\nnats = [{}]\nstream = \"{stream}\"\nreplicas = 3\nnode = \"{name}\"\nlease_ttl_ms = 1000\nconnect_timeout_s = 15\n\n[[assets]]", nats.urls()), 1);
+        .replacen("[[assets]]", &format!("[replication]\nnats = [{}]\nstream = \"{stream}\"\nreplicas = 3\nnode = \"{name}\"\nlease_ttl_ms = {lease_ms}\nconnect_timeout_s = 15\n\n[[assets]]", nats.urls()), 1);
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, config).unwrap();
     path
 }
 
 /// Starts a node: `serve` (a candidate) or `follow --standby`.
-fn node(dir: &Path, name: &str, nats: &Nats, stream: &str, follow: bool) -> Server {
-    let config = node_config(dir, name, nats, stream);
+fn node(dir: &Path, name: &str, nats: &Nats, stream: &str, follow: bool, lease_ms: u64) -> Server {
+    let config = node_config(dir, name, nats, stream, lease_ms);
     let data = dir.join(name);
     let first: &[&str] = if follow { &["follow", "--standby"] } else { &["serve"] };
     // Fixed ports: a node that loses the lead starts again in the same
@@ -168,15 +175,7 @@ fn node(dir: &Path, name: &str, nats: &Nats, stream: &str, follow: bool) -> Serv
 
 /// The journal sequence number a node's market data is at.
 fn seq_of(server: &Server) -> u64 {
-    // A node starting again (after losing the lead) is not listening yet.
-    if std::net::TcpStream::connect(&server.market_address).is_err() {
-        return 0;
-    }
-    let (status, body) = crate::marketdata::http_get(&server.market_address, "/crossbook/stats");
-    if status != 200 {
-        return 0;
-    }
-    serde_json::from_str::<serde_json::Value>(&body).ok().and_then(|v| v["seq"].as_u64()).unwrap_or(0)
+    server.market_seq()
 }
 
 /// Until both are at the same sequence number (20 s at most).
@@ -224,9 +223,9 @@ fn a_follower_applies_the_log_and_refuses_orders_with_a_redirect() {
     }
     let dir = TempDir::new("replication-follow");
     let nats = Nats::start(&dir.0);
-    let leader = node(&dir.0, "a", &nats, "FOLLOW", false);
+    let leader = node(&dir.0, "a", &nats, "FOLLOW", false, STEADY_LEASE);
     leader.expect_log_within("replication: taking orders", Duration::from_secs(20));
-    let follower = node(&dir.0, "b", &nats, "FOLLOW", true);
+    let follower = node(&dir.0, "b", &nats, "FOLLOW", true, STEADY_LEASE);
     assert!(follower.startup.iter().any(|l| l.contains("following the log from stream message 1")), "{:?}", follower.startup);
     let output = load(&leader.address, &["--count", "20000"]);
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("load report");
@@ -322,7 +321,7 @@ fn a_follower_applies_the_log_and_refuses_orders_with_a_redirect() {
     assert_eq!(state_hash(&dir.0.join("a")), state_hash(&dir.0.join("b")));
     // Pointed at another (empty) log, a node with history refuses to start
     // rather than cut its journal to nothing.
-    let config = node_config(&dir.0, "a", &nats, "ANOTHER");
+    let config = node_config(&dir.0, "a", &nats, "ANOTHER", STEADY_LEASE);
     std::fs::write(&config, std::fs::read_to_string(&config).unwrap() + listed).unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_crossbook"))
         .args(["serve", "--config", config.to_str().unwrap(), "--data", dir.0.join("a").to_str().unwrap(), "--listen", "127.0.0.1:0", "--market-listen", "127.0.0.1:0"])
@@ -333,7 +332,7 @@ fn a_follower_applies_the_log_and_refuses_orders_with_a_redirect() {
     assert_eq!(state_hash(&dir.0.join("a")), state_hash(&dir.0.join("b")), "nothing was cut");
     // Started again with an account added to its configuration, the node
     // that leads appends it (and its deposit) to the log.
-    let config = node_config(&dir.0, "a", &nats, "FOLLOW");
+    let config = node_config(&dir.0, "a", &nats, "FOLLOW", STEADY_LEASE);
     let grown = std::fs::read_to_string(&config).unwrap() + listed + "\n[[accounts]]\nid = 99\napi_key = \"key-99\"\ndeposits = [[2, 777]]\n";
     std::fs::write(&config, grown).unwrap();
     let data = dir.0.join("a");
@@ -356,9 +355,9 @@ fn failover_trial(trial: u64) {
     let dir = TempDir::new(&format!("replication-failover-{trial}"));
     let nats = Nats::start(&dir.0);
     let stream = format!("FAILOVER{trial}");
-    let leader = node(&dir.0, "a", &nats, &stream, false);
+    let leader = node(&dir.0, "a", &nats, &stream, false, FAST_LEASE);
     leader.expect_log_within("replication: taking orders", Duration::from_secs(20));
-    let standby = node(&dir.0, "b", &nats, &stream, true);
+    let standby = node(&dir.0, "b", &nats, &stream, true, FAST_LEASE);
     assert!(standby.startup.iter().any(|l| l.contains("following the log")), "{:?}", standby.startup);
     let acked_file = dir.0.join("acked.txt");
     let seen_file = dir.0.join("last-seen.txt");
@@ -369,8 +368,10 @@ fn failover_trial(trial: u64) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // Somewhere in the run (the trial number moves the moment).
-    std::thread::sleep(Duration::from_millis(700 + (trial * 211) % 1500));
+    // Somewhere in the run (the trial number moves the moment), once
+    // it is under way however slow the machine.
+    leader.wait_market_seq(seq_of(&leader) + 300);
+    std::thread::sleep(Duration::from_millis((trial * 211) % 1500));
     let killed_at = Instant::now();
     leader.kill();
     let _ = generator.wait_with_output().unwrap();
@@ -398,7 +399,7 @@ fn failover_trial(trial: u64) {
         }
     }
     // The old leader comes back, as a follower, and catches up.
-    let old = node(&dir.0, "a", &nats, &stream, false);
+    let old = node(&dir.0, "a", &nats, &stream, false, FAST_LEASE);
     assert!(old.startup.iter().any(|l| l.contains("following the log")), "{:?}", old.startup);
     let seq = wait_same_seq(&old, &standby);
     assert!(standby.terminate().success());
@@ -433,9 +434,9 @@ fn a_leader_paused_past_its_lease_is_fenced_when_it_wakes() {
     }
     let dir = TempDir::new("replication-pause");
     let nats = Nats::start(&dir.0);
-    let mut leader = node(&dir.0, "a", &nats, "PAUSE", false);
+    let mut leader = node(&dir.0, "a", &nats, "PAUSE", false, FAST_LEASE);
     leader.expect_log_within("replication: taking orders", Duration::from_secs(20));
-    let standby = node(&dir.0, "b", &nats, "PAUSE", true);
+    let standby = node(&dir.0, "b", &nats, "PAUSE", true, FAST_LEASE);
     assert!(standby.startup.iter().any(|l| l.contains("following the log")), "{:?}", standby.startup);
     let (mut alice, _) = Client::login(&leader.address, 1, "demo-key-1");
     alice.send(&limit(1, Side::Sell, 12_000, 5, TimeInForce::Gtc));
@@ -489,7 +490,7 @@ fn losing_one_nats_node_is_a_pause_and_losing_two_stops_acknowledging() {
     }
     let dir = TempDir::new("replication-nats-nodes");
     let mut nats = Nats::start(&dir.0);
-    let leader = node(&dir.0, "a", &nats, "QUORUM", false);
+    let leader = node(&dir.0, "a", &nats, "QUORUM", false, STEADY_LEASE);
     leader.expect_log_within("replication: taking orders", Duration::from_secs(20));
     let (mut alice, _) = Client::login(&leader.address, 1, "demo-key-1");
     alice.0.set_timeout(Duration::from_secs(30));

@@ -187,6 +187,30 @@ impl Server {
         None
     }
 
+    /// The last command market data has applied (`/crossbook/stats`'s
+    /// `seq`), or 0 while the market-data port does not answer.
+    pub(crate) fn market_seq(&self) -> u64 {
+        if TcpStream::connect(&self.market_address).is_err() {
+            return 0;
+        }
+        let (status, body) = crate::marketdata::http_get(&self.market_address, "/crossbook/stats");
+        if status != 200 {
+            return 0;
+        }
+        serde_json::from_str::<serde_json::Value>(&body).ok().and_then(|v| v["seq"].as_u64()).unwrap_or(0)
+    }
+
+    /// Waits (30 s at most) until market data has applied command `seq`:
+    /// a point in a run to act at that does not depend on how fast the
+    /// machine is.
+    pub(crate) fn wait_market_seq(&self, seq: u64) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.market_seq() < seq {
+            assert!(Instant::now() < deadline, "the server did not reach seq {seq} (at {})", self.market_seq());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     pub(crate) fn terminate(mut self) -> std::process::ExitStatus {
         let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
         assert!(status.success());
@@ -577,7 +601,9 @@ fn kill_9_under_load_loses_no_acknowledged_order() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1200));
+    // Killed well into the run: 2,000 commands after the set-up.
+    let base = server.market_seq();
+    server.wait_market_seq(base + 2_000);
     server.child.kill().unwrap();
     let _ = server.child.wait();
     let output = load.wait_with_output().unwrap();

@@ -722,6 +722,24 @@ fn messages(socket: &mut Socket, wait: Duration) -> Vec<Value> {
     out
 }
 
+/// Messages read until `done` holds of them (10 s at most: on a loaded
+/// machine the events come late, not never), then whatever follows within
+/// 100 ms (so that an unexpected extra message is still seen).
+fn messages_until(socket: &mut Socket, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut out = Vec::new();
+    while !done(&out) && Instant::now() < deadline {
+        out.extend(messages(socket, Duration::from_millis(50)));
+    }
+    out.extend(messages(socket, Duration::from_millis(100)));
+    out
+}
+
+/// How many messages of `kind` (their `e`) are in `got`.
+fn count(got: &[Value], kind: &str) -> usize {
+    got.iter().filter(|m| m["e"] == kind).count()
+}
+
 #[test]
 fn a_user_data_stream_carries_its_own_accounts_events_only() {
     let dir = TempDir::new("trading-user-stream");
@@ -746,7 +764,8 @@ fn a_user_data_stream_carries_its_own_accounts_events_only() {
     let sold = ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.020"), ("price", "4000"), ("newClientOrderId", "s1")]));
     ok(bob(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "IOC"), ("quantity", "0.005"), ("price", "4000"), ("newClientOrderId", "b1")]));
     ok(bob(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "100"), ("newClientOrderId", "b2")]));
-    let got = messages(&mut alice_stream, Duration::from_secs(2));
+    // The reports, and the balances after the last one.
+    let got = messages_until(&mut alice_stream, |got| count(got, "executionReport") >= 2 && got.last().is_some_and(|m| m["e"] == "outboundAccountPosition"));
     let reports: Vec<&Value> = got.iter().filter(|m| m["e"] == "executionReport").collect();
     assert!(reports.iter().all(|r| r["c"] == "s1"), "only alice's orders: {got:?}");
     assert_eq!(reports.iter().map(|r| (r["x"].as_str().unwrap(), r["X"].as_str().unwrap(), r["z"].as_str().unwrap())).collect::<Vec<_>>(), vec![("NEW", "NEW", "0.000"), ("TRADE", "PARTIALLY_FILLED", "0.005")]);
@@ -762,11 +781,11 @@ fn a_user_data_stream_carries_its_own_accounts_events_only() {
     // that spends its budget while the book could go on: FILLED on its
     // last fill, its unspent rest not reported.
     ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "FOK"), ("quantity", "5"), ("price", "4000"), ("newClientOrderId", "f1")]));
-    let fok: Vec<(String, String)> = messages(&mut alice_stream, Duration::from_millis(500)).iter().filter(|m| m["e"] == "executionReport").map(|m| (m["x"].as_str().unwrap().to_string(), m["X"].as_str().unwrap().to_string())).collect();
+    let fok: Vec<(String, String)> = messages_until(&mut alice_stream, |got| count(got, "executionReport") >= 2).iter().filter(|m| m["e"] == "executionReport").map(|m| (m["x"].as_str().unwrap().to_string(), m["X"].as_str().unwrap().to_string())).collect();
     assert_eq!(fok, vec![("NEW".to_string(), "NEW".to_string()), ("EXPIRED".to_string(), "EXPIRED".to_string())]);
     // 0.015 BTC rest at 4000 (one lot costs 4.00 + fees): 10.00 USD buys 2 lots.
     let spent = ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "MARKET"), ("quoteOrderQty", "10.00"), ("newClientOrderId", "q1")]));
-    let budget: Vec<(String, String, String)> = messages(&mut alice_stream, Duration::from_millis(500))
+    let budget: Vec<(String, String, String)> = messages_until(&mut alice_stream, |got| got.iter().any(|m| m["e"] == "executionReport" && m["c"] == "q1" && m["X"] == "FILLED"))
         .iter()
         .filter(|m| m["e"] == "executionReport" && m["c"] == "q1")
         .map(|m| (m["x"].as_str().unwrap().to_string(), m["X"].as_str().unwrap().to_string(), m["z"].as_str().unwrap().to_string()))
@@ -775,12 +794,14 @@ fn a_user_data_stream_carries_its_own_accounts_events_only() {
     assert_eq!(budget.last().map(|r| (r.1.as_str(), r.2.as_str())), Some(("FILLED", "0.002")), "{budget:?}");
     assert!(budget.iter().all(|r| r.0 != "EXPIRED"), "{budget:?}");
     // The combined stream wraps it, beside a public stream.
-    let wrapped = messages(&mut combined, Duration::from_millis(1500));
+    let wrapped = messages_until(&mut combined, |got| {
+        got.iter().any(|m| m["stream"] == alice_key.as_str() && m["data"]["e"] == "executionReport") && got.iter().any(|m| m["stream"] == "btcusd@trade")
+    });
     assert!(wrapped.iter().any(|m| m["stream"] == alice_key.as_str() && m["data"]["e"] == "executionReport"), "{wrapped:?}");
     assert!(wrapped.iter().any(|m| m["stream"] == "btcusd@trade"), "{wrapped:?}");
     // Closing the key ends the stream with listenKeyExpired.
     ok(http(market, "DELETE", "/api/v3/userDataStream", &[("X-MBX-APIKEY", "alice")], &format!("listenKey={alice_key}")));
-    let end = messages(&mut alice_stream, Duration::from_millis(500));
+    let end = messages_until(&mut alice_stream, |got| count(got, "listenKeyExpired") > 0);
     assert!(end.iter().any(|m| m["e"] == "listenKeyExpired" && m["listenKey"] == alice_key.as_str()), "{end:?}");
     ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "9000")]));
     assert!(messages(&mut alice_stream, Duration::from_millis(500)).is_empty(), "nothing after the key ended");
@@ -836,7 +857,7 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     assert_eq!(error(&ws_api_answer(&mut socket, r#"{"id":7,"method":"orderList.place","params":{}}"#, 7, &mut events)), (Some(400), Some(-1020)));
     assert_eq!(error(&ws_api_answer(&mut socket, r#"{"id":7,"method":"order.place","params":{}}"#, 7, &mut events)), (Some(401), Some(-2014)));
     socket.send(tungstenite::Message::Text("{nope".into())).unwrap();
-    let bad_json = messages(&mut socket, Duration::from_millis(500));
+    let bad_json = messages_until(&mut socket, |got| !got.is_empty());
     assert_eq!(bad_json.iter().map(error).collect::<Vec<_>>(), vec![(Some(400), Some(-1000))], "{bad_json:?}");
     // Alice subscribes; a second subscription for her on this connection
     // is refused; bob's is another.
@@ -853,7 +874,10 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     // own account's reports only, wrapped with the subscription's id.
     ok(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.020"), ("price", "4000"), ("newClientOrderId", "s1")]));
     ok(bob(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "IOC"), ("quantity", "0.005"), ("price", "4000"), ("newClientOrderId", "b1")]));
-    events.extend(messages(&mut socket, Duration::from_secs(2)));
+    events.extend(messages_until(&mut socket, |got| {
+        got.iter().filter(|m| m["subscriptionId"] == 0 && m["event"]["e"] == "executionReport").count() >= 2
+            && got.iter().any(|m| m["subscriptionId"] == 0 && m["event"]["e"] == "outboundAccountPosition")
+    }));
     let reports: Vec<(String, String)> = events
         .iter()
         .filter(|m| m["subscriptionId"] == 0 && m["event"]["e"] == "executionReport")
@@ -862,7 +886,7 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     assert_eq!(reports, vec![("s1".to_string(), "NEW".to_string()), ("s1".to_string(), "PARTIALLY_FILLED".to_string())], "{events:?}");
     assert!(events.iter().any(|m| m["subscriptionId"] == 0 && m["event"]["e"] == "outboundAccountPosition"), "{events:?}");
     assert!(events.iter().all(|m| m.get("subscriptionId").is_some()), "every event wrapped: {events:?}");
-    let bob_events = messages(&mut other, Duration::from_millis(500));
+    let bob_events = messages_until(&mut other, |got| got.iter().any(|m| m["event"]["c"] == "b1"));
     assert!(bob_events.iter().filter(|m| m["event"]["e"] == "executionReport").all(|m| m["event"]["c"] == "b1"), "{bob_events:?}");
     assert!(bob_events.iter().any(|m| m["event"]["c"] == "b1"), "{bob_events:?}");
     // Unsubscribed: nothing more; an unknown subscription is refused.
@@ -1002,7 +1026,7 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     // eventStreamTerminated.
     let bob_key = ok(http(market, "POST", "/api/v3/userDataStream", &[("X-MBX-APIKEY", "bob")], ""))["listenKey"].as_str().unwrap().to_string();
     ok(http(market, "DELETE", "/api/v3/userDataStream", &[("X-MBX-APIKEY", "bob")], &format!("listenKey={bob_key}")));
-    let end = messages(&mut other, Duration::from_millis(500));
+    let end = messages_until(&mut other, |got| got.iter().any(|m| m["event"]["e"] == "eventStreamTerminated"));
     assert!(end.iter().any(|m| m["subscriptionId"] == 0 && m["event"]["e"] == "eventStreamTerminated"), "{end:?}");
     // It is over: not listed, not active; and `ping` takes no parameter.
     let mut rest = Vec::new();
@@ -1118,9 +1142,14 @@ fn rest_orders_sent_as_the_venue_stops_are_answered_or_never_placed() {
         Stopping,
         Nothing,
     }
+    // The first order answered: the stop comes after it, so that it
+    // meets orders under way (a stop before any was placed is right, and
+    // tests nothing).
+    let (first_placed, placing) = std::sync::mpsc::channel::<()>();
     let clients: Vec<_> = (0..4)
         .map(|client| {
             let address = address.clone();
+            let first_placed = first_placed.clone();
             std::thread::spawn(move || {
                 let mut sent = Vec::new();
                 for i in 0..200 {
@@ -1133,6 +1162,9 @@ fn rest_orders_sent_as_the_venue_stops_are_answered_or_never_placed() {
                         other => panic!("{cid}: {other:?} {}", reply.body),
                     };
                     let last = came != Came::Placed;
+                    if !last {
+                        let _ = first_placed.send(());
+                    }
                     sent.push((cid, came));
                     if last {
                         break;
@@ -1142,7 +1174,9 @@ fn rest_orders_sent_as_the_venue_stops_are_answered_or_never_placed() {
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(400));
+    drop(first_placed);
+    placing.recv_timeout(Duration::from_secs(20)).expect("an order placed");
+    std::thread::sleep(Duration::from_millis(50));
     assert!(server.terminate().success());
     let sent: Vec<(String, Came)> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
     let placed = sent.iter().filter(|(_, came)| *came == Came::Placed).count();
@@ -1196,7 +1230,7 @@ fn the_operator_deposits_and_withdraws_once_per_reference() {
         account["balances"].as_array().unwrap().iter().find(|b| b["asset"] == asset).map(|b| b["free"].as_str().unwrap().to_string()).unwrap()
     };
     assert_eq!(balance(&server, "BTC"), "101.500", "moved once");
-    let seen = messages(&mut stream, Duration::from_millis(600));
+    let seen = messages_until(&mut stream, |got| count(got, "balanceUpdate") > 0 && count(got, "outboundAccountPosition") > 0);
     assert!(seen.iter().any(|m| m["e"] == "balanceUpdate" && m["a"] == "BTC" && m["d"] == "1.500"), "{seen:?}");
     assert!(
         seen.iter().any(|m| m["e"] == "outboundAccountPosition" && m["u"] == done["time"] && m["B"].as_array().is_some_and(|b| b.iter().any(|b| b["a"] == "BTC" && b["f"] == "101.500"))),
@@ -1211,7 +1245,7 @@ fn the_operator_deposits_and_withdraws_once_per_reference() {
     let out = ok(admin(&market, "POST", "withdraw", "account=1&asset=btc&amount=0.5&reference=wd-1"));
     assert_eq!((&out["status"], &out["direction"]), (&json!("DONE"), &json!("WITHDRAWAL")));
     assert_eq!(balance(&server, "BTC"), "101.000");
-    let seen = messages(&mut stream, Duration::from_millis(600));
+    let seen = messages_until(&mut stream, |got| count(got, "balanceUpdate") > 0);
     assert!(seen.iter().any(|m| m["e"] == "balanceUpdate" && m["d"] == "-0.500"), "{seen:?}");
     let bob_stream = ok(http(&market, "POST", "/api/v3/userDataStream", &[("X-MBX-APIKEY", "bob")], ""))["listenKey"].as_str().unwrap().to_string();
     let mut bob_socket = listen(&market, &format!("/ws/{bob_stream}"));
@@ -1340,7 +1374,7 @@ fn a_reload_opens_accounts_and_changes_keys_without_a_restart() {
     again.send("A", &[(98, "0"), (108, "30")]);
     assert!(again.closed(), "a CompID bound to an account out of the file does not log on");
     server.expect_log("session MAL belongs to account 3, which is not in the configuration");
-    let ended = messages(&mut bob_stream, Duration::from_secs(2));
+    let ended = messages_until(&mut bob_stream, |got| count(got, "listenKeyExpired") > 0);
     assert!(ended.iter().any(|m| m["e"] == "listenKeyExpired" && m["listenKey"] == bob_key.as_str()), "{ended:?}");
     // Alice's session stays (no session holds a secret); her requests need
     // the new secret.
@@ -1440,7 +1474,7 @@ fn a_reload_lists_a_new_asset_and_instrument_that_trade_at_once() {
     let fill = std::iter::from_fn(|| Some(alice.report())).find(|r| r.cid == 9 && r.kind != ReportKind::Accepted).unwrap();
     assert_eq!((fill.kind, fill.instrument, fill.last_price, fill.last_qty), (ReportKind::Fill, 2, 250, 1));
 
-    let streamed = messages(&mut trades, Duration::from_millis(800));
+    let streamed = messages_until(&mut trades, |got| got.len() >= 2);
     let seen: Vec<(&Value, &Value, &Value)> = streamed.iter().map(|m| (&m["s"], &m["p"], &m["q"])).collect();
     assert_eq!(seen, vec![(&json!("ETHUSD"), &json!("2500"), &json!("0.002")), (&json!("ETHUSD"), &json!("2500"), &json!("0.001"))], "{streamed:?}");
     let recent = |market: &str| ok(http(market, "GET", "/api/v3/trades?symbol=ETHUSD", &[], ""));
