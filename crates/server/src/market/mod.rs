@@ -483,8 +483,9 @@ fn gateway_cids() -> std::ops::Range<u64> {
 
 /// Applies one batch's commands, answering the REST requests among them
 /// as each is applied and collecting the user data streams' execution
-/// reports in `out`; what changed for market data.
-fn apply_batch(hub: &Hub, state: &mut MarketData, batch: &FeedBatch, out: &mut Vec<(String, String)>) -> Updates {
+/// reports in `out`. What changed for market data waits in `state` for
+/// `take_updates`.
+fn apply_batch(hub: &Hub, state: &mut MarketData, batch: &FeedBatch, out: &mut Vec<(String, String)>) {
     for queued in &batch.commands {
         let command = FeedCommand {
             seq: queued.seq,
@@ -505,7 +506,6 @@ fn apply_batch(hub: &Hub, state: &mut MarketData, batch: &FeedBatch, out: &mut V
         }
     }
     state.advance(batch.last_seq, batch.time_ms);
-    state.take_updates()
 }
 
 /// Lists the asset or instrument a durable command added (the sequencer
@@ -540,9 +540,10 @@ fn list_added(hub: &Hub, state: &mut MarketData, events: &[Event]) {
     }
 }
 
-/// After a batch is applied: the REST gateway's refusals and answers, the
-/// user data streams' messages, then the market-data feeds.
-fn finish_batch(hub: &Hub, batch: FeedBatch, updates: &Updates, out: Vec<(String, String)>, throttle: &mut Throttle) {
+/// After a batch is applied: the REST gateway's refusals and answers, and
+/// the user data streams' messages (the market-data feeds follow, for
+/// this batch and the ones applied with it).
+fn finish_batch(hub: &Hub, batch: FeedBatch, out: Vec<(String, String)>) {
     if let Some(trading) = &hub.trading {
         for (account, annex) in &batch.refused {
             trading.refused(*account, annex);
@@ -559,7 +560,6 @@ fn finish_batch(hub: &Hub, batch: FeedBatch, updates: &Updates, out: Vec<(String
         }
         userstream::ask_due(trading);
     }
-    hub.publish(updates, throttle);
 }
 
 fn feed_loop(hub: &Hub, receiver: Receiver<Feed>) {
@@ -586,21 +586,56 @@ fn feed_loop(hub: &Hub, receiver: Receiver<Feed>) {
             }
             Err(RecvTimeoutError::Disconnected) => break,
         };
-        match feed {
-            Feed::Batch(batch) => {
-                let mut out = Vec::new();
-                let updates = apply_batch(hub, &mut hub.write(), &batch, &mut out);
-                finish_batch(hub, batch, &updates, out, &mut throttle);
-                // (A new leader takes orders once this has caught up.)
-                hub.node.market_seq.store(hub.read().seq, Ordering::Release);
-                throttle.flush(hub, Instant::now());
-            }
-            Feed::Checkpoint(answer) => {
-                let _ = answer.send(codec::encode(&hub.read()));
+        let mut next = Some(feed);
+        while let Some(feed) = next.take() {
+            match feed {
+                Feed::Batch(batch) => {
+                    // The batches already waiting behind it are applied
+                    // before the feeds go out, which then cover them all
+                    // (a depth diff from the first's `U` to the last's
+                    // `u`): behind, the thread writes to each connection
+                    // once for all of them, not once a batch, and
+                    // catches up; keeping up, it publishes every batch
+                    // as it comes.
+                    let mut coalesced = 1;
+                    let mut batch = batch;
+                    loop {
+                        let mut out = Vec::new();
+                        apply_batch(hub, &mut hub.write(), &batch, &mut out);
+                        finish_batch(hub, batch, out);
+                        if coalesced == COALESCED_BATCHES {
+                            break;
+                        }
+                        match receiver.try_recv() {
+                            Ok(Feed::Batch(waiting)) => {
+                                batch = waiting;
+                                coalesced += 1;
+                            }
+                            Ok(other) => {
+                                next = Some(other);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    let updates = hub.write().take_updates();
+                    hub.publish(&updates, &mut throttle);
+                    // (A new leader takes orders once this has caught up.)
+                    hub.node.market_seq.store(hub.read().seq, Ordering::Release);
+                    throttle.flush(hub, Instant::now());
+                }
+                Feed::Checkpoint(answer) => {
+                    let _ = answer.send(codec::encode(&hub.read()));
+                }
             }
         }
     }
 }
+
+/// Batches applied together at most before the feeds go out (a thread
+/// that has fallen behind catches up in rounds of this many, so the
+/// feeds still move while it does).
+const COALESCED_BATCHES: usize = 64;
 
 /// Gives the calling thread the nice value `nice` (Linux: a thread's own
 /// priority). Best effort: a system that refuses leaves it where it was.
@@ -718,7 +753,9 @@ impl ReportSink for MarketSink {
             // No thread (not started, or stopped): the state follows all
             // the same, nothing is sent.
             let hub = &self.0.hub;
-            let _ = apply_batch(hub, &mut hub.write(), &feed, &mut Vec::new());
+            let mut state = hub.write();
+            apply_batch(hub, &mut state, &feed, &mut Vec::new());
+            let _ = state.take_updates();
         }
     }
 
