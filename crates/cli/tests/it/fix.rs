@@ -436,7 +436,13 @@ fn malformed_input_costs_only_its_own_session() {
     // ones it has still log on.
     for n in 2..=16 {
         let mut client = FixClient::connect(&server.fix_address, &format!("M{n}"));
-        client.logon(3, "demo-key-3");
+        if n == 2 {
+            // Username is the account id as a number: `03` is account 3.
+            client.send("A", &[(98, "0"), (108, "30"), (553, "03"), (554, "demo-key-3")]);
+            expect(&client.next(), &[(35, "A")]);
+        } else {
+            client.logon(3, "demo-key-3");
+        }
         client.send("5", &[]);
         expect(&client.next(), &[(35, "5")]);
         assert!(client.closed());

@@ -960,10 +960,12 @@ pub(crate) fn busy_text(account: AccountId, other: &str) -> String {
 pub(crate) const BAD_CREDENTIALS: &str = "Logon refused: bad Username (553) or Password (554)";
 
 /// The Logon carries this Username (553) and Password (554); the
-/// password compared in constant time.
+/// password compared in constant time. A Username is an account id, read
+/// as a number (`03` is `3`), as a Logon's session is found by it.
 pub(crate) fn credentials_match((user, password): &(String, String), logon: &Message) -> bool {
+    let same_user = |u: &str| u == user || u.parse::<AccountId>().is_ok_and(|a| a.to_string() == *user);
     match (logon.text(553), logon.text(554)) {
-        (Some(u), Some(p)) => u == user && crate::config::keys_match(&pad(password), &pad(p)),
+        (Some(u), Some(p)) => same_user(u) && crate::config::keys_match(&pad(password), &pad(p)),
         _ => false,
     }
 }
