@@ -778,7 +778,9 @@ fn bad_input_at_the_market_data_port_costs_only_its_own_connection() {
 fn market_data_has_caught_up(server: &Server, cid: u64) {
     let (mut client, _) = crate::serve::Client::login(&server.address, 3, "demo-key-3");
     client.send(&crate::serve::limit(cid, Side::Buy, 90, 1, crossbook_engine::TimeInForce::Gtc));
-    let marker = client.report().order;
+    let report = client.report();
+    assert_eq!(report.kind, crossbook_protocol::ReportKind::Accepted, "the marker order: {report:?}");
+    let marker = report.order;
     let deadline = Instant::now() + Duration::from_secs(20);
     while json_get(&server.market_address, "/crossbook/stats")["seq"].as_u64().unwrap_or(0) < marker {
         assert!(Instant::now() < deadline, "market data did not reach seq {marker}");

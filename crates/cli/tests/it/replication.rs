@@ -361,8 +361,8 @@ fn failover_trial(trial: u64) {
     assert!(standby.startup.iter().any(|l| l.contains("following the log")), "{:?}", standby.startup);
     let acked_file = dir.0.join("acked.txt");
     let seen_file = dir.0.join("last-seen.txt");
-    let generator = Command::new(env!("CARGO_BIN_EXE_crossbook"))
-        .args(["load", "--address", &leader.address, "--connections", "4", "--duration", "4", "--json"])
+    let mut generator = Command::new(env!("CARGO_BIN_EXE_crossbook"))
+        .args(["load", "--address", &leader.address, "--connections", "4", "--duration", "30", "--json"])
         .args(["--acked-out", acked_file.to_str().unwrap(), "--last-seen-out", seen_file.to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -372,6 +372,7 @@ fn failover_trial(trial: u64) {
     // it is under way however slow the machine.
     leader.wait_market_seq(seq_of(&leader) + 300);
     std::thread::sleep(Duration::from_millis((trial * 211) % 1500));
+    assert!(generator.try_wait().unwrap().is_none(), "trial {trial}: the load is still running (the kill ends it)");
     let killed_at = Instant::now();
     leader.kill();
     let _ = generator.wait_with_output().unwrap();

@@ -594,16 +594,18 @@ fn kill_9_under_load_loses_no_acknowledged_order() {
     let dir = temp_dir("crash");
     let mut server = start_default(&dir);
     let acked_file = dir.join("acked.txt");
-    let load = Command::new(env!("CARGO_BIN_EXE_crossbook"))
-        .args(["load", "--address", &server.address, "--connections", "4", "--duration", "3", "--json"])
+    let mut load = Command::new(env!("CARGO_BIN_EXE_crossbook"))
+        .args(["load", "--address", &server.address, "--connections", "4", "--duration", "30", "--json"])
         .args(["--acked-out", acked_file.to_str().unwrap(), "--last-seen-out", dir.join("last-seen.txt").to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // Killed well into the run: 2,000 commands after the set-up.
+    // Killed well into the run, 2,000 commands after the set-up; the kill
+    // ends the load.
     let base = server.market_seq();
     server.wait_market_seq(base + 2_000);
+    assert!(load.try_wait().unwrap().is_none(), "the load is still running (the kill ends it)");
     server.child.kill().unwrap();
     let _ = server.child.wait();
     let output = load.wait_with_output().unwrap();

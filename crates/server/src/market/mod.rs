@@ -320,8 +320,10 @@ impl Hub {
             return;
         }
         let count = messages.len();
-        // Behind by more than `queue` when the next batch comes (one big
-        // batch alone never drops a client that keeps up).
+        // Behind by more than `queue` when the next messages come (one
+        // big publish alone, of one batch or of the up to
+        // `COALESCED_BATCHES` sent together, never drops a client that
+        // keeps up).
         if connection.waiting.load(Ordering::Acquire) > self.config.queue {
             connection.dropped.store(true, Ordering::Release);
             connection.wake.notify_one();
