@@ -76,6 +76,9 @@ pub struct OrderRecord {
     pub instrument: u32,
     /// Binance's `clientOrderId`.
     pub client_id: CompactString,
+    /// [`client_hash`] of its account and client id: where the open
+    /// client ids keep it, found again without hashing.
+    pub client_hash: u64,
     pub cid: ClientOrderId,
     pub side: Side,
     pub order_type: OrderType,
@@ -132,9 +135,8 @@ pub struct Accounts {
     /// Open orders, and the ended ones each account still keeps.
     pub orders: HashMap<OrderId, OrderRecord>,
     pub accounts: HashMap<AccountId, AccountData>,
-    /// (account, client id) of every open order.
-    /// SipHash (std's), not foldhash: its keys are text a client chooses.
-    open_client_ids: std::collections::HashMap<(AccountId, CompactString), OrderId>,
+    /// Every open order by (account, client id).
+    open_client_ids: ClientIds,
     /// The largest engine client id seen in `gateway_cids` (a gateway that
     /// numbers its orders goes on after it).
     pub largest_gateway_cid: u64,
@@ -154,7 +156,7 @@ impl Default for Accounts {
         Accounts {
             orders: HashMap::default(),
             accounts: HashMap::default(),
-            open_client_ids: std::collections::HashMap::new(),
+            open_client_ids: ClientIds::default(),
             largest_gateway_cid: 0,
             gateway_cids: 0..0,
             over: Vec::new(),
@@ -200,7 +202,7 @@ impl Accounts {
 
     /// An account's open order by client id.
     pub fn open_by_client_id(&self, account: AccountId, client_id: &str) -> Option<&OrderRecord> {
-        self.open_client_ids.get(&(account, CompactString::from(client_id))).and_then(|id| self.orders.get(id))
+        self.open_client_ids.find(&self.orders, client_hash(account, client_id), account, client_id).and_then(|id| self.orders.get(&id))
     }
 
     /// An account's order (open, or ended and still kept) by client id:
@@ -221,6 +223,7 @@ impl Accounts {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn accepted(&mut self, id: OrderId, account: AccountId, instrument: u32, cid: ClientOrderId, side: Side, order_type: OrderType, tif: TimeInForce, price: i64, qty: u64, time_ms: u64, details: Option<PlaceDetails<'_>>) {
         let client_id = details.and_then(|d| d.client_id).map_or_else(|| cid.to_compact_string(), CompactString::from);
+        let hash = client_hash(account, &client_id);
         // Only the gateway's own orders: a binary client's cid in that
         // range does not move its numbering.
         if details.is_some_and(|d| d.gateway) && self.gateway_cids.contains(&cid) {
@@ -230,7 +233,8 @@ impl Accounts {
             id,
             account,
             instrument,
-            client_id: client_id.clone(),
+            client_id,
+            client_hash: hash,
             cid,
             side,
             order_type,
@@ -252,7 +256,7 @@ impl Accounts {
         // Client ids of open orders are unique per account within one
         // gateway; one of another gateway's with the same text keeps the
         // first (the later one is still found by its id).
-        self.open_client_ids.entry((account, client_id)).or_insert(id);
+        self.open_client_ids.insert_if_absent(&self.orders, &record);
         self.orders.insert(id, record);
     }
 
@@ -327,12 +331,11 @@ impl Accounts {
         if let Some(new) = client_id
             && new != record.client_id
         {
-            let new = CompactString::from(new);
-            let key = (record.account, std::mem::replace(&mut record.client_id, new.clone()));
-            if self.open_client_ids.get(&key) == Some(&order) {
-                self.open_client_ids.remove(&key);
-            }
-            self.open_client_ids.entry((key.0, new)).or_insert(order);
+            self.open_client_ids.remove(record.client_hash, order);
+            record.client_id = CompactString::from(new);
+            record.client_hash = client_hash(record.account, new);
+            let record = record.clone();
+            self.open_client_ids.insert_if_absent(&self.orders, &record);
         }
     }
 
@@ -436,7 +439,7 @@ impl Accounts {
         self.largest_gateway_cid = r.u64()?;
         let count = r.count(true, 100)?;
         self.orders.clear();
-        self.open_client_ids.clear();
+        self.open_client_ids = ClientIds::default();
         self.accounts.clear();
         for _ in 0..count {
             let id = r.u64()?;
@@ -456,11 +459,14 @@ impl Accounts {
             let budget = Some(r.u64()?).filter(|b| *b != u64::MAX);
             let status = OrderStatus::from_code(r.u8()?).ok_or_else(|| CodecError(format!("order {id}: bad status")))?;
             let (time_ms, update_ms) = (r.u64()?, r.u64()?);
+            let client_hash = client_hash(account, &client_id);
+            let record = OrderRecord { id, account, instrument: index, client_id, client_hash, cid, side, order_type, tif, post_only, stp, price, qty, filled, quote_filled, budget, status, time_ms, update_ms };
             if status.is_open() {
                 self.accounts.entry(account).or_default().open.insert(id);
-                self.open_client_ids.insert((account, client_id.clone()), id);
+                // The first of an account's open orders with a client id
+                // keeps it, as when they were placed (in id order).
+                self.open_client_ids.insert_if_absent(&self.orders, &record);
             }
-            let record = OrderRecord { id, account, instrument: index, client_id, cid, side, order_type, tif, post_only, stp, price, qty, filled, quote_filled, budget, status, time_ms, update_ms };
             self.orders.insert(id, record);
         }
         let count = r.count(true, 32)?;
@@ -492,21 +498,75 @@ impl Accounts {
 
 /// Ends an open order's `record` with `status`: out of its account's
 /// open orders (`data`) and the open client ids, into its ended ones.
-fn end_record(record: &mut OrderRecord, status: OrderStatus, time_ms: u64, data: &mut AccountData, open_client_ids: &mut std::collections::HashMap<(AccountId, CompactString), OrderId>) {
+fn end_record(record: &mut OrderRecord, status: OrderStatus, time_ms: u64, data: &mut AccountData, open_client_ids: &mut ClientIds) {
     if !record.status.is_open() {
         return;
     }
     record.status = status;
     record.update_ms = time_ms;
-    if let std::collections::hash_map::Entry::Occupied(entry) = open_client_ids.entry((record.account, record.client_id.clone()))
-        && *entry.get() == record.id
-    {
-        entry.remove();
-    }
+    open_client_ids.remove(record.client_hash, record.id);
     data.open.remove(&record.id);
     data.update_ms = time_ms;
     data.closed.push_back(record.id);
 }
+
+/// The hash under which the open client ids file (`account`,
+/// `client_id`): SipHash (std's) under a key drawn once per process, not
+/// foldhash, since a client chooses the text (and could otherwise aim at
+/// collisions); one key for the process, so that two states of the same
+/// orders are equal, hashes included.
+pub(crate) fn client_hash(account: AccountId, client_id: &str) -> u64 {
+    static KEYS: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
+    std::hash::BuildHasher::hash_one(KEYS.get_or_init(std::hash::RandomState::new), (account, client_id))
+}
+
+/// Every account's open orders by client id: order ids filed by
+/// [`client_hash`], each order's hash kept in its record. An order placed
+/// is hashed once; one that ends is found by its kept hash and its id,
+/// hashing and copying nothing (a map keyed by (account, client id)
+/// hashed the text again and cloned it to take it out: a third of market
+/// data's instructions a command, `docs/benchmarks.md`).
+#[derive(Clone, Debug, Default)]
+struct ClientIds(hashbrown::HashTable<OrderId>);
+
+impl ClientIds {
+    /// The open order of `account` with `client_id` (whose hash is `hash`).
+    fn find(&self, orders: &HashMap<OrderId, OrderRecord>, hash: u64, account: AccountId, client_id: &str) -> Option<OrderId> {
+        self.0.find(hash, |id| orders.get(id).is_some_and(|o| o.account == account && o.client_id == client_id)).copied()
+    }
+
+    /// Files `record` (not in `orders` yet, or changed there) unless an
+    /// open order of its account has its client id already: client ids of
+    /// open orders are unique per account within one gateway; one of
+    /// another gateway's with the same text keeps the first (the later is
+    /// still found by its id).
+    fn insert_if_absent(&mut self, orders: &HashMap<OrderId, OrderRecord>, record: &OrderRecord) {
+        if self.find(orders, record.client_hash, record.account, &record.client_id).is_none() {
+            // Every id filed is an open order's, in `orders` with its hash.
+            self.0.insert_unique(record.client_hash, record.id, |id| orders.get(id).map_or(0, |o| o.client_hash));
+        }
+    }
+
+    /// Takes `order` out, if it is the one filed under `hash`.
+    fn remove(&mut self, hash: u64, order: OrderId) {
+        if let Ok(entry) = self.0.find_entry(hash, |&id| id == order) {
+            entry.remove();
+        }
+    }
+}
+
+impl PartialEq for ClientIds {
+    fn eq(&self, other: &ClientIds) -> bool {
+        let ids = |table: &hashbrown::HashTable<OrderId>| {
+            let mut ids: Vec<OrderId> = table.iter().copied().collect();
+            ids.sort_unstable();
+            ids
+        };
+        ids(&self.0) == ids(&other.0)
+    }
+}
+
+impl Eq for ClientIds {}
 
 fn put32(out: &mut Vec<u8>, value: u32) {
     out.extend_from_slice(&value.to_le_bytes());
