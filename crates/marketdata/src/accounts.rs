@@ -334,8 +334,9 @@ impl Accounts {
             self.open_client_ids.remove(record.client_hash, order);
             record.client_id = CompactString::from(new);
             record.client_hash = client_hash(record.account, new);
-            let record = record.clone();
-            self.open_client_ids.insert_if_absent(&self.orders, &record);
+            if let Some(record) = self.orders.get(&order) {
+                self.open_client_ids.insert_if_absent(&self.orders, record);
+            }
         }
     }
 
@@ -535,8 +536,8 @@ impl ClientIds {
         self.0.find(hash, |id| orders.get(id).is_some_and(|o| o.account == account && o.client_id == client_id)).copied()
     }
 
-    /// Files `record` (not in `orders` yet, or changed there) unless an
-    /// open order of its account has its client id already: client ids of
+    /// Files `record` (not in `orders` yet, or there but not filed)
+    /// unless an open order of its account has its client id already: client ids of
     /// open orders are unique per account within one gateway; one of
     /// another gateway's with the same text keeps the first (the later is
     /// still found by its id).

@@ -98,6 +98,11 @@ struct Reply {
 }
 
 fn http(address: &str, method: &str, target: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    try_http(address, method, target, headers, body).unwrap_or_else(|e| panic!("{method} {target}: {e}"))
+}
+
+/// [`http`], with a connection refused or broken on the way in an error.
+fn try_http(address: &str, method: &str, target: &str, headers: &[(&str, &str)], body: &str) -> std::io::Result<Reply> {
     let mut request = format!("{method} {target} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n");
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
@@ -107,9 +112,9 @@ fn http(address: &str, method: &str, target: &str, headers: &[(&str, &str)], bod
     }
     request.push_str("\r\n");
     request.push_str(body);
-    let mut stream = TcpStream::connect(address).expect("connect");
-    stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    stream.write_all(request.as_bytes()).unwrap();
+    let mut stream = TcpStream::connect(address)?;
+    stream.set_read_timeout(Some(Duration::from_secs(20)))?;
+    stream.write_all(request.as_bytes())?;
     let mut response = Vec::new();
     let _ = stream.read_to_end(&mut response);
     let text = String::from_utf8_lossy(&response).into_owned();
@@ -118,20 +123,25 @@ fn http(address: &str, method: &str, target: &str, headers: &[(&str, &str)], bod
     let status = lines.next().and_then(|l| l.split_whitespace().nth(1)).and_then(|s| s.parse().ok()).unwrap_or(0);
     let headers = lines.filter_map(|l| l.split_once(':')).map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string())).collect();
     let body = serde_json::from_str(body).unwrap_or(Value::String(body.to_string()));
-    Reply { status, headers, body }
+    Ok(Reply { status, headers, body })
 }
 
 /// A signed request as a Binance client makes it: `timestamp` added, the
 /// HMAC of the query (or form body) appended as `signature`.
 fn signed(address: &str, method: &str, path: &str, params: &[(&str, &str)], key: &str, secret: &str) -> Reply {
+    try_signed(address, method, path, params, key, secret).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+/// [`signed`], with a connection refused or broken on the way in an error.
+fn try_signed(address: &str, method: &str, path: &str, params: &[(&str, &str)], key: &str, secret: &str) -> std::io::Result<Reply> {
     let mut query: Vec<String> = params.iter().map(|(n, v)| format!("{n}={v}")).collect();
     query.push(format!("timestamp={}", now_ms()));
     let query = query.join("&");
     let signed = format!("{query}&signature={}", hex_hmac(secret, &query));
     if method == "POST" {
-        http(address, method, path, &[("X-MBX-APIKEY", key)], &signed)
+        try_http(address, method, path, &[("X-MBX-APIKEY", key)], &signed)
     } else {
-        http(address, method, &format!("{path}?{signed}"), &[("X-MBX-APIKEY", key)], "")
+        try_http(address, method, &format!("{path}?{signed}"), &[("X-MBX-APIKEY", key)], "")
     }
 }
 
@@ -1154,12 +1164,13 @@ fn rest_orders_sent_as_the_venue_stops_are_answered_or_never_placed() {
                 let mut sent = Vec::new();
                 for i in 0..200 {
                     let cid = format!("stop-{client}-{i}");
-                    let reply = signed(&address, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "1000"), ("newClientOrderId", &cid)], "alice", "alice-secret");
-                    let came = match (reply.status, reply.body["code"].as_i64()) {
-                        (200, None) => Came::Placed,
-                        (503, Some(-1001)) => Came::Stopping,
-                        (0, _) => Came::Nothing,
-                        other => panic!("{cid}: {other:?} {}", reply.body),
+                    let reply = try_signed(&address, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "1000"), ("newClientOrderId", &cid)], "alice", "alice-secret");
+                    // (Refused or cut on the way in: the venue is gone.)
+                    let came = match reply.as_ref().map(|r| (r.status, r.body["code"].as_i64())) {
+                        Ok((200, None)) => Came::Placed,
+                        Ok((503, Some(-1001))) => Came::Stopping,
+                        Ok((0, _)) | Err(_) => Came::Nothing,
+                        Ok(other) => panic!("{cid}: {other:?} {:?}", reply.map(|r| r.body)),
                     };
                     let last = came != Came::Placed;
                     if !last {
