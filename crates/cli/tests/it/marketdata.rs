@@ -50,6 +50,12 @@ fn json_get(address: &str, path: &str) -> Value {
 
 fn connect(address: &str, path: &str) -> Socket {
     let (socket, _) = tungstenite::connect(format!("ws://{address}{path}")).unwrap_or_else(|e| panic!("WebSocket {path}: {e}"));
+    polled(socket)
+}
+
+/// `socket` with a 100 ms read timeout (a read finding nothing gives
+/// back control).
+fn polled(socket: Socket) -> Socket {
     if let MaybeTlsStream::Plain(stream) = socket.get_ref() {
         stream.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
     }
@@ -64,12 +70,7 @@ fn connect_when_free(address: &str, path: &str) -> Socket {
     loop {
         match tungstenite::connect(format!("ws://{address}{path}")) {
             Err(tungstenite::Error::Http(ref r)) if r.status() == 503 && Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-            Ok((socket, _)) => {
-                if let MaybeTlsStream::Plain(stream) = socket.get_ref() {
-                    stream.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
-                }
-                return socket;
-            }
+            Ok((socket, _)) => return polled(socket),
             Err(e) => panic!("WebSocket {path}: {e}"),
         }
     }

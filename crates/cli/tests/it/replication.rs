@@ -173,16 +173,11 @@ fn node(dir: &Path, name: &str, nats: &Nats, stream: &str, follow: bool, lease_m
     spawn_process(first, &["--config", config.to_str().unwrap(), "--data", data.to_str().unwrap(), "--listen", &binary, "--market-listen", &market], &[])
 }
 
-/// The journal sequence number a node's market data is at.
-fn seq_of(server: &Server) -> u64 {
-    server.market_seq()
-}
-
 /// Until both are at the same sequence number (20 s at most).
 fn wait_same_seq(a: &Server, b: &Server) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let (x, y) = (seq_of(a), seq_of(b));
+        let (x, y) = (a.market_seq(), b.market_seq());
         if x == y && x > 0 {
             return x;
         }
@@ -198,7 +193,7 @@ fn wait_same_seq(a: &Server, b: &Server) -> u64 {
 fn wait_journaled(server: &Server, line: &str) {
     let Some(seq) = line.split("journaled up to seq ").nth(1).and_then(|rest| rest.split(')').next()).and_then(|n| n.parse::<u64>().ok()) else { return };
     let deadline = Instant::now() + Duration::from_secs(20);
-    while seq_of(server) < seq {
+    while server.market_seq() < seq {
         assert!(Instant::now() < deadline, "stays before {seq}");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -370,7 +365,7 @@ fn failover_trial(trial: u64) {
         .unwrap();
     // Somewhere in the run (the trial number moves the moment), once
     // it is under way however slow the machine.
-    leader.wait_market_seq(seq_of(&leader) + 300);
+    leader.wait_market_seq(leader.market_seq() + 300);
     std::thread::sleep(Duration::from_millis((trial * 211) % 1500));
     assert!(generator.try_wait().unwrap().is_none(), "trial {trial}: the load is still running (the kill ends it)");
     let killed_at = Instant::now();
