@@ -361,13 +361,46 @@ enum JournalAction {
     },
 }
 
+/// A command line that parses but asks for something impossible (`--side
+/// up`, `--budget 0`): reported like any error, but the exit status is 2,
+/// as for what clap itself cannot read, so a script can tell a mistyped
+/// command from a refusal by the server (1).
+#[derive(Debug)]
+pub(crate) struct Usage(pub(crate) String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// Returns a [`Usage`] error: `usage!("--flag must be ...")`.
+macro_rules! usage {
+    ($($arg:tt)*) => {
+        return Err(anyhow::Error::new($crate::Usage(format!($($arg)*))))
+    };
+}
+pub(crate) use usage;
+
 /// A number of seconds from the command line as a duration: refused
 /// (never a panic) if it is negative, not a number or past a year.
 fn seconds(flag: &str, value: f64) -> Result<Duration> {
     if !(0.0..=31_536_000.0).contains(&value) {
-        bail!("{flag} must be a number of seconds from 0 to 31536000 (a year), not {value}");
+        usage!("{flag} must be a number of seconds from 0 to 31536000 (a year), not {value}");
     }
     Ok(Duration::from_secs_f64(value))
+}
+
+/// An address as `host:port` (a name or an IP address, then a port
+/// number): anything else is a command line that cannot work, not a
+/// server that did not answer.
+fn host_and_port(flag: &str, text: String) -> Result<String> {
+    match text.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|port| port > 0) => Ok(text),
+        _ => usage!("{flag} must be host:port (127.0.0.1:7700, say), not {text:?}"),
+    }
 }
 
 /// A time that must not be zero (a wait that could never succeed, a run
@@ -375,7 +408,7 @@ fn seconds(flag: &str, value: f64) -> Result<Duration> {
 fn positive_seconds(flag: &str, value: f64) -> Result<Duration> {
     let duration = seconds(flag, value)?;
     if duration.is_zero() {
-        bail!("{flag} must be more than 0 seconds");
+        usage!("{flag} must be more than 0 seconds");
     }
     Ok(duration)
 }
@@ -396,7 +429,7 @@ fn main() {
     if let Err(error) = real_main() {
         use std::io::Write;
         let _ = writeln!(std::io::stderr().lock(), "crossbook: {error:#}");
-        std::process::exit(1);
+        std::process::exit(if error.downcast_ref::<Usage>().is_some() { 2 } else { 1 });
     }
 }
 
@@ -408,10 +441,10 @@ fn real_main() -> Result<()> {
             let durability = match durability.as_str() {
                 "sync" => Durability::Sync,
                 "async" => Durability::Async { interval: Duration::from_millis(10) },
-                other => bail!("--durability must be sync or async, not {other:?}"),
+                other => usage!("--durability must be sync or async, not {other:?}"),
             };
             if segment_bytes < crossbook_server::config::MIN_SEGMENT_BYTES {
-                bail!("--segment-bytes must be at least {}, not {segment_bytes}", crossbook_server::config::MIN_SEGMENT_BYTES);
+                usage!("--segment-bytes must be at least {}, not {segment_bytes}", crossbook_server::config::MIN_SEGMENT_BYTES);
             }
             let config = JournalConfig { durability, segment_bytes, ..JournalConfig::default() };
             journaled::run(&commands, &dir, config, snapshot_every, keep_snapshots)
@@ -442,11 +475,11 @@ fn real_main() -> Result<()> {
                 "fix" => crossbook_load::Protocol::Fix,
                 "rest" => crossbook_load::Protocol::Rest,
                 "ws-api" => crossbook_load::Protocol::WsApi,
-                other => bail!("--protocol must be binary, fix, rest or ws-api, not {other:?}"),
+                other => usage!("--protocol must be binary, fix, rest or ws-api, not {other:?}"),
             },
             count: {
                 if !crossbook_load::WORKLOADS.contains(&workload.as_str()) {
-                    bail!("unknown load workload {workload:?}; known: {}", crossbook_load::WORKLOADS.join(", "));
+                    usage!("unknown load workload {workload:?}; known: {}", crossbook_load::WORKLOADS.join(", "));
                 }
                 count
             },
@@ -460,11 +493,11 @@ fn real_main() -> Result<()> {
             secrets: (1..=crossbook_server::config::DEMO_ACCOUNTS).map(crossbook_server::config::demo_secret).collect(),
             duration: positive_seconds("--duration", duration)?,
             rate: match rate {
-                Some(rate) if !(0.001..=1e9).contains(&rate) => bail!("--rate must be from 0.001 to 1000000000 orders per second, not {rate}"),
+                Some(rate) if !(0.001..=1e9).contains(&rate) => usage!("--rate must be from 0.001 to 1000000000 orders per second, not {rate}"),
                 rate => rate,
             },
             window: match window {
-                0 => bail!("--window must be at least 1 (orders each session keeps outstanding)"),
+                0 => usage!("--window must be at least 1 (orders each session keeps outstanding)"),
                 window => window,
             },
             json,
@@ -472,12 +505,12 @@ fn real_main() -> Result<()> {
             last_seen_out,
         }),
         Cmd::Order { address, account, key, last_seen, timeout, linger, action } => order::run(order::Options {
-            address,
+            address: host_and_port("--address", address)?,
             account,
             key: match key {
                 // The Login's key field is 32 bytes: a longer key would be
                 // cut, and its first 32 bytes could be someone's key.
-                Some(key) if key.is_empty() || key.len() > crossbook_protocol::API_KEY_BYTES => bail!("--key must be 1 to {} bytes, not {}", crossbook_protocol::API_KEY_BYTES, key.len()),
+                Some(key) if key.is_empty() || key.len() > crossbook_protocol::API_KEY_BYTES => usage!("--key must be 1 to {} bytes, not {}", crossbook_protocol::API_KEY_BYTES, key.len()),
                 Some(key) => key,
                 None => crossbook_server::config::demo_key(account),
             },
@@ -494,16 +527,16 @@ fn real_main() -> Result<()> {
             let json = match format.as_str() {
                 "text" => false,
                 "json" => true,
-                other => bail!("--format must be text or json, not {other:?}"),
+                other => usage!("--format must be text or json, not {other:?}"),
             };
             if commands == Some(0) {
-                bail!("--commands must be at least 1");
+                usage!("--commands must be at least 1");
             }
             if flow.is_some() && name != bench::EXCHANGE_CORE_SINGLE {
-                bail!("--flow is for --workload {}, not {name}", bench::EXCHANGE_CORE_SINGLE);
+                usage!("--flow is for --workload {}, not {name}", bench::EXCHANGE_CORE_SINGLE);
             }
             if !(threshold.is_finite() && threshold >= 0.0) {
-                bail!("--threshold must be a percentage of 0 or more, not {threshold}");
+                usage!("--threshold must be a percentage of 0 or more, not {threshold}");
             }
             bench::run(bench::Options {
                 workload: bench::WorkloadSource::parse(&name, flow)?,
@@ -526,17 +559,17 @@ fn order_action(action: OrderAction) -> Result<order::Action> {
         OrderAction::Place { side, qty, price, instrument, order_type, tif, post_only, stp, budget, cid } => {
             let order_type = order::parse_type(&order_type)?;
             let price = match (order_type, price) {
-                (crossbook_engine::OrderType::Limit, None) => bail!("a limit order needs --price"),
-                (crossbook_engine::OrderType::Market, Some(_)) => bail!("a market order has no --price (--budget caps what a market buy spends)"),
+                (crossbook_engine::OrderType::Limit, None) => usage!("a limit order needs --price"),
+                (crossbook_engine::OrderType::Market, Some(_)) => usage!("a market order has no --price (--budget caps what a market buy spends)"),
                 (_, price) => price.unwrap_or(0),
             };
             if instrument == 0 {
-                bail!("--instrument must be at least 1 (instrument ids start at 1)");
+                usage!("--instrument must be at least 1 (instrument ids start at 1)");
             }
             // On the wire 0 is "no budget": a budget of 0 typed here would
             // become none.
             if budget == Some(0) {
-                bail!("--budget must be at least 1 (leave it out for no budget)");
+                usage!("--budget must be at least 1 (leave it out for no budget)");
             }
             let tif = match (&tif, order_type) {
                 (Some(tif), _) => order::parse_tif(tif)?,
@@ -677,7 +710,7 @@ fn workload(name: &str) -> Result<Workload> {
         Some(workload) => Ok(workload),
         None => {
             let known: Vec<&str> = Workload::ALL.iter().map(|w| w.name()).collect();
-            bail!("unknown workload {name:?}; known: {}", known.join(", "))
+            usage!("unknown workload {name:?}; known: {}", known.join(", "))
         }
     }
 }

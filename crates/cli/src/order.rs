@@ -38,7 +38,7 @@ pub(crate) fn parse_side(text: &str) -> Result<Side> {
     match text {
         "buy" => Ok(Side::Buy),
         "sell" => Ok(Side::Sell),
-        other => bail!("--side must be buy or sell, not {other:?}"),
+        other => crate::usage!("--side must be buy or sell, not {other:?}"),
     }
 }
 
@@ -46,7 +46,7 @@ pub(crate) fn parse_type(text: &str) -> Result<OrderType> {
     match text {
         "limit" => Ok(OrderType::Limit),
         "market" => Ok(OrderType::Market),
-        other => bail!("--type must be limit or market, not {other:?}"),
+        other => crate::usage!("--type must be limit or market, not {other:?}"),
     }
 }
 
@@ -55,7 +55,7 @@ pub(crate) fn parse_tif(text: &str) -> Result<TimeInForce> {
         "gtc" => Ok(TimeInForce::Gtc),
         "ioc" => Ok(TimeInForce::Ioc),
         "fok" => Ok(TimeInForce::Fok),
-        other => bail!("--tif must be gtc, ioc or fok, not {other:?}"),
+        other => crate::usage!("--tif must be gtc, ioc or fok, not {other:?}"),
     }
 }
 
@@ -66,7 +66,7 @@ pub(crate) fn parse_stp(text: &str) -> Result<SelfTradePrevention> {
         "cancel-newest" | "cancel_newest" => Ok(SelfTradePrevention::CancelNewest),
         "cancel-oldest" | "cancel_oldest" => Ok(SelfTradePrevention::CancelOldest),
         "cancel-both" | "cancel_both" => Ok(SelfTradePrevention::CancelBoth),
-        other => bail!("--stp must be none, cancel-newest, cancel-oldest or cancel-both, not {other:?}"),
+        other => crate::usage!("--stp must be none, cancel-newest, cancel-oldest or cancel-both, not {other:?}"),
     }
 }
 

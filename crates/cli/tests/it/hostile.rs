@@ -245,7 +245,9 @@ fn a_day_order_is_refused_with_a_reason() {
 }
 
 /// Careless command lines: every tool refuses a value it cannot use with
-/// a message naming it and exit 1, never a panic (exit 101) or an abort;
+/// a message naming it, never a panic (exit 101) or an abort: exit 2 for a
+/// value no run could use (as for what clap cannot parse), 1 for a run
+/// that failed (a server that did not answer, a file it could not read);
 /// a tool whose output pipe closes ends quietly.
 #[test]
 fn the_tools_refuse_what_they_cannot_use_with_a_message() {
@@ -255,36 +257,40 @@ fn the_tools_refuse_what_they_cannot_use_with_a_message() {
     std::fs::write(flow.join("commands.csv.gz"), b"x").unwrap();
     let flow = flow.to_str().unwrap().to_string();
     let journal = dir.0.join("journal").to_str().unwrap().to_string();
-    let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["load", "--rate", "inf", "--duration", "1"], "--rate must be"),
-        (vec!["load", "--rate", "0", "--duration", "1"], "--rate must be"),
-        (vec!["load", "--duration", "1e20"], "--duration must be"),
-        (vec!["load", "--duration=-1"], "--duration must be"),
-        (vec!["load", "--window", "0"], "--window must be at least 1"),
-        (vec!["watch", "--duration", "NaN"], "--duration must be"),
-        (vec!["order", "--timeout", "inf", "balances"], "--timeout must be"),
-        (vec!["order", "--linger", "1e30", "balances"], "--linger must be"),
-        (vec!["order", "--timeout", "0", "balances"], "--timeout must be more than 0"),
+    let cases: Vec<(Vec<&str>, &str, i32)> = vec![
+        (vec!["load", "--rate", "inf", "--duration", "1"], "--rate must be", 2),
+        (vec!["load", "--rate", "0", "--duration", "1"], "--rate must be", 2),
+        (vec!["load", "--duration", "1e20"], "--duration must be", 2),
+        (vec!["load", "--duration=-1"], "--duration must be", 2),
+        (vec!["load", "--window", "0"], "--window must be at least 1", 2),
+        (vec!["watch", "--duration", "NaN"], "--duration must be", 2),
+        (vec!["order", "--timeout", "inf", "balances"], "--timeout must be", 2),
+        (vec!["order", "--linger", "1e30", "balances"], "--linger must be", 2),
+        (vec!["order", "--timeout", "0", "balances"], "--timeout must be more than 0", 2),
         // A budget of 0 would go out as "no budget" (0 on the wire).
-        (vec!["order", "place", "--side", "buy", "--type", "market", "--qty", "1", "--budget", "0"], "--budget must be at least 1"),
+        (vec!["order", "place", "--side", "buy", "--type", "market", "--qty", "1", "--budget", "0"], "--budget must be at least 1", 2),
         // A key past the Login's 32 bytes would be cut, not refused.
-        (vec!["order", "--key", "0123456789abcdef0123456789abcdefX", "balances"], "--key must be 1 to 32 bytes"),
-        (vec!["order", "place", "--instrument", "0", "--side", "buy", "--price", "1", "--qty", "1"], "--instrument must be at least 1"),
-        (vec!["load", "--duration", "0"], "--duration must be more than 0"),
-        (vec!["load", "--connections", "0"], "--connections must be at least 1"),
-        (vec!["load", "--protocol", "fix", "--last-seen-out", &journal], "--last-seen-out is for the binary protocol"),
-        (vec!["load", "--acked-out", "/nowhere/acked.txt"], "writing /nowhere/acked.txt"),
-        (vec!["bench", "--commands", "0"], "--commands must be at least 1"),
-        (vec!["bench", "--workload", "steady-deep", "--flow", "/nowhere"], "--flow is for --workload exchange-core-single"),
-        (vec!["compat", "exchange-core", &flow], "reading"),
-        (vec!["run", "--commands", "/nowhere.txt", "--journal", &journal, "--segment-bytes", "0"], "--segment-bytes must be at least 4096"),
-        (vec!["serve", "--listen", "nonsense", "--data", &journal], "listen \"nonsense\" is not an address"),
-        (vec!["serve", "--market-listen", "127.0.0.1:99999", "--data", &journal], "market_data.listen \"127.0.0.1:99999\" is not an address"),
+        (vec!["order", "--key", "0123456789abcdef0123456789abcdefX", "balances"], "--key must be 1 to 32 bytes", 2),
+        (vec!["order", "place", "--instrument", "0", "--side", "buy", "--price", "1", "--qty", "1"], "--instrument must be at least 1", 2),
+        (vec!["order", "place", "--side", "up", "--price", "1", "--qty", "1"], "--side must be buy or sell", 2),
+        (vec!["order", "place", "--side", "buy", "--price", "1", "--qty", "1", "--stp", "bogus"], "--stp must be", 2),
+        (vec!["order", "--address", "nonsense", "balances"], "--address must be host:port", 2),
+        (vec!["order", "--address", "127.0.0.1:1", "balances"], "logging in to 127.0.0.1:1", 1),
+        (vec!["load", "--duration", "0"], "--duration must be more than 0", 2),
+        (vec!["load", "--connections", "0"], "--connections must be at least 1", 1),
+        (vec!["load", "--protocol", "fix", "--last-seen-out", &journal], "--last-seen-out is for the binary protocol", 1),
+        (vec!["load", "--acked-out", "/nowhere/acked.txt"], "writing /nowhere/acked.txt", 1),
+        (vec!["bench", "--commands", "0"], "--commands must be at least 1", 2),
+        (vec!["bench", "--workload", "steady-deep", "--flow", "/nowhere"], "--flow is for --workload exchange-core-single", 2),
+        (vec!["compat", "exchange-core", &flow], "reading", 1),
+        (vec!["run", "--commands", "/nowhere.txt", "--journal", &journal, "--segment-bytes", "0"], "--segment-bytes must be at least 4096", 2),
+        (vec!["serve", "--listen", "nonsense", "--data", &journal], "listen \"nonsense\" is not an address", 1),
+        (vec!["serve", "--market-listen", "127.0.0.1:99999", "--data", &journal], "market_data.listen \"127.0.0.1:99999\" is not an address", 1),
     ];
-    for (args, said) in cases {
+    for (args, said, code) in cases {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_crossbook")).args(&args).output().unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(output.status.code(), Some(code), "{args:?}: {stderr}");
         assert!(stderr.starts_with("crossbook: ") && stderr.contains(said) && !stderr.contains("panicked"), "{args:?}: {stderr}");
     }
     assert!(!dir.0.join("journal").exists(), "refused before anything was written");

@@ -528,8 +528,10 @@ fn a_candle_is_sent_closed_when_its_minute_ends() {
 }
 
 /// HTTP connections are bounded in number and in how long one may take
-/// to send a request's header: idle ones (never a request, or kept alive
-/// after one) are closed after `header_timeout_s`; past
+/// to send a request's header and body: idle ones (never a request, or
+/// kept alive after one) are closed after `header_timeout_s`, a stalled
+/// body is answered 408 after as long, one declared past `max_body` 413
+/// at once; past
 /// `max_http_connections` a new one is closed at once, and the port
 /// serves again as soon as one is gone.
 #[test]
@@ -565,6 +567,30 @@ fn http_connections_are_bounded_in_number_and_in_time() {
     for stream in &mut idle {
         assert!(closed_within(stream, Duration::from_secs(10)), "an idle connection is closed after header_timeout_s");
     }
+    // What a connection says before the server closes it (at most 10 s).
+    let said = |stream: &mut TcpStream| {
+        stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        let mut text = Vec::new();
+        let _ = stream.read_to_end(&mut text);
+        String::from_utf8_lossy(&text).to_string()
+    };
+    // A whole header, then half the body it declares: every connection
+    // is answered 408 after 3 s and closed (a body left unread would be
+    // drained with no time limit, holding the connection for good).
+    let mut stalled: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&market).expect("connect")).collect();
+    for stream in &mut stalled {
+        stream.write_all(b"POST /api/v3/order HTTP/1.1\r\nHost: x\r\nX-MBX-APIKEY: demo-key-1\r\nContent-Length: 50\r\n\r\nsymbol=BTC").expect("write");
+    }
+    for stream in &mut stalled {
+        let text = said(stream);
+        assert!(text.starts_with("HTTP/1.1 408") && text.contains("did not arrive within 3 s"), "{text}");
+    }
+    assert_eq!(http_get(&market, "/api/v3/ping"), (200, "{}".to_string()));
+    // A body declared longer than max_body: 413 at once, not read.
+    let mut large = TcpStream::connect(&market).expect("connect");
+    large.write_all(b"POST /api/v3/order HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n").expect("write");
+    let text = said(&mut large);
+    assert!(text.starts_with("HTTP/1.1 413") && text.contains("-1000"), "{text}");
     // The port serves again; a kept-alive connection idle after its answer
     // is closed too.
     let mut kept = TcpStream::connect(&market).expect("connect");

@@ -582,8 +582,39 @@ fn router(hub: Arc<Hub>) -> Router {
         .route("/ws-api/v3", get(ws_api))
         .fallback(not_found)
         .layer(axum::middleware::map_response(json_errors))
+        .layer(axum::middleware::from_fn_with_state(hub.clone(), whole_body))
         .layer(axum::extract::DefaultBodyLimit::max(hub.config.max_body))
         .with_state(hub)
+}
+
+/// Reads a request's whole body before any handler sees it, bounded in
+/// size (`max_body`: HTTP 413, at once where `Content-Length` says more)
+/// and in time (`header_timeout_s` from the header's end: HTTP 408). A
+/// body left unread would be drained by hyper after the answer with no
+/// time limit, so a client that declares a body and stalls would hold its
+/// connection, one of `max_http_connections`, for good. Both refusals
+/// close the connection: what is left of the body is never read.
+async fn whole_body(State(hub): State<Arc<Hub>>, request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let refuse = |error: ApiError| {
+        let mut response = error.into_response();
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        response
+    };
+    let too_large = || ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, -1000, format!("Request body too large: at most {} bytes.", hub.config.max_body));
+    let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > hub.config.max_body as u64) {
+        return refuse(too_large());
+    }
+    let (parts, body) = request.into_parts();
+    let patience = Duration::from_secs(hub.config.header_timeout_s);
+    match tokio::time::timeout(patience, axum::body::to_bytes(body, hub.config.max_body)).await {
+        Ok(Ok(bytes)) => next.run(axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes))).await,
+        Ok(Err(error)) => match error.into_inner().is::<http_body_util::LengthLimitError>() {
+            true => refuse(too_large()),
+            false => refuse(ApiError::bad(-1000, "The request body is malformed or was cut short.")),
+        },
+        Err(_) => refuse(ApiError::new(StatusCode::REQUEST_TIMEOUT, -1000, format!("The request body did not arrive within {} s.", hub.config.header_timeout_s))),
+    }
 }
 
 /// Binds `[market_data] listen` and serves on a thread of its own.
