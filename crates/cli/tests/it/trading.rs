@@ -424,6 +424,14 @@ fn rest_orders_are_commands_like_any_other() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert_eq!(open[1]["clientOrderId"], "77");
+    // orderId and origClientOrderId together must name one order (as on
+    // Binance): her binary order's number with another order's client id
+    // is no order, and nothing is cancelled.
+    let binary_order = open[1]["orderId"].as_u64().unwrap().to_string();
+    refused(alice(&server, "GET", "/api/v3/order", &[("symbol", "BTCUSD"), ("orderId", binary_order.as_str()), ("origClientOrderId", "a-1")]), 400, -2013);
+    refused(alice(&server, "DELETE", "/api/v3/order", &[("symbol", "BTCUSD"), ("orderId", binary_order.as_str()), ("origClientOrderId", "a-1")]), 400, -2011);
+    let both = ok(alice(&server, "GET", "/api/v3/order", &[("symbol", "BTCUSD"), ("orderId", binary_order.as_str()), ("origClientOrderId", "77")]));
+    assert_eq!(both["status"], "NEW", "{both}");
     // A cancel by client id; the same one again is unknown.
     let cancelled = ok(alice(&server, "DELETE", "/api/v3/order", &[("symbol", "BTCUSD"), ("origClientOrderId", "a-1")]));
     assert_eq!((cancelled["status"].as_str(), cancelled["executedQty"].as_str()), (Some("CANCELED"), Some("0.012")));
