@@ -103,6 +103,12 @@ fn http(address: &str, method: &str, target: &str, headers: &[(&str, &str)], bod
 
 /// [`http`], with a connection refused or broken on the way in an error.
 fn try_http(address: &str, method: &str, target: &str, headers: &[(&str, &str)], body: &str) -> std::io::Result<Reply> {
+    http_from(None, address, method, target, headers, body)
+}
+
+/// [`try_http`] from the loopback address `source` (127.0.0.2, say), or
+/// from any with `None`.
+fn http_from(source: Option<&str>, address: &str, method: &str, target: &str, headers: &[(&str, &str)], body: &str) -> std::io::Result<Reply> {
     let mut request = format!("{method} {target} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n");
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
@@ -112,7 +118,17 @@ fn try_http(address: &str, method: &str, target: &str, headers: &[(&str, &str)],
     }
     request.push_str("\r\n");
     request.push_str(body);
-    let mut stream = TcpStream::connect(address)?;
+    let mut stream = match source {
+        None => TcpStream::connect(address)?,
+        Some(source) => {
+            let to: std::net::SocketAddr = address.parse().map_err(std::io::Error::other)?;
+            let from: std::net::SocketAddr = format!("{source}:0").parse().map_err(std::io::Error::other)?;
+            let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+            socket.bind(&from.into())?;
+            socket.connect(&to.into())?;
+            socket.into()
+        }
+    };
     stream.set_read_timeout(Some(Duration::from_secs(20)))?;
     stream.write_all(request.as_bytes())?;
     let mut response = Vec::new();
@@ -692,6 +708,23 @@ fn every_bad_request_is_refused_with_its_binance_code() {
     let retry: u64 = limited.headers.get("retry-after").and_then(|v| v.parse().ok()).expect("Retry-After");
     assert!((1..=60).contains(&retry), "{retry}");
     ok(bob(&server, "GET", "/api/v3/account", &[]));
+    // Weight is counted by key and client address: a client elsewhere
+    // that has bob's key but not his secret, flooding requests refused
+    // for their signature (1 each), is refused for weight there, and bob
+    // trades on from his own address.
+    let forged = format!("/api/v3/openOrders?symbol=BTCUSD&timestamp={}&signature=00", now_ms());
+    let mut attacker = Vec::new();
+    for _ in 0..1_000 {
+        let reply = http_from(Some("127.0.0.2"), market, "GET", &forged, &[("X-MBX-APIKEY", "bob")], "").expect("a request from 127.0.0.2");
+        attacker.push(reply.body["code"].as_i64().unwrap_or(0));
+        if reply.status == 429 {
+            break;
+        }
+    }
+    assert_eq!(attacker.last(), Some(&-1003), "{attacker:?}");
+    assert!(attacker[..attacker.len() - 1].iter().all(|&code| code == -1022), "{attacker:?}");
+    ok(bob(&server, "GET", "/api/v3/openOrders", &[("symbol", "BTCUSD")]));
+    ok(bob(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.001"), ("price", "1000")]));
 }
 
 #[test]

@@ -654,6 +654,27 @@ pub(crate) fn start(hub: Arc<Hub>) -> Result<Running, ServeError> {
     Ok(Running { address, stop, thread })
 }
 
+tokio::task_local! {
+    /// The address of the client a connection's task serves: set for each
+    /// HTTP connection's task, and again for a WebSocket's after its
+    /// upgrade. Request weight is counted by API key and this address.
+    static PEER: std::net::IpAddr;
+}
+
+/// The address of the client whose request is being served (`None`
+/// outside a connection's task).
+pub(crate) fn peer() -> Option<std::net::IpAddr> {
+    PEER.try_with(|peer| *peer).ok()
+}
+
+/// `work` with [`peer`] saying `peer` (as it did where it was made).
+pub(crate) async fn with_peer<F: std::future::Future>(peer: Option<std::net::IpAddr>, work: F) -> F::Output {
+    match peer {
+        Some(peer) => PEER.scope(peer, work).await,
+        None => work.await,
+    }
+}
+
 /// Accepts HTTP connections and serves each with the router, until told
 /// to stop: then accepts no more, closes every WebSocket with a reason,
 /// lets the requests under way finish, and returns once every connection
@@ -676,8 +697,8 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, hub: &Arc<H
             accepted = listener.accept() => accepted,
             () = async { let _ = stopping.wait_for(|stop| *stop).await; } => break,
         };
-        let tcp = match accepted {
-            Ok((tcp, _)) => tcp,
+        let (tcp, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) => {
                 // Out of descriptors, most likely: the connections open
                 // go on; accepting is tried again in a moment.
@@ -702,7 +723,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, hub: &Arc<H
         let counted = Counted(open.clone());
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
         let mut stop = stopping.clone();
-        tokio::spawn(async move {
+        tokio::spawn(PEER.scope(peer.ip(), async move {
             let _counted = counted;
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(timeout);
@@ -715,7 +736,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, hub: &Arc<H
                     let _ = connection.await;
                 }
             }
-        });
+        }));
     }
     ws::close_all(hub);
     let deadline = tokio::time::Instant::now() + STOP_GRACE;

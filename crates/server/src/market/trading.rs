@@ -105,12 +105,38 @@ struct Credentials {
 
 /// Request weight used in the current minute, and orders in the current
 /// ten seconds (Binance's fixed windows).
+/// Request weight and new orders counted, with their windows.
 #[derive(Default)]
 struct Usage {
-    minute: u64,
-    weight: u32,
-    ten_seconds: u64,
-    orders: u32,
+    /// Weight by API key and the client's address together: a client
+    /// elsewhere that knows a key but not its secret (requests refused
+    /// for their signature still cost 1) cannot use up the owner's
+    /// minute. (Binance counts weight by address alone; a venue's
+    /// accounts on one machine would then share one budget.)
+    weight: HashMap<(String, Option<std::net::IpAddr>), Window>,
+    /// New orders by API key (only requests with a valid signature place
+    /// one).
+    orders: HashMap<String, Window>,
+    /// The minute entries of past windows were last dropped in.
+    swept: u64,
+}
+
+/// A count in a fixed window of the clock (`window`: the minute, or the
+/// ten seconds, since the epoch).
+#[derive(Default)]
+struct Window {
+    window: u64,
+    count: u32,
+}
+
+impl Window {
+    /// The count in `window`, started again if that is a new one.
+    fn at(&mut self, window: u64) -> &mut u32 {
+        if self.window != window {
+            *self = Window { window, count: 0 };
+        }
+        &mut self.count
+    }
 }
 
 #[derive(Default)]
@@ -154,7 +180,7 @@ pub(crate) struct Trading {
     waiting: Mutex<Waiting>,
     next_request: AtomicU64,
     pub(crate) next_cid: AtomicU64,
-    usage: Mutex<HashMap<String, Usage>>,
+    usage: Mutex<Usage>,
     pub(crate) streams: super::userstream::Streams,
     max_weight: u32,
     max_orders: u32,
@@ -180,7 +206,7 @@ impl Trading {
             // 0 names no request (another node's, applied from the log).
             next_request: AtomicU64::new(1),
             next_cid: AtomicU64::new(REST_CID_BASE + 1),
-            usage: Mutex::new(HashMap::new()),
+            usage: Mutex::new(Usage::default()),
             streams: super::userstream::Streams::default(),
             max_weight: config.market_data.max_weight_per_minute,
             max_orders: config.market_data.max_orders_per_10s,
@@ -442,20 +468,24 @@ impl Trading {
         }
     }
 
-    /// Counts `weight` against the key's minute (HTTP 429 past the limit)
-    /// and, for a new order, one order against the account's ten seconds.
+    /// Counts `weight` against the minute of the key and the client's
+    /// address (HTTP 429 past the limit) and, for a new order, one order
+    /// against the key's ten seconds.
     fn spend(&self, key: &str, weight: u32, order: bool) -> Result<u32, ApiError> {
         let now = now_ms();
-        let mut usage = lock(&self.usage);
-        let used = usage.entry(key.to_string()).or_default();
         let minute = now / 60_000;
-        if used.minute != minute {
-            used.minute = minute;
-            used.weight = 0;
+        let mut usage = lock(&self.usage);
+        if usage.swept != minute {
+            // Once a minute, what counts for a window that is over goes.
+            usage.swept = minute;
+            usage.weight.retain(|_, used| used.window == minute);
+            usage.orders.retain(|_, used| used.window + 1 >= now / 10_000);
         }
+        let used = usage.weight.entry((key.to_string(), super::http::peer())).or_default().at(minute);
         // Counted even when refused, as Binance counts it.
-        used.weight = used.weight.saturating_add(weight);
-        if used.weight > self.max_weight {
+        *used = used.saturating_add(weight);
+        let used = *used;
+        if used > self.max_weight {
             let mut error = ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 -1003,
@@ -465,19 +495,15 @@ impl Trading {
             return Err(error);
         }
         if order {
-            let window = now / 10_000;
-            if used.ten_seconds != window {
-                used.ten_seconds = window;
-                used.orders = 0;
-            }
-            if used.orders >= self.max_orders {
+            let orders = usage.orders.entry(key.to_string()).or_default().at(now / 10_000);
+            if *orders >= self.max_orders {
                 let mut error = ApiError::new(StatusCode::TOO_MANY_REQUESTS, -1015, format!("Too many new orders; current limit is {} orders per 10 SECOND.", self.max_orders));
                 error.retry_after = Some((10_000 - now % 10_000).div_ceil(1000));
                 return Err(error);
             }
-            used.orders += 1;
+            *orders += 1;
         }
-        Ok(used.weight)
+        Ok(used)
     }
 
     /// Checks a signed request: its key, its weight, its signature (HMAC-

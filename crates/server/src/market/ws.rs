@@ -110,9 +110,12 @@ fn open(hub: Arc<Hub>, upgrade: WebSocketUpgrade, streams: Vec<String>, combined
     // writes to the connections with 100 subscribers (`docs/benchmarks.md`,
     // `perf`). A larger request (up to `max_message`) still arrives
     // whole: the buffer grows for it.
+    // The upgraded connection runs in a task of its own: the client's
+    // address goes with it (what its signed requests' weight is counted by).
+    let peer = super::http::peer();
     upgrade.read_buffer_size(READ_BUFFER).max_message_size(max).max_frame_size(max).on_upgrade(move |socket| async move {
         let slot = slot;
-        serve(&slot.0, socket, names, combined, api).await;
+        super::http::with_peer(peer, serve(&slot.0, socket, names, combined, api)).await;
     })
 }
 
