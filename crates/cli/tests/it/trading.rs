@@ -958,6 +958,16 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
         let params: serde_json::Map<String, Value> = all.into_iter().map(|(n, v)| (n, Value::String(v))).collect();
         serde_json::json!({"id": id, "method": method, "params": params}).to_string()
     };
+    // Numbers in params are signed as written (`0.0030`, `5000.00`), as a
+    // client that writes them by hand signs them.
+    let timestamp = now_ms();
+    let payload = format!("apiKey=alice&price=5000.00&quantity=0.0030&side=SELL&symbol=BTCUSD&timeInForce=GTC&timestamp={timestamp}&type=LIMIT");
+    let request = format!(
+        r#"{{"id":19,"method":"order.test","params":{{"apiKey":"alice","price":5000.00,"quantity":0.0030,"side":"SELL","symbol":"BTCUSD","timeInForce":"GTC","timestamp":{timestamp},"type":"LIMIT","signature":"{}"}}}}"#,
+        hex_hmac("alice-secret", &payload)
+    );
+    let tested = ws_api_answer(&mut socket, &request, 19, &mut events);
+    assert_eq!((&tested["status"], &tested["result"]), (&json!(200), &json!({})), "{tested}");
     let sell = [("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.003"), ("price", "5000"), ("newClientOrderId", "w1")];
     let placed = ws_api_answer(&mut socket, &signed_request(20, "order.place", &sell, "alice", "alice-secret"), 20, &mut events);
     assert_eq!((placed["status"].as_u64(), placed["result"]["status"].as_str(), placed["result"]["clientOrderId"].as_str()), (Some(200), Some("NEW"), Some("w1")), "{placed}");
@@ -1665,6 +1675,9 @@ fn the_websocket_api_answers_market_data_as_rest_does() {
     assert!(average["closeTime"].as_u64().is_some_and(|t| t > 0), "{average}");
     let info = ws_api_answer(&mut socket, &json!({"id": 20, "method": "exchangeInfo", "params": {"symbol": "BTCUSD"}}).to_string(), 20, &mut events);
     assert_eq!(info["result"]["symbols"][0]["symbol"], "BTCUSD", "{info}");
+    // `symbols` as a JSON list, as Binance's clients send it.
+    let listed = ws_api_answer(&mut socket, &json!({"id": 26, "method": "exchangeInfo", "params": {"symbols": ["BTCUSD"]}}).to_string(), 26, &mut events);
+    assert_eq!(listed["result"]["symbols"], info["result"]["symbols"], "{listed}");
     // Errors as REST gives them.
     let mut error = |id: u64, method: &str, params: Value| ws_api_answer(&mut socket, &json!({"id": id, "method": method, "params": params}).to_string(), id, &mut Vec::new());
     assert_eq!(error(21, "depth", json!({"symbol": "NOPE"}))["error"]["code"], -1121);

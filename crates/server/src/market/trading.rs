@@ -605,7 +605,10 @@ pub(crate) fn ws_params(params: &serde_json::Map<String, Value>, known: &[&str])
             Value::String(text) => text.clone(),
             Value::Number(number) => number.to_string(),
             Value::Bool(flag) => flag.to_string(),
-            _ => return Err(ApiError::bad(-1100, format!("Illegal characters found in parameter '{name}'; a string, a number or a boolean is expected."))),
+            // `"symbols": ["BTCUSD", "ETHUSD"]`, as Binance's clients send
+            // it: the `["A","B"]` text a query string carries.
+            Value::Array(list) if list.iter().all(Value::is_string) => Value::Array(list.clone()).to_string(),
+            _ => return Err(ApiError::bad(-1100, format!("Illegal characters found in parameter '{name}'; a string, a number, a boolean or a list of strings is expected."))),
         };
         pairs.push((name.clone(), text));
     }

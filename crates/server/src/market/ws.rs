@@ -367,6 +367,29 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
     }
 }
 
+/// The numbers among a WebSocket API request's `params` as their text,
+/// exactly as written: the signature is over that text (`1.50` is not
+/// `1.5`, nor `1e0` `1.0`), and a value is read from it as from a query
+/// string. (`Value` keeps a number as an `f64` or an integer, not as
+/// written; the request is read again for their text, only when it has
+/// some.)
+fn numbers_as_written(text: &str, params: &mut serde_json::Map<String, Value>) {
+    if !params.values().any(Value::is_number) {
+        return;
+    }
+    #[derive(serde::Deserialize)]
+    struct Raw<'a> {
+        #[serde(borrow)]
+        params: std::collections::HashMap<String, &'a serde_json::value::RawValue>,
+    }
+    let Ok(raw) = serde_json::from_str::<Raw<'_>>(text) else { return };
+    for (name, value) in params.iter_mut() {
+        if let (true, Some(written)) = (value.is_number(), raw.params.get(name)) {
+            *value = Value::String(written.get().to_string());
+        }
+    }
+}
+
 impl Session {
     /// Answers one WebSocket API request (`docs/trading.md`, "The
     /// WebSocket API"): `{"id", "status", "result", "rateLimits"}` or
@@ -376,8 +399,8 @@ impl Session {
     /// paid for with that key's request weight; any other counts against
     /// the connection's `max_messages_per_s`.
     fn api_request(&mut self, hub: &Arc<Hub>, text: &str) -> (Reply, bool) {
-        let request: Value = match serde_json::from_str(text) {
-            Ok(Value::Object(request)) => Value::Object(request),
+        let mut request = match serde_json::from_str(text) {
+            Ok(Value::Object(request)) => request,
             Ok(_) => return (Reply::Now(api_error(&Value::Null, &ApiError::bad(-1000, "Malformed request: a JSON object is expected."))), false),
             Err(e) => return (Reply::Now(api_error(&Value::Null, &ApiError::bad(-1000, format!("Malformed request: {e}.")))), false),
         };
@@ -385,15 +408,17 @@ impl Session {
         if !(id.is_null() || id.is_i64() || id.is_u64() || id.as_str().is_some_and(|s| s.len() <= 36)) {
             return (Reply::Now(api_error(&Value::Null, &ApiError::bad(-1000, "Malformed request: 'id' must be an integer, a string of 36 characters at most, or null."))), false);
         }
+        let mut params = request.remove("params");
         let Some(method) = request.get("method").and_then(Value::as_str) else {
             return (Reply::Now(api_error(&id, &ApiError::mandatory("method"))), false);
         };
-        let empty = serde_json::Map::new();
-        let params = match request.get("params") {
-            None | Some(Value::Null) => &empty,
+        let mut params = match params.take() {
+            None | Some(Value::Null) => serde_json::Map::new(),
             Some(Value::Object(params)) => params,
             Some(_) => return (Reply::Now(api_error(&id, &ApiError::bad(-1000, "Malformed request: 'params' must be an object."))), false),
         };
+        numbers_as_written(text, &mut params);
+        let params = &params;
         let Some(trading) = &hub.trading else {
             return (Reply::Now(api_error(&id, &ApiError::new(StatusCode::NOT_FOUND, -1020, "The trading API is off on this venue."))), false);
         };
