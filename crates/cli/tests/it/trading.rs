@@ -639,6 +639,17 @@ fn every_bad_request_is_refused_with_its_binance_code() {
     let ahead = query(&format!("timestamp={}", now + 60_000), "alice-secret");
     refused(http(market, "GET", &format!("/api/v3/account?{ahead}"), &[("X-MBX-APIKEY", "alice")], ""), 400, -1021);
     refused(alice(&server, "GET", "/api/v3/account", &[("recvWindow", "70000")]), 400, -1131);
+    refused(alice(&server, "GET", "/api/v3/account", &[("recvWindow", "-1")]), 400, -1100);
+    // A key sent twice: which one?
+    let twice = query(&format!("timestamp={now}"), "alice-secret");
+    refused(http(market, "GET", &format!("/api/v3/account?{twice}"), &[("X-MBX-APIKEY", "alice"), ("X-MBX-APIKEY", "bob")], ""), 401, -2014);
+    // An optional parameter sent empty is refused, not taken as not sent
+    // (`symbol=` would have listed every symbol's orders).
+    for (path, name) in [("/api/v3/openOrders", "symbol"), ("/api/v3/account", "recvWindow"), ("/api/v3/account", "omitZeroBalances")] {
+        refused(alice(&server, "GET", path, &[(name, "")]), 400, -1100);
+    }
+    refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "1"), ("price", "50000"), ("newOrderRespType", "")]), 400, -1100);
+    refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "1"), ("price", "50000"), ("selfTradePreventionMode", "")]), 400, -1100);
     // Parameters: unknown, missing, bad values, unsupported ones refused (never half-done).
     refused(alice(&server, "GET", "/api/v3/account", &[("colour", "red")]), 400, -1104);
     refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("quantity", "1"), ("price", "50000")]), 400, -1102);

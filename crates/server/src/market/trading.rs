@@ -453,7 +453,9 @@ impl Trading {
 
     /// The account behind a request's `X-MBX-APIKEY`, and the key.
     fn key(&self, headers: &HeaderMap) -> Result<(String, Credentials), ApiError> {
-        let Some(value) = headers.get("x-mbx-apikey") else {
+        let mut values = headers.get_all("x-mbx-apikey").iter();
+        // None, or two (which one would be meant?).
+        let (Some(value), None) = (values.next(), values.next()) else {
             return Err(ApiError::new(StatusCode::UNAUTHORIZED, -2014, "API-key format invalid."));
         };
         let key = value.to_str().map_err(|_| ApiError::new(StatusCode::UNAUTHORIZED, -2014, "API-key format invalid."))?;
@@ -561,8 +563,15 @@ impl Trading {
     /// An endpoint that needs only the API key (the user data stream's).
     fn keyed(&self, headers: &HeaderMap, query: Option<&str>, body: &str, known: &[&str], weight: u32) -> Result<(AccountId, Params, u32), ApiError> {
         let (key, credentials) = self.key(headers)?;
+        // As for a signed request: parameters' names refused cost 1.
+        let params = match Params::parse_both(query, (!body.is_empty()).then_some(body), known) {
+            Ok(params) => params,
+            Err(e) => {
+                self.spend(&key, 1, false)?;
+                return Err(e);
+            }
+        };
         let used = self.spend(&key, weight, false)?;
-        let params = Params::parse_both(query, (!body.is_empty()).then_some(body), known)?;
         Ok((credentials.account, params, used))
     }
 }
@@ -622,10 +631,13 @@ fn check_time(params: &Params) -> Result<(), ApiError> {
     let timestamp: u64 = timestamp.parse().map_err(|_| ApiError::illegal("timestamp", "0-18446744073709551615"))?;
     // Microseconds, as Binance also takes them.
     let timestamp = if timestamp > 10_000_000_000_000 { timestamp / 1000 } else { timestamp };
-    let window = match params.get("recvWindow") {
+    let window = match params.optional("recvWindow", "0-60000")? {
         None => DEFAULT_RECV_WINDOW_MS,
         Some(text) => {
-            let value = Decimal::parse(text.as_bytes()).and_then(|d| d.whole_units(Decimal { mantissa: 1, scale: 3 })).ok_or_else(|| ApiError::illegal("recvWindow", "0-60000"))?;
+            let value = Decimal::parse(text.as_bytes())
+                .filter(|d| d.mantissa >= 0)
+                .and_then(|d| d.whole_units(Decimal { mantissa: 1, scale: 3 }))
+                .ok_or_else(|| ApiError::illegal("recvWindow", "0-60000"))?;
             if !(0..=i128::from(MAX_RECV_WINDOW_MS) * 1000).contains(&value) {
                 return Err(ApiError::bad(-1131, "recvWindow must be less than 60000"));
             }
@@ -729,7 +741,7 @@ fn units(params: &Params, name: &str, unit: Unit, filter: &str) -> Result<Option
 }
 
 fn stp(params: &Params) -> Result<SelfTradePrevention, ApiError> {
-    match params.get("selfTradePreventionMode") {
+    match params.optional("selfTradePreventionMode", "NONE, EXPIRE_TAKER, EXPIRE_MAKER, EXPIRE_BOTH")? {
         None | Some("NONE") => Ok(SelfTradePrevention::None),
         Some("EXPIRE_TAKER") => Ok(SelfTradePrevention::CancelNewest),
         Some("EXPIRE_MAKER") => Ok(SelfTradePrevention::CancelOldest),
@@ -828,7 +840,7 @@ fn parse_new_order(market: &MarketData, account: AccountId, params: &Params) -> 
         "MARKET" => (OrderType::Market, false),
         _ => return Err(ApiError::bad(-1116, "Invalid orderType.")),
     };
-    let tif = match (kind, params.get("timeInForce")) {
+    let tif = match (kind, params.optional("timeInForce", "GTC, IOC, FOK")?) {
         ("LIMIT", None) => return Err(ApiError::mandatory("timeInForce")),
         ("LIMIT", Some("GTC")) | ("LIMIT_MAKER", None) => TimeInForce::Gtc,
         ("LIMIT", Some("IOC")) => TimeInForce::Ioc,
@@ -870,7 +882,7 @@ fn parse_new_order(market: &MarketData, account: AccountId, params: &Params) -> 
     };
     let price = i64::try_from(price).map_err(|_| ApiError::bad(-1013, "Filter failure: PRICE_FILTER"))?;
     let stp = stp(params)?;
-    let response = match params.get("newOrderRespType") {
+    let response = match params.optional("newOrderRespType", "ACK, RESULT, FULL")? {
         None if order_type == OrderType::Market || !post_only => "FULL",
         None => "ACK",
         Some("ACK") => "ACK",
@@ -983,7 +995,7 @@ pub(crate) async fn test_order_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value
     let rates = |params: &Params| params.get("computeCommissionRates") == Some("true");
     let (account, params, used) = trading.signed(auth, &known, |params| if rates(params) { 20 } else { 1 }, false)?;
     refuse_unsupported(&params, &NEW_ORDER_PARAMS[10..])?;
-    if !matches!(params.get("computeCommissionRates"), None | Some("true" | "false")) {
+    if !matches!(params.optional("computeCommissionRates", "true, false")?, None | Some("true" | "false")) {
         return Err(ApiError::illegal("computeCommissionRates", "true, false"));
     }
     let market = hub.read();
@@ -1084,7 +1096,7 @@ pub(crate) async fn cancel_replace_core(hub: &Hub, auth: &Auth<'_>) -> Result<(V
     let (account, params, used) = trading.signed(auth, &known, |_| 1, true)?;
     refuse_unsupported(&params, &NEW_ORDER_PARAMS[10..])?;
     refuse_unsupported(&params, &["cancelRestrictions"])?;
-    if params.get("orderRateLimitExceededMode").is_some_and(|mode| mode != "DO_NOTHING") {
+    if params.optional("orderRateLimitExceededMode", "DO_NOTHING")?.is_some_and(|mode| mode != "DO_NOTHING") {
         return Err(ApiError::illegal("orderRateLimitExceededMode", "DO_NOTHING"));
     }
     let stop_on_failure = match params.get("cancelReplaceMode") {
@@ -1257,9 +1269,10 @@ pub(crate) async fn open_orders(State(hub): State<Arc<Hub>>, headers: HeaderMap,
 /// body and the weight used this minute.
 pub(crate) async fn open_orders_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value, u32), ApiError> {
     let trading = trading(hub)?;
-    let (account, params, used) = trading.signed(auth, &["symbol"], |p| if p.get("symbol").is_some() { 6 } else { 80 }, false)?;
+    // `symbol=` (empty) is refused below, at a symbol's weight.
+    let (account, params, used) = trading.signed(auth, &["symbol"], |p| if p.all().iter().any(|(name, _)| name == "symbol") { 6 } else { 80 }, false)?;
     let market = hub.read();
-    let only = if params.get("symbol").is_some() { Some(params.instrument(&market)?) } else { None };
+    let only = if params.optional("symbol", "a symbol, such as BTCUSD")?.is_some() { Some(params.instrument(&market)?) } else { None };
     let orders: Vec<Value> = market
         .accounts
         .accounts
@@ -1366,7 +1379,7 @@ pub(crate) async fn account(State(hub): State<Arc<Hub>>, headers: HeaderMap, Raw
 pub(crate) async fn account_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value, u32), ApiError> {
     let trading = trading(hub)?;
     let (account, params, used) = trading.signed(auth, &["omitZeroBalances"], |_| 20, false)?;
-    let omit_zero = match params.get("omitZeroBalances") {
+    let omit_zero = match params.optional("omitZeroBalances", "true, false")? {
         None | Some("false") => false,
         Some("true") => true,
         Some(_) => return Err(ApiError::illegal("omitZeroBalances", "true, false")),
