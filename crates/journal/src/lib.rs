@@ -337,7 +337,7 @@ pub fn recover(dir: &Path) -> Result<Recovered, RecoveryError> {
             let why = if torn.seq <= synced_through {
                 format!("synced, as the snapshot at seq {synced_through} set aside above shows: lost with the records after it")
             } else {
-                "written but never synced, so never acknowledged in sync mode".to_string()
+                "as far as the journal can tell, written but never synced (a torn write: never acknowledged in sync mode; damage to a synced last record looks the same, docs/journal.md)".to_string()
             };
             warnings.push(format!("torn tail truncated: {} at offset {} (seq {} on: {why}: {})", torn.file.display(), torn.offset, torn.seq, torn.what));
         }

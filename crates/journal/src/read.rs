@@ -150,11 +150,22 @@ pub fn read_records(
                     len > 0 && len <= max_payload && rest.len() >= RECORD_OVERHEAD + len && u64_at(rest, 4) > expected
                 };
                 let chained_after = whole_record_chains_after(bytes, at, chain, max_payload);
-                if may_be_torn && !out_of_order && !chained_after && !valid_record_after(bytes, at, max_payload) {
+                // A whole record that verifies but whose length no writer
+                // gives: written, not torn.
+                let verifies_too_long = rest.len() >= 4 && {
+                    let len = u32_at(rest, 0) as usize;
+                    len > max_payload && rest.len() >= RECORD_OVERHEAD + len && {
+                        let size = RECORD_OVERHEAD + len;
+                        record_crc(chain, &rest[..size - 4]) == u32_at(rest, size - 4)
+                    }
+                };
+                if may_be_torn && !out_of_order && !chained_after && !verifies_too_long && !valid_record_after(bytes, at, max_payload) {
                     return Ok(Records { end: at, next_seq: expected, chain, count, torn: Some(error.to_string()) });
                 }
                 let what = if out_of_order {
                     format!("{error}; the record there says seq {}", u64_at(rest, 4))
+                } else if verifies_too_long {
+                    format!("{error} in a whole record whose checksum verifies (written so, not torn)")
                 } else if chained_after {
                     format!("{error} in a whole record followed by a whole record that chains from it: its checksum field is damaged")
                 } else {

@@ -135,6 +135,22 @@ fn a_torn_last_record_is_dropped_at_every_byte_offset() {
     }
 }
 
+/// A whole record after the last one, chained and with a checksum that
+/// verifies, but longer than any a writer makes: written so, not torn (a
+/// torn write verifies nothing), so refused like any other damage.
+#[test]
+fn a_whole_last_record_of_impossible_length_is_refused_not_dropped() {
+    let original = TempDir::new("long-src");
+    let (_, segment, _) = one_segment(&original.0, 300);
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let end = bytes.len();
+    let chain = u32::from_le_bytes(bytes[end - 4..].try_into().unwrap());
+    let payload = vec![7u8; crossbook_journal::format::MAX_PAYLOAD + 1];
+    crossbook_journal::format::encode_record_bounded(&mut bytes, chain, 301, &payload, payload.len());
+    std::fs::write(&segment, &bytes).unwrap();
+    expect_refusal(&original.0, end, 301);
+}
+
 fn expect_refusal(dir: &Path, offset: usize, seq: u64) {
     match recover(dir) {
         Err(RecoveryError::Corruption(c)) => {
