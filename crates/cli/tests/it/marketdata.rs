@@ -653,6 +653,12 @@ fn bad_input_at_the_market_data_port_costs_only_its_own_connection() {
         ("/api/v3/klines?symbol=BTCUSD&interval=1m&timeZone=", -1100),
         // A mandatory one sent empty is missing.
         ("/api/v3/depth?symbol=", -1102),
+        // A parameter not read is -1104 whatever its value; `symbol` is
+        // checked before the endpoint's other parameters.
+        ("/api/v3/time?x=%FF", -1104),
+        ("/api/v3/trades?limit=0", -1102),
+        ("/api/v3/depth?limit=0&symbol=XX", -1121),
+        ("/api/v3/klines?interval=zz", -1102),
     ] {
         let (status, body) = http_get(&market, path);
         let answer: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
@@ -670,8 +676,11 @@ fn bad_input_at_the_market_data_port_costs_only_its_own_connection() {
     let (status, _) = raw_http(&market, huge.as_bytes());
     assert!(status == 431 || status == 400 || status == 0, "{status}");
     assert_eq!(http_get(&market, "/api/v3/ping"), (200, "{}".to_string()));
-    // An unknown stream is refused at the upgrade.
+    // An unknown stream is refused at the upgrade, and so is a query
+    // string on /ws/<streams> (read by nobody).
     let refused = tungstenite::connect(format!("ws://{market}/ws/btcusd@nothing"));
+    assert!(matches!(refused, Err(tungstenite::Error::Http(ref r)) if r.status() == 400), "{refused:?}");
+    let refused = tungstenite::connect(format!("ws://{market}/ws/btcusd@trade?streams=btcusd@depth"));
     assert!(matches!(refused, Err(tungstenite::Error::Http(ref r)) if r.status() == 400), "{refused:?}");
 
     // Upgrades that never complete (the client asks and hangs up) give
@@ -726,6 +735,7 @@ fn bad_input_at_the_market_data_port_costs_only_its_own_connection() {
     };
     assert_eq!(ask(&mut socket, "{nope")["error"]["code"], 3);
     assert_eq!(ask(&mut socket, r#"{"method":"FLY","id":1}"#)["error"]["code"], 2);
+    assert_eq!(ask(&mut socket, r#"{"method":"SET_PROPERTY","id":3}"#)["error"]["code"], 2);
     // A request of max_message bytes, more than the server reads at a
     // time, arrives whole.
     let padded = format!(r#"{{"method":"LIST_SUBSCRIPTIONS",{}"id":4}}"#, " ".repeat(4096 - 38));

@@ -122,7 +122,11 @@ impl Params {
         if read < params.len() {
             return Err(ApiError::bad(-1104, format!("Not all sent parameters were read; read '{read}' parameter(s) but was sent '{}'.", params.len())));
         }
-        Ok(Params(params))
+        let decoded = params.into_iter().map(|(name, value)| match decode(value) {
+            Some(value) => Ok((name, value)),
+            None => Err(ApiError::illegal(&name, "percent-encoded UTF-8")),
+        });
+        Ok(Params(decoded.collect::<Result<_, _>>()?))
     }
 
     /// Parameters already split (a WebSocket API request's `params`).
@@ -196,10 +200,12 @@ impl Params {
     }
 }
 
-/// The `name=value` pairs of a query string or form body, decoded; a name
-/// given twice is refused.
-fn pairs(text: &str) -> Result<Vec<(String, String)>, ApiError> {
-    let mut params: Vec<(String, String)> = Vec::new();
+/// The `name=value` pairs of a query string or form body, the names
+/// decoded, the values as sent (decoded once every name is known to be
+/// read: a parameter the endpoint does not read is -1104 whatever its
+/// value); a name given twice is refused.
+fn pairs(text: &str) -> Result<Vec<(String, &str)>, ApiError> {
+    let mut params: Vec<(String, &str)> = Vec::new();
     for pair in text.split('&').filter(|p| !p.is_empty()) {
         // No endpoint reads a quarter as many; checked before the rest
         // (each name is compared with those before it).
@@ -208,7 +214,6 @@ fn pairs(text: &str) -> Result<Vec<(String, String)>, ApiError> {
         }
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         let name = decode(name).ok_or_else(|| ApiError::bad(-1100, "Illegal characters found in a parameter name."))?;
-        let value = decode(value).ok_or_else(|| ApiError::illegal(&name, "percent-encoded UTF-8"))?;
         if params.iter().any(|(n, _)| *n == name) {
             return Err(ApiError::bad(-1101, format!("Duplicate values for parameter '{name}'.")));
         }
@@ -325,20 +330,24 @@ pub(crate) fn public(hub: &Hub, endpoint: Public, params: &Params) -> Result<Val
             }
             Ok(info)
         }
+        // `symbol` first, as Binance checks it (a missing one is -1102,
+        // an unknown one -1121, whatever else is wrong).
         Public::Depth => {
-            let limit = params.number("limit", 1..=MAX_DEPTH as u64)?.unwrap_or(100) as usize;
             let market = hub.read();
             let index = params.instrument(&market)?;
+            let limit = params.number("limit", 1..=MAX_DEPTH as u64)?.unwrap_or(100) as usize;
             Ok(render::depth(&market, &market.instruments[index], limit))
         }
         Public::Trades => {
-            let limit = params.number("limit", 1..=MAX_TRADES as u64)?.unwrap_or(500) as usize;
             let market = hub.read();
             let index = params.instrument(&market)?;
+            let limit = params.number("limit", 1..=MAX_TRADES as u64)?.unwrap_or(500) as usize;
             Ok(render::trades(&market.instruments[index], limit))
         }
         Public::AggTrades => super::trading::agg_trades_json(&hub.read(), params),
         Public::Klines => {
+            let market = hub.read();
+            let index = params.instrument(&market)?;
             let name = params.get("interval").ok_or_else(|| ApiError::mandatory("interval"))?;
             let interval = interval(name).ok_or_else(|| ApiError::bad(-1120, "Invalid interval."))?;
             let (start, end) = params.time_range()?;
@@ -346,8 +355,6 @@ pub(crate) fn public(hub: &Hub, endpoint: Public, params: &Params) -> Result<Val
                 return Err(ApiError::bad(-1100, "Illegal characters found in parameter 'timeZone'; only UTC (0) is served."));
             }
             let limit = params.number("limit", 1..=MAX_KLINES as u64)?.unwrap_or(500) as usize;
-            let market = hub.read();
-            let index = params.instrument(&market)?;
             Ok(render::klines(&market.instruments[index], interval, start, end, limit))
         }
         Public::Ticker24hr => {
@@ -507,7 +514,12 @@ async fn charts_licence() -> Response {
     asset("text/plain; charset=utf-8", include_bytes!("dashboard/vendor/LICENSE-lightweight-charts"))
 }
 
-async fn ws_raw(State(hub): State<Arc<Hub>>, Path(streams): Path<String>, upgrade: WebSocketUpgrade) -> Response {
+async fn ws_raw(State(hub): State<Arc<Hub>>, Path(streams): Path<String>, RawQuery(query): RawQuery, upgrade: WebSocketUpgrade) -> Response {
+    // The streams are named in the path: a parameter (`?streams=`, the
+    // combined form's) would be read by nobody.
+    if let Err(e) = Params::parse(query.as_deref(), &[]) {
+        return e.into_response();
+    }
     // `/ws/<n>` with a number of up to four digits: a connection with no
     // stream yet, as `/ws`. ccxt's Binance class connects so (`/ws/0`,
     // `/ws/1`, ...: the index of the connection it spreads its
@@ -577,8 +589,10 @@ fn router(hub: Arc<Hub>) -> Router {
         .route("/crossbook/admin/v1/halt", post(super::admin::halt))
         .route("/crossbook/admin/v1/resume", post(super::admin::resume))
         .route("/ws", get(ws_bare))
+        .route("/ws/", get(ws_bare))
         .route("/ws/{*streams}", get(ws_raw))
         .route("/stream", get(ws_combined))
+        .route("/stream/", get(ws_combined))
         .route("/ws-api/v3", get(ws_api))
         .fallback(not_found)
         .layer(axum::middleware::map_response(json_errors))

@@ -1489,10 +1489,10 @@ pub(crate) async fn close_listen_key(State(hub): State<Arc<Hub>>, headers: Heade
 /// recent trades, each its own aggregate (`a` is the trade's id), oldest
 /// first.
 pub(crate) fn agg_trades_json(market: &MarketData, params: &Params) -> Result<Value, ApiError> {
+    let data = &market.instruments[params.instrument(market)?];
     let limit = params.number("limit", 1..=super::http::MAX_TRADES as u64)?.unwrap_or(500) as usize;
     let from_id = params.number("fromId", 0..=u64::MAX)?;
     let (start, end) = params.time_range()?;
-    let data = &market.instruments[params.instrument(market)?];
     let trades: Vec<&crossbook_marketdata::Trade> = data.trades.iter().filter(|t| from_id.is_none_or(|f| t.id >= f) && start.is_none_or(|s| t.time_ms >= s) && end.is_none_or(|e| t.time_ms <= e)).collect();
     let chosen = window(trades, from_id.is_some() || start.is_some(), limit);
     Ok(Value::Array(chosen.iter().map(|t| render::agg_trade(data, t)).collect()))

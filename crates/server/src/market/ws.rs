@@ -589,11 +589,13 @@ impl Session {
                     json!({"result": null, "id": id})
                 }
                 (Some("combined"), _) => json!({"error": {"code": 1, "msg": "Invalid value type: expected Boolean"}, "id": id}),
-                _ => json!({"error": {"code": 0, "msg": "Unknown property"}, "id": id}),
+                (Some(_), _) => json!({"error": {"code": 0, "msg": "Unknown property"}, "id": id}),
+                (None, _) => invalid("params must name a property and its value".into()),
             },
             "GET_PROPERTY" => match params.first().and_then(Value::as_str) {
                 Some("combined") => json!({"result": self.combined, "id": id}),
-                _ => json!({"error": {"code": 0, "msg": "Unknown property"}, "id": id}),
+                Some(_) => json!({"error": {"code": 0, "msg": "Unknown property"}, "id": id}),
+                None => invalid("params must name a property".into()),
             },
             other => invalid(format!("unknown variant {other}, expected one of SUBSCRIBE, UNSUBSCRIBE, LIST_SUBSCRIPTIONS, SET_PROPERTY, GET_PROPERTY")),
         }
