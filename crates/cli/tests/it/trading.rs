@@ -629,7 +629,8 @@ fn every_bad_request_is_refused_with_its_binance_code() {
     refused(signed(market, "GET", "/api/v3/account", &[], "eve", "eve-secret"), 401, -2015);
     refused(signed(market, "GET", "/api/v3/account", &[], "nosecret", ""), 401, -2015);
     // A bad signature, a missing one, a changed parameter after signing.
-    refused(signed(market, "GET", "/api/v3/account", &[], "alice", "bob-secret"), 400, -1022);
+    let forged = refused(signed(market, "GET", "/api/v3/account", &[], "alice", "bob-secret"), 400, -1022);
+    assert_eq!(forged.headers.get("x-mbx-used-weight-1m").map(String::as_str), Some("1"), "{:?}", forged.headers);
     refused(http(market, "GET", &format!("/api/v3/account?timestamp={now}"), &[("X-MBX-APIKEY", "alice")], ""), 400, -1102);
     let good = query(&format!("symbol=BTCUSD&timestamp={now}"), "alice-secret");
     refused(http(market, "GET", &format!("/api/v3/openOrders?{}", good.replace("BTCUSD", "ETHUSD")), &[("X-MBX-APIKEY", "alice")], ""), 400, -1022);
@@ -716,6 +717,7 @@ fn every_bad_request_is_refused_with_its_binance_code() {
         assert!(reply.headers.contains_key("x-mbx-used-weight-1m"), "every answer says the weight used");
     }
     let limited = refused(limited.expect("a flood is limited"), 429, -1003);
+    assert!(limited.headers.get("x-mbx-used-weight-1m").is_some_and(|w| w.parse::<u32>().is_ok_and(|w| w > 400)), "a refusal says the weight too: {:?}", limited.headers);
     let retry: u64 = limited.headers.get("retry-after").and_then(|v| v.parse().ok()).expect("Retry-After");
     assert!((1..=60).contains(&retry), "{retry}");
     ok(bob(&server, "GET", "/api/v3/account", &[]));

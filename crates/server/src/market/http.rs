@@ -622,7 +622,18 @@ async fn whole_body(State(hub): State<Arc<Hub>>, request: axum::extract::Request
     let (parts, body) = request.into_parts();
     let patience = Duration::from_secs(hub.config.header_timeout_s);
     match tokio::time::timeout(patience, axum::body::to_bytes(body, hub.config.max_body)).await {
-        Ok(Ok(bytes)) => next.run(axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes))).await,
+        Ok(Ok(bytes)) => {
+            let request = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
+            WEIGHT
+                .scope(std::cell::Cell::new(None), async {
+                    let mut response = next.run(request).await;
+                    if let Some(used) = WEIGHT.with(std::cell::Cell::get) {
+                        response.headers_mut().entry("x-mbx-used-weight-1m").or_insert(HeaderValue::from(used));
+                    }
+                    response
+                })
+                .await
+        }
         Ok(Err(error)) => match error.into_inner().is::<http_body_util::LengthLimitError>() {
             true => refuse(too_large()),
             false => refuse(ApiError::bad(-1000, "The request body is malformed or was cut short.")),
@@ -673,6 +684,19 @@ tokio::task_local! {
     /// HTTP connection's task, and again for a WebSocket's after its
     /// upgrade. Request weight is counted by API key and this address.
     static PEER: std::net::IpAddr;
+}
+
+tokio::task_local! {
+    /// The request weight the key of the request being served has used
+    /// this minute, once it has been counted: every answer says it in
+    /// `X-MBX-USED-WEIGHT-1M`, a refusal included, as Binance's do.
+    static WEIGHT: std::cell::Cell<Option<u32>>;
+}
+
+/// Notes the weight the request's key has used (see [`WEIGHT`]); nothing
+/// outside an HTTP request (the WebSocket API says it in `rateLimits`).
+pub(crate) fn note_weight(used: u32) {
+    let _ = WEIGHT.try_with(|weight| weight.set(Some(used)));
 }
 
 /// The address of the client whose request is being served (`None`

@@ -487,6 +487,7 @@ impl Trading {
         // Counted even when refused, as Binance counts it.
         *used = used.saturating_add(weight);
         let used = *used;
+        super::http::note_weight(used);
         if used > self.max_weight {
             let mut error = ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
