@@ -105,7 +105,6 @@ struct Credentials {
 
 /// Request weight used in the current minute, and orders in the current
 /// ten seconds (Binance's fixed windows).
-/// Request weight and new orders counted, with their windows.
 #[derive(Default)]
 struct Usage {
     /// Weight by API key and the client's address together: a client
