@@ -994,7 +994,10 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     let no_price = signed_request(23, "order.place", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.003")], "alice", "alice-secret");
     assert_eq!(error(&ws_api_answer(&mut socket, &no_price, 23, &mut events)), (Some(400), Some(-1102)));
     let bobs_cancel = signed_request(24, "order.cancel", &[("symbol", "BTCUSD"), ("orderId", &order_id)], "bob", "bob-secret");
-    assert_eq!(error(&ws_api_answer(&mut socket, &bobs_cancel, 24, &mut events)), (Some(400), Some(-2011)), "another account's order");
+    let unknown = ws_api_answer(&mut socket, &bobs_cancel, 24, &mut events);
+    assert_eq!(error(&unknown), (Some(400), Some(-2011)), "another account's order");
+    // A refusal once the weight was counted says it, as a success does.
+    assert_eq!(unknown["rateLimits"][0]["rateLimitType"], "REQUEST_WEIGHT", "{unknown}");
     // A cancel-replace of hers by Bob: nothing done, each half in `error.data`.
     let mut replace = sell[..6].to_vec();
     replace.extend([("cancelReplaceMode", "STOP_ON_FAILURE"), ("cancelOrderId", order_id.as_str())]);

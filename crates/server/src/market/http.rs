@@ -624,15 +624,11 @@ async fn whole_body(State(hub): State<Arc<Hub>>, request: axum::extract::Request
     match tokio::time::timeout(patience, axum::body::to_bytes(body, hub.config.max_body)).await {
         Ok(Ok(bytes)) => {
             let request = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
-            WEIGHT
-                .scope(std::cell::Cell::new(None), async {
-                    let mut response = next.run(request).await;
-                    if let Some(used) = WEIGHT.with(std::cell::Cell::get) {
-                        response.headers_mut().entry("x-mbx-used-weight-1m").or_insert(HeaderValue::from(used));
-                    }
-                    response
-                })
-                .await
+            let (mut response, used) = weighed(next.run(request)).await;
+            if let Some(used) = used {
+                response.headers_mut().entry("x-mbx-used-weight-1m").or_insert(HeaderValue::from(used));
+            }
+            response
         }
         Ok(Err(error)) => match error.into_inner().is::<http_body_util::LengthLimitError>() {
             true => refuse(too_large()),
@@ -693,10 +689,21 @@ tokio::task_local! {
     static WEIGHT: std::cell::Cell<Option<u32>>;
 }
 
-/// Notes the weight the request's key has used (see [`WEIGHT`]); nothing
-/// outside an HTTP request (the WebSocket API says it in `rateLimits`).
+/// Notes the weight the request's key has used (see [`WEIGHT`]), for the
+/// [`weighed`] request under way.
 pub(crate) fn note_weight(used: u32) {
     let _ = WEIGHT.try_with(|weight| weight.set(Some(used)));
+}
+
+/// Runs one request's `work`, and says the weight its key had used once
+/// it was counted (`None`: not counted, the key unknown, say).
+pub(crate) async fn weighed<F: std::future::Future>(work: F) -> (F::Output, Option<u32>) {
+    WEIGHT
+        .scope(std::cell::Cell::new(None), async {
+            let output = work.await;
+            (output, WEIGHT.with(std::cell::Cell::get))
+        })
+        .await
 }
 
 /// The address of the client whose request is being served (`None`

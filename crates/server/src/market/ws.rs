@@ -712,22 +712,26 @@ async fn api_trading(hub: Arc<Hub>, id: Value, method: String, params: serde_jso
     if changes && let Err(e) = trading::follower(&hub, "/ws-api/v3", None) {
         return api_error(&id, &e);
     }
-    let done = match method.as_str() {
-        "order.place" => trading::new_order_core(&hub, &auth).await,
-        "order.cancel" => trading::cancel_order_core(&hub, &auth).await,
-        "order.cancelReplace" => trading::cancel_replace_core(&hub, &auth).await,
-        "order.test" => trading::test_order_core(&hub, &auth).await,
-        "order.amend.keepPriority" => trading::amend_order_core(&hub, &auth).await,
-        "openOrders.cancelAll" => trading::cancel_open_orders_core(&hub, &auth).await,
-        "order.status" => trading::query_order_core(&hub, &auth).await,
-        "openOrders.status" => trading::open_orders_core(&hub, &auth).await,
-        "allOrders" => trading::all_orders_core(&hub, &auth).await,
-        "myTrades" => trading::my_trades_core(&hub, &auth).await,
-        "account.status" => trading::account_core(&hub, &auth).await,
-        _ => trading::commission_core(&hub, &auth).await,
+    let work = async {
+        match method.as_str() {
+            "order.place" => trading::new_order_core(&hub, &auth).await,
+            "order.cancel" => trading::cancel_order_core(&hub, &auth).await,
+            "order.cancelReplace" => trading::cancel_replace_core(&hub, &auth).await,
+            "order.test" => trading::test_order_core(&hub, &auth).await,
+            "order.amend.keepPriority" => trading::amend_order_core(&hub, &auth).await,
+            "openOrders.cancelAll" => trading::cancel_open_orders_core(&hub, &auth).await,
+            "order.status" => trading::query_order_core(&hub, &auth).await,
+            "openOrders.status" => trading::open_orders_core(&hub, &auth).await,
+            "allOrders" => trading::all_orders_core(&hub, &auth).await,
+            "myTrades" => trading::my_trades_core(&hub, &auth).await,
+            "account.status" => trading::account_core(&hub, &auth).await,
+            _ => trading::commission_core(&hub, &auth).await,
+        }
     };
-    match done {
-        Ok((result, used)) => with_limits(trading, &params, json!({"id": id, "status": 200, "result": result}), used),
-        Err(e) => api_error(&id, &e),
+    match super::http::weighed(work).await {
+        (Ok((result, used)), _) => with_limits(trading, &params, json!({"id": id, "status": 200, "result": result}), used),
+        // A refusal after the weight was counted says it too, as Binance's do.
+        (Err(e), Some(used)) => with_limits(trading, &params, api_error(&id, &e), used),
+        (Err(e), None) => api_error(&id, &e),
     }
 }
