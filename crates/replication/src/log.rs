@@ -364,9 +364,21 @@ impl Log {
                         let span = message.span();
                         let id = format!("{}-{epoch}-{}", target.node, span.first);
                         // Pipelined: each names the stream position it
-                        // must follow.
+                        // must follow and, behind another in flight, that
+                        // one's id. The position alone is no fence here:
+                        // were the one before refused because another
+                        // leader's marker took its place, this one would
+                        // follow the marker's position and be stored,
+                        // after the marker, by a writer that lost the lead
+                        // (it learns of the refusal only once this is sent).
+                        // The id ties it to its own predecessor, which a
+                        // marker is not. (Not on the first in flight: its
+                        // predecessor was confirmed, perhaps long ago, and a
+                        // restarted NATS server knows the last id only if
+                        // it is within the duplicates window.)
                         let expected = confirmed + in_flight.len() as u64;
-                        match publish(&target, &id, expected, &span, &message.payload, false).await {
+                        let previous = in_flight.back().map(|(_, id, ..)| id.as_str());
+                        match publish(&target, &id, expected, previous, &span, &message.payload, false).await {
                             Ok(future) => {
                                 in_flight.push_back((span, id, message.payload, future));
                                 times.push_back((submitted, sent));
@@ -536,14 +548,18 @@ struct Target {
 
 type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<jetstream::publish::PublishAck, jetstream::context::PublishError>> + Send>>;
 
-/// Sends one message after stream message `after`, without waiting for
-/// its acknowledgement.
+/// Sends one message after stream message `after` (whose id is
+/// `previous`, if given), without waiting for its acknowledgement.
 #[allow(clippy::too_many_arguments)]
-async fn publish(target: &Target, id: &str, after: u64, span: &Span, payload: &[u8], marker: bool) -> Result<AckFuture, jetstream::context::PublishError> {
+async fn publish(target: &Target, id: &str, after: u64, previous: Option<&str>, span: &Span, payload: &[u8], marker: bool) -> Result<AckFuture, jetstream::context::PublishError> {
     let mut message = jetstream::message::PublishMessage::build()
         .payload(bytes::Bytes::copy_from_slice(payload))
         .message_id(id)
-        .expected_last_sequence(after)
+        .expected_last_sequence(after);
+    if let Some(previous) = previous {
+        message = message.expected_last_message_id(previous);
+    }
+    message = message
         .header(HEADER_SEQ, span.seq_header().as_str())
         .header(HEADER_PREVIOUS, span.previous.to_string().as_str())
         .header(HEADER_CHAIN, span.chain.to_string().as_str())
@@ -562,7 +578,7 @@ async fn publish(target: &Target, id: &str, after: u64, span: &Span, payload: &[
 #[allow(clippy::too_many_arguments)]
 async fn append(target: &Target, id: &str, after: u64, span: &Span, payload: Vec<u8>, marker: bool) -> Result<u64, ReplicationError> {
     loop {
-        let acked = match publish(target, id, after, span, &payload, marker).await {
+        let acked = match publish(target, id, after, None, span, &payload, marker).await {
             Ok(future) => future.await,
             Err(e) => Err(e),
         };
