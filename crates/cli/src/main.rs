@@ -75,7 +75,9 @@ enum Cmd {
     /// binary protocol, FIX 4.4 and market data with the Binance-style
     /// REST and WebSocket APIs until SIGTERM or Ctrl-C.
     Serve {
-        /// crossbook.toml (every field has a default: a demo venue).
+        /// crossbook.toml (every setting has a default; the assets,
+        /// instruments and accounts are the file's, or with `demo = true`
+        /// the demo venue's; without a file: the demo venue).
         #[arg(long)]
         config: Option<PathBuf>,
         /// Overrides `listen` (e.g. 127.0.0.1:0 for any free port).

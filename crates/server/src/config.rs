@@ -30,8 +30,18 @@ pub struct Config {
     pub market_data: MarketDataConfig,
     /// A replicated venue (`docs/replication.md`); absent: one machine.
     pub replication: Option<ReplicationConfig>,
+    /// The demo venue's assets, instruments and accounts (with their
+    /// published keys) for each of the three lists a file leaves out.
+    /// Without it a file's lists are what it lists: an empty or cut-short
+    /// file (read on SIGHUP as it is being written) never opens accounts
+    /// anyone can log in to. `crossbook serve` without a file: true.
+    #[serde(default)]
+    pub demo: bool,
+    #[serde(default)]
     pub assets: Vec<AssetConfig>,
+    #[serde(default)]
     pub instruments: Vec<InstrumentConfig>,
+    #[serde(default)]
     pub accounts: Vec<AccountConfig>,
 }
 
@@ -344,6 +354,8 @@ impl Default for Config {
             fix: FixConfig::default(),
             market_data: MarketDataConfig::default(),
             replication: None,
+            // The lists below are the demo venue's already.
+            demo: false,
             assets: vec![AssetConfig { id: 1, name: "BTC".into(), decimals: 0 }, AssetConfig { id: 2, name: "USD".into(), decimals: 0 }],
             instruments: vec![InstrumentConfig {
                 id: 1,
@@ -432,6 +444,9 @@ pub enum ConfigError {
     /// A number outside what it can be (`market_data.orders_kept` 1 to
     /// 1,000,000, `market_data.ping_interval_s` 1 to 3,600, ...).
     OutOfRange { key: &'static str, value: u64, least: u64, most: u64 },
+    /// A file that lists no assets or no instruments (and does not ask
+    /// for the demo venue's): a venue with nothing to trade.
+    NothingListed(&'static str),
 }
 
 /// The smallest `segment_bytes` accepted.
@@ -459,6 +474,10 @@ impl std::fmt::Display for ConfigError {
             ConfigError::BadAdminToken(why) => write!(f, "market_data.admin_token {why}: it takes at least {MIN_ADMIN_TOKEN} visible ASCII characters (! to ~), or none (the operator endpoints off)"),
             ConfigError::BadFixSession(why) => write!(f, "fix: {why}"),
             ConfigError::OutOfRange { key, value, least, most } => write!(f, "{key} must be {least} to {most}, not {value}"),
+            ConfigError::NothingListed(what) => write!(
+                f,
+                "the configuration lists no {what}: a venue's assets and instruments are the file's (`demo = true` takes the demo venue's for each list the file leaves out; without --config, crossbook serve runs the demo venue)"
+            ),
             ConfigError::DuplicateId { what, id } => write!(f, "two {what}s have id {id}"),
             ConfigError::FeeAccount => write!(f, "account 0 is the venue's fee account: it has no [[accounts]] entry (no keys, no deposits)"),
             ConfigError::SharedApiKey { first, second } => write!(f, "accounts {first} and {second} have the same API key (the REST API names an account by its key)"),
@@ -481,8 +500,24 @@ impl std::error::Error for ConfigError {
 }
 
 impl Config {
+    /// A configuration file: every setting it leaves out has its default,
+    /// but the lists (`[[assets]]`, `[[instruments]]`, `[[accounts]]`)
+    /// are what it lists, or the demo venue's with `demo = true`.
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        toml::from_str(text).map_err(ConfigError::Parse)
+        let mut config: Config = toml::from_str(text).map_err(ConfigError::Parse)?;
+        if config.demo {
+            let demo = Config::default();
+            if config.assets.is_empty() {
+                config.assets = demo.assets;
+            }
+            if config.instruments.is_empty() {
+                config.instruments = demo.instruments;
+            }
+            if config.accounts.is_empty() {
+                config.accounts = demo.accounts;
+            }
+        }
+        Ok(config)
     }
 
     /// The journal's durability mode (async syncs every 10 ms).
@@ -515,6 +550,12 @@ impl Config {
     /// data directory: every refusal here names the key.
     pub fn check(&self) -> Result<(), ConfigError> {
         self.durability()?;
+        if self.assets.is_empty() {
+            return Err(ConfigError::NothingListed("[[assets]]"));
+        }
+        if self.instruments.is_empty() {
+            return Err(ConfigError::NothingListed("[[instruments]]"));
+        }
         if self.limits.max_frame < crossbook_protocol::LONGEST_FRAME {
             return Err(ConfigError::FrameTooSmall { max_frame: self.limits.max_frame, longest: crossbook_protocol::LONGEST_FRAME });
         }
@@ -736,6 +777,36 @@ pub fn keys_match(a: &[u8; 32], b: &[u8; 32]) -> bool {
 mod tests {
     use super::*;
 
+    /// A file of `text` on the demo venue (its lists).
+    fn demo_with(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml(&format!("demo = true\n{text}"))
+    }
+
+    /// In a file, the lists are the file's: an empty or cut-short one (a
+    /// reload while an editor writes it) lists nothing and is refused; one
+    /// without accounts opens none (never the demo's, whose keys are
+    /// published); `demo = true` fills in what it leaves out.
+    #[test]
+    fn a_files_lists_are_its_own_unless_it_asks_for_the_demos() {
+        for text in ["", "# being written\n", "durability = \"async\"\n"] {
+            let refused = Config::from_toml(text).unwrap().check().expect_err("refused");
+            assert!(refused.to_string().contains("lists no [[assets]]"), "{text:?}: {refused}");
+        }
+        let demo = Config::default();
+        let assets_only = "[[assets]]\nid = 1\nname = \"ETH\"\n\n[[assets]]\nid = 2\nname = \"EUR\"\n";
+        let refused = Config::from_toml(assets_only).unwrap().check().expect_err("refused");
+        assert!(refused.to_string().contains("lists no [[instruments]]"), "{refused}");
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../crossbook.toml")).unwrap();
+        let without_accounts = text[..text.find("\n[[accounts]]\n").unwrap()].to_string();
+        let config = Config::from_toml(&without_accounts).unwrap();
+        assert!(config.check().is_ok(), "{:?}", config.check().err().map(|e| e.to_string()));
+        assert!(config.accounts.is_empty(), "no demo accounts");
+        let config = Config::from_toml(&without_accounts.replacen("demo = false", "demo = true", 1)).unwrap();
+        assert_eq!(config.accounts.len(), demo.accounts.len());
+        let config = demo_with("durability = \"async\"").unwrap();
+        assert_eq!((config.assets.len(), config.instruments.len(), config.accounts.len()), (demo.assets.len(), demo.instruments.len(), demo.accounts.len()));
+    }
+
     /// The documented crossbook.toml at the repository root is exactly the
     /// built-in default.
     #[test]
@@ -781,10 +852,10 @@ mod tests {
 
     #[test]
     fn a_nice_outside_0_to_19_is_refused_by_name() {
-        let config = Config::from_toml("[market_data]\nnice = 10").unwrap();
+        let config = demo_with("[market_data]\nnice = 10").unwrap();
         assert!(config.check().is_ok());
         for nice in [-1, 20] {
-            let config = Config::from_toml(&format!("[market_data]\nnice = {nice}")).unwrap();
+            let config = demo_with(&format!("[market_data]\nnice = {nice}")).unwrap();
             let refused = config.check().expect_err("refused");
             assert_eq!(refused.to_string(), format!("market_data.nice must be 0 to 19, not {nice}"));
         }
@@ -792,22 +863,22 @@ mod tests {
 
     #[test]
     fn windows_outside_1_to_a_million_are_refused_by_name() {
-        assert!(Config::from_toml("[market_data]\norders_kept = 100\ntrades_kept = 1000000").unwrap().check().is_ok());
+        assert!(demo_with("[market_data]\norders_kept = 100\ntrades_kept = 1000000").unwrap().check().is_ok());
         for (key, value) in [("orders_kept", 0), ("trades_kept", 1_000_001)] {
-            let refused = Config::from_toml(&format!("[market_data]\n{key} = {value}")).unwrap().check().expect_err("refused");
+            let refused = demo_with(&format!("[market_data]\n{key} = {value}")).unwrap().check().expect_err("refused");
             assert_eq!(refused.to_string(), format!("market_data.{key} must be 1 to 1000000, not {value}"));
         }
     }
 
     #[test]
     fn fix_session_bindings_are_checked_at_start() {
-        let with = |sessions: &str| Config::from_toml(&format!("[fix]\nsessions = [{sessions}]")).unwrap().check().map_err(|e| e.to_string());
+        let with = |sessions: &str| demo_with(&format!("[fix]\nsessions = [{sessions}]")).unwrap().check().map_err(|e| e.to_string());
         assert_eq!(with(r#"{ comp_id = "T1", account = 1 }, { comp_id = "T2", account = 2 }"#), Ok(()));
         assert_eq!(with(r#"{ comp_id = "T1", account = 1 }, { comp_id = "T1", account = 2 }"#), Err("fix: CompID \"T1\" is bound twice in sessions".into()));
         assert_eq!(with(r#"{ comp_id = "T9", account = 99 }"#), Err("fix: CompID \"T9\" is bound to account 99, which has no [[accounts]] entry".into()));
         assert!(with(r#"{ comp_id = "CROSSBOOK", account = 1 }"#).is_err_and(|e| e.contains("the venue's own")));
         assert!(with(r#"{ comp_id = "", account = 1 }"#).is_err());
-        assert!(Config::from_toml("[fix]\ncomp_id = \"\"").unwrap().check().is_err_and(|e| e.to_string().contains("comp_id (the venue's own) is empty")));
+        assert!(demo_with("[fix]\ncomp_id = \"\"").unwrap().check().is_err_and(|e| e.to_string().contains("comp_id (the venue's own) is empty")));
     }
 
     #[test]
@@ -823,7 +894,7 @@ mod tests {
             ("market_data", "max_weight_per_minute", 0, "1 to 1000000000"),
             ("market_data", "max_body", 0, "256 to 16777216"),
         ] {
-            let refused = Config::from_toml(&format!("[{section}]\n{key} = {value}")).unwrap().check().expect_err("refused");
+            let refused = demo_with(&format!("[{section}]\n{key} = {value}")).unwrap().check().expect_err("refused");
             assert_eq!(refused.to_string(), format!("{section}.{key} must be {range}, not {value}"));
         }
         assert!(Config::default().check().is_ok());
@@ -832,16 +903,16 @@ mod tests {
     #[test]
     fn an_admin_token_is_none_or_16_visible_ascii_characters_at_least() {
         for token in ["", "0123456789abcdef"] {
-            assert!(Config::from_toml(&format!("[market_data]\nadmin_token = \"{token}\"")).unwrap().check().is_ok(), "{token:?}");
+            assert!(demo_with(&format!("[market_data]\nadmin_token = \"{token}\"")).unwrap().check().is_ok(), "{token:?}");
         }
-        let fee = Config::from_toml("[[accounts]]\nid = 0\napi_key = \"fees\"").unwrap().check();
+        let fee = demo_with("[[accounts]]\nid = 0\napi_key = \"fees\"").unwrap().check();
         assert!(matches!(fee, Err(ConfigError::FeeAccount)), "{fee:?}");
-        let without_trading = Config::from_toml("[market_data]\ntrading = false\nadmin_token = \"0123456789abcdef\"").unwrap().check();
+        let without_trading = demo_with("[market_data]\ntrading = false\nadmin_token = \"0123456789abcdef\"").unwrap().check();
         assert!(matches!(without_trading, Err(ConfigError::AdminWithoutTrading)), "{without_trading:?}");
-        let refused = Config::from_toml("[market_data]\nadmin_token = \"short\"").unwrap().check().expect_err("refused");
+        let refused = demo_with("[market_data]\nadmin_token = \"short\"").unwrap().check().expect_err("refused");
         assert_eq!(refused.to_string(), "market_data.admin_token has 5 characters: it takes at least 16 visible ASCII characters (! to ~), or none (the operator endpoints off)");
         for token in ["0123456789abcdef é", "0123456789 abcdef"] {
-            let refused = Config::from_toml(&format!("[market_data]\nadmin_token = \"{token}\"")).unwrap().check().expect_err("refused");
+            let refused = demo_with(&format!("[market_data]\nadmin_token = \"{token}\"")).unwrap().check().expect_err("refused");
             assert!(refused.to_string().starts_with("market_data.admin_token has '"), "{refused}");
         }
     }

@@ -32,7 +32,7 @@ impl ReportSink for Recorder {
 }
 
 fn config(dir: &std::path::Path) -> Config {
-    let mut config = Config::from_toml("listen = \"127.0.0.1:0\"\ndurability = \"sync\"\n").expect("a valid configuration");
+    let mut config = Config::from_toml("demo = true\nlisten = \"127.0.0.1:0\"\ndurability = \"sync\"\n").expect("a valid configuration");
     config.data_dir = dir.to_path_buf();
     config.fix.listen = String::new();
     config.market_data.listen = String::new();
