@@ -304,7 +304,7 @@ pub struct AccountConfig {
     #[serde(default)]
     pub api_secret: String,
     /// Starting balances for a fresh venue: (asset id, amount).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "deposits")]
     pub deposits: Vec<(u32, u64)>,
     /// When a binary or FIX session of the account ends other than by the
     /// venue stopping (a Logout, a lost connection, a protocol error), a
@@ -317,6 +317,30 @@ pub struct AccountConfig {
 pub const DEMO_ACCOUNTS: u64 = 16;
 
 /// The API key of demo account `id`.
+/// `nats://host:port` (or `tls://`, or `host:port` alone): what the NATS
+/// client takes, checked before it is given the time to try.
+fn nats_url(url: &str) -> bool {
+    let rest = ["nats://", "tls://"].iter().find_map(|scheme| url.strip_prefix(scheme)).unwrap_or(url);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    match rest.rsplit_once(':') {
+        Some((host, port)) => !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok(),
+        None => !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-'),
+    }
+}
+
+/// `deposits = [[asset, amount], ...]`, each exactly two numbers (a
+/// tuple would take `[1, 2, 3]` as `[1, 2]` and drop the rest unsaid).
+fn deposits<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<(u32, u64)>, D::Error> {
+    let pairs: Vec<Vec<u64>> = Deserialize::deserialize(deserializer)?;
+    pairs
+        .into_iter()
+        .map(|pair| match pair[..] {
+            [asset, amount] => u32::try_from(asset).map(|asset| (asset, amount)).map_err(|_| serde::de::Error::custom(format!("asset id {asset} is past 4294967295"))),
+            _ => Err(serde::de::Error::custom(format!("a deposit is [asset id, amount], two numbers, not {pair:?}"))),
+        })
+        .collect()
+}
+
 pub fn demo_key(id: u64) -> String {
     format!("demo-key-{id}")
 }
@@ -457,7 +481,7 @@ impl std::fmt::Display for ConfigError {
         match self {
             ConfigError::Parse(e) => write!(f, "{e}"),
             ConfigError::BadName { what, name } => write!(f, "bad {what} {name:?} (1 to 32 of A-Z a-z 0-9 _ . - /)"),
-            ConfigError::BadApiKey { account } => write!(f, "account {account}: the API key must be 1 to 32 bytes"),
+            ConfigError::BadApiKey { account } => write!(f, "account {account}: the API key must be 1 to 32 visible ASCII characters (! to ~)"),
             ConfigError::BadDurability(other) => write!(f, "durability must be sync or async, not {other:?}"),
             ConfigError::FrameTooSmall { max_frame, longest } => {
                 write!(f, "limits.max_frame must be at least {longest} (the longest message of the binary protocol), not {max_frame}")
@@ -587,6 +611,31 @@ impl Config {
                 return Err(ConfigError::AssetClash { name: asset.name.clone(), other: other.name.clone() });
             }
         }
+        // Ids from 1 (instrument 0 is no instrument on the wire), and
+        // amounts whose decimals a u64 can show.
+        for (key, value, least, most) in self
+            .assets
+            .iter()
+            .flat_map(|a| [("assets.id", u64::from(a.id), 1, u64::from(u32::MAX)), ("assets.decimals", u64::from(a.decimals), 0, 18)])
+            .chain(self.instruments.iter().map(|i| ("instruments.id", u64::from(i.id), 1, u64::from(u32::MAX))))
+            .chain([("history_commands", self.history_commands, 1, u64::MAX)])
+        {
+            if !(least..=most).contains(&value) {
+                return Err(ConfigError::OutOfRange { key, value, least, most });
+            }
+        }
+        // What a FIX message or an HTTP header can carry as it is.
+        let visible = |text: &str| !text.is_empty() && text.len() <= 64 && text.bytes().all(|b| b.is_ascii_graphic());
+        for account in &self.accounts {
+            if account.api_key.len() > crossbook_protocol::API_KEY_BYTES || !visible(&account.api_key) {
+                return Err(ConfigError::BadApiKey { account: account.id });
+            }
+        }
+        for comp_id in std::iter::once(&self.fix.comp_id).chain(self.fix.sessions.iter().map(|s| &s.comp_id)) {
+            if !comp_id.is_empty() && !visible(comp_id) {
+                return Err(ConfigError::BadFixSession(format!("CompID {comp_id:?}: 1 to 64 visible ASCII characters (! to ~)")));
+            }
+        }
         let token = &self.market_data.admin_token;
         if !token.is_empty() && !self.market_data.trading {
             return Err(ConfigError::AdminWithoutTrading);
@@ -645,13 +694,31 @@ impl Config {
             if self.fix.application == "venue" && !self.accounts.iter().any(|a| a.id == session.account) {
                 return Err(ConfigError::BadFixSession(format!("CompID {:?} is bound to account {}, which has no [[accounts]] entry", session.comp_id, session.account)));
             }
+            let bound = self.fix.sessions[..=index].iter().filter(|other| other.account == session.account).count();
+            if bound > crate::fix::MAX_COMP_IDS {
+                return Err(ConfigError::BadFixSession(format!("account {} has more than {} CompIDs in sessions", session.account, crate::fix::MAX_COMP_IDS)));
+            }
         }
         if let Some(replication) = &self.replication {
             if !self.fix.listen.is_empty() {
                 return Err(ConfigError::BadReplication("the FIX gateway is not replicated yet: set fix.listen = \"\"".into()));
             }
-            if replication.nats.is_empty() || replication.stream.is_empty() || replication.node.is_empty() || replication.node.len() > 64 {
+            if replication.nats.is_empty() || replication.stream.is_empty() || replication.node.is_empty() || replication.node.len() > 64 || replication.stream.len() > 64 {
                 return Err(ConfigError::BadReplication("nats, stream and node (1 to 64 characters) are needed".into()));
+            }
+            // Refused now, not after `connect_timeout_s` of trying.
+            if let Some(url) = replication.nats.iter().find(|url| !nats_url(url)) {
+                return Err(ConfigError::BadReplication(format!("nats: {url:?} is not a NATS server's address (nats://host:port)")));
+            }
+            for (key, address) in [("advertise_binary", &replication.advertise_binary), ("advertise_rest", &replication.advertise_rest)] {
+                // The binary protocol's Redirect carries 64 bytes of it.
+                let host_port = address.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+                if !address.is_empty() && !(address.len() <= 64 && host_port && address.bytes().all(|b| b.is_ascii_graphic())) {
+                    return Err(ConfigError::BadReplication(format!("{key} {address:?}: host:port, at most 64 visible ASCII characters")));
+                }
+            }
+            if replication.lease_ttl_ms > 3_600_000 {
+                return Err(ConfigError::OutOfRange { key: "replication.lease_ttl_ms", value: replication.lease_ttl_ms, least: 300, most: 3_600_000 });
             }
             if !replication.node.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') || !replication.stream.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
                 return Err(ConfigError::BadReplication("node and stream are letters, digits, - and _".into()));
@@ -780,6 +847,34 @@ mod tests {
     /// A file of `text` on the demo venue (its lists).
     fn demo_with(text: &str) -> Result<Config, ConfigError> {
         Config::from_toml(&format!("demo = true\n{text}"))
+    }
+
+    /// What a file can say but no venue could use is refused by name
+    /// (audit, 2026-11-27: each of these started, or was cut unsaid).
+    #[test]
+    fn values_no_venue_could_use_are_refused() {
+        let refused = demo_with("[[accounts]]\nid = 1\napi_key = \"k\"\ndeposits = [[1, 2, 3]]").expect_err("refused").to_string();
+        assert!(refused.contains("two numbers"), "{refused}");
+        let sessions: Vec<String> = (0..17).map(|n| format!("{{ comp_id = \"T{n}\", account = 7 }}")).collect();
+        let checked = |text: &str| demo_with(text).unwrap().check().map_err(|e| e.to_string());
+        assert!(checked(&format!("[fix]\nsessions = [{}]", sessions[..16].join(", "))).is_ok());
+        assert!(checked(&format!("[fix]\nsessions = [{}]", sessions.join(", "))).is_err_and(|e| e.contains("more than 16 CompIDs")));
+        assert!(checked("[fix]\ncomp_id = \"A\\u0001B\"").is_err_and(|e| e.contains("visible ASCII")));
+        let mut config = Config::default();
+        config.accounts[0].api_key = "two words".into();
+        assert!(config.check().is_err_and(|e| e.to_string().contains("visible ASCII")));
+        for (edit, said) in [("decimals = 0", "decimals = 19"), ("id = 1\nname = \"BTC\"", "id = 0\nname = \"BTC\"")] {
+            let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../crossbook.toml")).unwrap();
+            assert!(text.contains(edit), "{edit}");
+            let refused = Config::from_toml(&text.replacen(edit, said, 1)).unwrap().check().expect_err("refused").to_string();
+            assert!(refused.contains("must be"), "{said}: {refused}");
+        }
+        let replicated = |extra: &str| checked(&format!("[fix]\nlisten = \"\"\n\n[replication]\nnats = [\"nats://127.0.0.1:4222\"]\nstream = \"S\"\nnode = \"a\"\n{extra}"));
+        assert!(replicated("").is_ok());
+        assert!(replicated("lease_ttl_ms = 9223372036854775807").is_err());
+        assert!(replicated(&format!("advertise_binary = \"{}:7700\"", "h".repeat(70))).is_err_and(|e| e.contains("advertise_binary")));
+        assert!(checked("[fix]\nlisten = \"\"\n\n[replication]\nnats = [\"bogus::url\"]\nstream = \"S\"\nnode = \"a\"").is_err_and(|e| e.contains("not a NATS server")));
+        assert!(checked(&format!("[fix]\nlisten = \"\"\n\n[replication]\nnats = [\"nats://h:1\"]\nstream = \"{}\"\nnode = \"a\"", "S".repeat(65))).is_err());
     }
 
     /// In a file, the lists are the file's: an empty or cut-short one (a

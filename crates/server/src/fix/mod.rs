@@ -116,7 +116,7 @@ const CLOSE_GRACE: Duration = Duration::from_secs(2);
 const REPORT_QUEUE: usize = 65_536;
 /// CompIDs (session stores) an account may have, at most: each first
 /// Logon by Username and Password makes one, kept for good.
-const MAX_COMP_IDS: usize = 16;
+pub(crate) const MAX_COMP_IDS: usize = 16;
 /// Refused first Logons whose sequence numbers are remembered, at most.
 const REFUSED_REMEMBERED: usize = 1024;
 /// How long an ending connection waits for what it handed the sequencer
