@@ -713,7 +713,8 @@ impl Config {
             for (key, address) in [("advertise_binary", &replication.advertise_binary), ("advertise_rest", &replication.advertise_rest)] {
                 // The binary protocol's Redirect carries 64 bytes of it.
                 let host_port = address.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
-                if !address.is_empty() && !(address.len() <= 64 && host_port && address.bytes().all(|b| b.is_ascii_graphic())) {
+                let usable = address.len() <= 64 && host_port && address.bytes().all(|b| b.is_ascii_graphic());
+                if !address.is_empty() && !usable {
                     return Err(ConfigError::BadReplication(format!("{key} {address:?}: host:port, at most 64 visible ASCII characters")));
                 }
             }
