@@ -220,7 +220,9 @@ impl Message {
         }
         let computed = checksum(&self.raw[..trailer_start]);
         let text = self.value_of(checksum_field);
-        let ok = text.len() == 3 && text.iter().all(u8::is_ascii_digit) && std::str::from_utf8(text).ok().and_then(|s| s.parse::<u16>().ok()) == Some(u16::from(computed));
+        // Three digits are sent; fewer are read (`10=7` is 007), as the
+        // framing above reads them (docs/fix.md).
+        let ok = (1..=3).contains(&text.len()) && text.iter().all(u8::is_ascii_digit) && std::str::from_utf8(text).ok().and_then(|s| s.parse::<u16>().ok()) == Some(u16::from(computed));
         if !ok {
             return Err(Garbled::BadCheckSum { declared: String::from_utf8_lossy(text).into_owned(), computed });
         }
@@ -384,6 +386,22 @@ mod tests {
     fn a_bad_checksum_is_garbled() {
         let raw = soh("8=FIX.4.4|9=5|35=0|10=164|");
         assert!(matches!(Message::parse(&raw), Err(Garbled::BadCheckSum { .. })));
+        // Fewer than three digits are read as the number they say: a
+        // message whose sum is below 100, written `10=NN`.
+        let short = (b'!'..=b'~')
+            .flat_map(|c| (b'!'..=b'~').map(move |d| soh(&format!("8=FIX.4.4|9=11|35=0|58={}{}|", c as char, d as char))))
+            .find(|head| checksum(head) < 100)
+            .map(|mut head| {
+                let sum = checksum(&head);
+                head.extend_from_slice(format!("10={sum}\x01").as_bytes());
+                head
+            })
+            .expect("a message summing below 100");
+        assert!(Message::parse(&short).is_ok(), "{}", String::from_utf8_lossy(&short));
+        for bad in ["10=0163|", "10=|", "10=1a|"] {
+            let raw = soh(&format!("8=FIX.4.4|9=5|35=0|{bad}"));
+            assert!(Message::parse(&raw).is_err(), "{bad}");
+        }
     }
 
     #[test]

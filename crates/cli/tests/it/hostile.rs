@@ -242,6 +242,15 @@ fn a_day_order_is_refused_with_a_reason() {
     let reply = bob.next();
     expect(&reply, &[(35, "8"), (150, "8"), (11, "D1")]);
     assert!(reply.text(58).is_some_and(|t| t.contains("Day")), "{:?}", reply.text(58));
+    // A Side FIX defines and the venue does not take (3, buy minus): the
+    // reject says the Side sent, not another.
+    let mut minus = order("D2", "1", "100", "1");
+    for field in minus.iter_mut().filter(|(tag, _)| *tag == 54) {
+        field.1 = "3".into();
+    }
+    send_owned(&mut bob, "D", &minus);
+    let reply = bob.next();
+    expect(&reply, &[(35, "8"), (150, "8"), (11, "D2"), (54, "3")]);
 }
 
 /// Careless command lines: every tool refuses a value it cannot use with

@@ -575,7 +575,7 @@ impl FixBook {
                 // A refusal is not a journaled command: its ExecID is the
                 // gateway's own, like the refusals it decides alone.
                 let exec_id = if event.refused { gateway_exec_id() } else { format!("{}-{}", event.seq, 1) };
-                new_order_reject(account, &cl_ord_id, &symbol, report.side, ord_rej_reason(reason), text, now, &exec_id)
+                new_order_reject(account, &cl_ord_id, &symbol, side_code(report.side), ord_rej_reason(reason), text, now, &exec_id)
             }
         }
     }
@@ -614,7 +614,9 @@ fn ord_rej_reason(reason: Option<crossbook_engine::RejectReason>) -> &'static st
 }
 
 #[allow(clippy::too_many_arguments)]
-fn new_order_reject(account: AccountId, cl_ord_id: &str, symbol: &str, side: Side, reason: &str, text: &str, now: &str, exec_id: &str) -> Outgoing {
+/// `side`: Side (54) as the order had it (as sent, for one the gateway
+/// refuses, even a value it does not take).
+fn new_order_reject(account: AccountId, cl_ord_id: &str, symbol: &str, side: &str, reason: &str, text: &str, now: &str, exec_id: &str) -> Outgoing {
     Outgoing {
         account,
         msg_type: "8",
@@ -626,7 +628,7 @@ fn new_order_reject(account: AccountId, cl_ord_id: &str, symbol: &str, side: Sid
             field(tag::EXEC_ID, exec_id),
             field(tag::ORDER_ID, "NONE"),
             field(tag::ORD_STATUS, "8"),
-            field(tag::SIDE, side_code(side)),
+            field(tag::SIDE, side),
             field(tag::SYMBOL, symbol),
             field(tag::TEXT, text),
             field(tag::TRANSACT_TIME, now),
@@ -684,7 +686,8 @@ impl VenueApp<'_> {
     }
 
     fn reject_order(&self, message: &Message, reason: &str, why: &str, outbox: &mut Outbox<'_>) {
-        let side = if message.get(tag::SIDE) == Some(b"2") { Side::Sell } else { Side::Buy };
+        // Side as sent (a required field: the dictionary has seen to it).
+        let side = message.text(tag::SIDE).unwrap_or("1");
         let exec_id = gateway_exec_id();
         let reject = new_order_reject(self.account, message.text(tag::CL_ORD_ID).unwrap_or(""), message.text(tag::SYMBOL).unwrap_or(""), side, reason, why, &self.now, &exec_id);
         outbox.send(reject.msg_type, Vec::new(), reject.body);
