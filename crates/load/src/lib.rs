@@ -107,11 +107,11 @@ impl Wire for BinaryWire {
     fn decode(&mut self, buffer: &[u8]) -> Result<Option<(Option<Reply>, usize)>, String> {
         match decode_server(buffer, 1 << 16) {
             Ok(Decoded::Message(ServerMessage::ExecutionReport(r), size)) => Ok(Some((Some(Reply { kind: r.kind, cid: r.cid, order: r.order, seq: r.seq }), size))),
-            Ok(Decoded::Message(ServerMessage::Error { reason } | ServerMessage::LoginRejected { reason }, _)) => Err(format!("server error {reason}")),
-            Ok(Decoded::Message(ServerMessage::Logout { .. }, _)) => Err("logged out by the server".into()),
+            Ok(Decoded::Message(ServerMessage::Error { reason } | ServerMessage::LoginRejected { reason }, _)) => Err(format!("the server ended the session: Error {reason}")),
+            Ok(Decoded::Message(ServerMessage::Logout { .. }, _)) => Err("the server ended the session: logged out".into()),
             Ok(Decoded::Message(_, size)) => Ok(Some((None, size))),
             Ok(Decoded::NeedMore) => Ok(None),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(format!("a garbled message from the server: {e}")),
         }
     }
 }
@@ -383,7 +383,7 @@ impl Client {
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    self.tally.error(|| format!("a garbled message from the server: {e}"));
+                    self.tally.error(|| e.clone());
                     self.broken = true;
                     break;
                 }
