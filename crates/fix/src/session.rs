@@ -651,6 +651,11 @@ impl Session {
     /// SequenceReset-GapFill runs.
     fn answer_resend(&mut self, message: &Message, now_ms: i64, actions: &mut Vec<Action>) {
         let begin = message.number(tag::BEGIN_SEQ_NO).unwrap_or(1).max(1);
+        // A range that ends before it begins asks for nothing a sender can
+        // mean: said so, not passed over in silence.
+        if message.number(tag::END_SEQ_NO).is_some_and(|end| end != 0 && end < begin) {
+            return self.reject(message, Invalid { reason: RejectReason::ValueIncorrect, tag: Some(i64::from(tag::END_SEQ_NO)) }, now_ms, actions);
+        }
         let last = self.outbound.next_out - 1;
         let end = match message.number(tag::END_SEQ_NO) {
             Some(0) | None => last,

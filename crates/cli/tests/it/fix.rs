@@ -595,6 +595,11 @@ fn sequence_numbers_and_missed_reports_survive_a_restart() {
     alice.send("2", &[(7, "4"), (16, "0")]);
     let resent = alice.next();
     expect(&resent, &[(35, "8"), (34, "4"), (43, "Y"), (150, "F"), (39, "2"), (11, "A1"), (14, "5"), (151, "0")]);
+    // (Her Logon, 5, comes as a gap fill.) A range that ends before it
+    // begins is refused, not passed over.
+    expect(&alice.next(), &[(35, "4"), (123, "Y"), (36, "6")]);
+    alice.send("2", &[(7, "5"), (16, "2")]);
+    expect(&alice.next(), &[(35, "3"), (373, "5"), (371, "16")]);
 }
 
 /// The cids of the logged-in account's open orders (binary query).
