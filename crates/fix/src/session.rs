@@ -186,8 +186,9 @@ impl Outbox<'_> {
     /// application does not handle.
     pub fn business_reject(&mut self, message: &Message, reason: u32, text: &str) {
         let mut body = Vec::new();
-        if let Some(seq) = message.get(tag::MSG_SEQ_NUM) {
-            body.push((tag::REF_SEQ_NUM, seq.to_vec()));
+        // RefSeqNum is a SeqNum: only a number the message really had.
+        if let Some(seq) = message.number(tag::MSG_SEQ_NUM) {
+            body.push((tag::REF_SEQ_NUM, seq.to_string().into_bytes()));
         }
         body.push((tag::TEXT, text.as_bytes().to_vec()));
         body.push((tag::REF_MSG_TYPE, message.msg_type().to_vec()));
@@ -485,8 +486,9 @@ impl Session {
             }
         }
         let mut body = Vec::new();
-        if let Some(seq) = message.get(tag::MSG_SEQ_NUM) {
-            body.push((tag::REF_SEQ_NUM, seq.to_vec()));
+        // RefSeqNum is a SeqNum: only a number the message really had.
+        if let Some(seq) = message.number(tag::MSG_SEQ_NUM) {
+            body.push((tag::REF_SEQ_NUM, seq.to_string().into_bytes()));
         }
         body.push((tag::TEXT, invalid.reason.text().as_bytes().to_vec()));
         if let Some(field) = invalid.tag {
@@ -538,7 +540,10 @@ impl Session {
             return self.logout(None, now_ms, actions);
         }
         let Some(seq) = message.number(tag::MSG_SEQ_NUM) else {
-            return self.reject(&message, Invalid { reason: RejectReason::RequiredTagMissing, tag: Some(i64::from(tag::MSG_SEQ_NUM)) }, now_ms, actions);
+            // There but not a number a sequence can reach: its format, not
+            // its absence.
+            let reason = if message.get(tag::MSG_SEQ_NUM).is_some() { RejectReason::IncorrectDataFormat } else { RejectReason::RequiredTagMissing };
+            return self.reject(&message, Invalid { reason, tag: Some(i64::from(tag::MSG_SEQ_NUM)) }, now_ms, actions);
         };
         let gap_fill = message.get(tag::GAP_FILL_FLAG) == Some(b"Y");
         let checked = match msg_type.as_slice() {
@@ -635,7 +640,8 @@ impl Session {
 
     fn sequence_reset(&mut self, message: &Message, seq: u64, now_ms: i64, actions: &mut Vec<Action>) {
         let Some(new_seq) = message.number(tag::NEW_SEQ_NO) else {
-            let invalid = Invalid { reason: RejectReason::RequiredTagMissing, tag: Some(i64::from(tag::NEW_SEQ_NO)) };
+            let reason = if message.get(tag::NEW_SEQ_NO).is_some() { RejectReason::IncorrectDataFormat } else { RejectReason::RequiredTagMissing };
+            let invalid = Invalid { reason, tag: Some(i64::from(tag::NEW_SEQ_NO)) };
             return self.reject(message, invalid, now_ms, actions);
         };
         let _ = seq;
