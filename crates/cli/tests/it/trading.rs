@@ -649,6 +649,7 @@ fn every_bad_request_is_refused_with_its_binance_code() {
     for (path, name) in [("/api/v3/openOrders", "symbol"), ("/api/v3/account", "recvWindow"), ("/api/v3/account", "omitZeroBalances")] {
         refused(alice(&server, "GET", path, &[(name, "")]), 400, -1100);
     }
+    refused(alice(&server, "DELETE", "/api/v3/order", &[("symbol", "BTCUSD"), ("orderId", "1"), ("origClientOrderId", "")]), 400, -1100);
     refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "1"), ("price", "50000"), ("newOrderRespType", "")]), 400, -1100);
     refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "1"), ("price", "50000"), ("selfTradePreventionMode", "")]), 400, -1100);
     // Parameters: unknown, missing, bad values, unsupported ones refused (never half-done).
@@ -928,7 +929,9 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     let answer = ws_api_answer(&mut socket, &good, 1, &mut events);
     assert_eq!((answer["status"].as_u64(), answer["result"]["subscriptionId"].as_u64()), (Some(200), Some(0)), "{answer}");
     assert_eq!(answer["rateLimits"][0]["rateLimitType"], "REQUEST_WEIGHT");
-    assert_eq!(error(&ws_api_answer(&mut socket, &ws_api_subscribe("alice", "alice-secret", 8, now_ms()), 8, &mut events)), (Some(400), Some(-1020)));
+    let twice = ws_api_answer(&mut socket, &ws_api_subscribe("alice", "alice-secret", 8, now_ms()), 8, &mut events);
+    assert_eq!(error(&twice), (Some(400), Some(-1020)));
+    assert_eq!(twice["rateLimits"][0]["rateLimitType"], "REQUEST_WEIGHT", "a refusal once the weight is counted says it: {twice}");
     let mut other = listen(market, "/ws-api/v3");
     let bobs = ws_api_answer(&mut other, &ws_api_subscribe("bob", "bob-secret", 1, now_ms()), 1, &mut Vec::new());
     assert_eq!(bobs["result"]["subscriptionId"].as_u64(), Some(0));

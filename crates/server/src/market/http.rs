@@ -695,6 +695,14 @@ pub(crate) fn note_weight(used: u32) {
     let _ = WEIGHT.try_with(|weight| weight.set(Some(used)));
 }
 
+/// [`weighed`] for work that does not wait.
+pub(crate) fn weighed_now<T>(work: impl FnOnce() -> T) -> (T, Option<u32>) {
+    WEIGHT.sync_scope(std::cell::Cell::new(None), || {
+        let output = work();
+        (output, WEIGHT.with(std::cell::Cell::get))
+    })
+}
+
 /// Runs one request's `work`, and says the weight its key had used once
 /// it was counted (`None`: not counted, the key unknown, say).
 pub(crate) async fn weighed<F: std::future::Future>(work: F) -> (F::Output, Option<u32>) {

@@ -1023,7 +1023,7 @@ pub(crate) async fn test_order_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Value
 /// found (a client's cross-check that it names the order it means).
 fn find_order<'a>(market: &'a MarketData, account: AccountId, index: usize, params: &Params, names: [&str; 2]) -> Result<Option<&'a OrderRecord>, ApiError> {
     let [by_id, by_client_id] = names;
-    let found = match (params.number(by_id, 0..=u64::MAX)?, params.get(by_client_id)) {
+    let found = match (params.number(by_id, 0..=u64::MAX)?, params.optional(by_client_id, "a client order id")?) {
         (Some(id), client_id) => market.accounts.order_of(account, id).filter(|o| client_id.is_none_or(|c| o.client_id == c)),
         (None, Some(client_id)) => market.accounts.by_client_id(account, client_id),
         (None, None) => return Err(ApiError::bad(-1102, format!("Param '{by_client_id}' or '{by_id}' must be sent, but both were empty/null!"))),

@@ -451,19 +451,23 @@ impl Session {
         }
         match method {
             "userDataStream.subscribe.signature" => {
-                let (account, _, used) = match trading.signed(&Auth::Ws(params), &[], |_| 2, false) {
-                    Ok(checked) => checked,
-                    Err(e) => return api_error(id, &e),
+                // Its refusals once the weight is counted say it, as those
+                // of the other signed methods do.
+                let (account, used) = match super::http::weighed_now(|| trading.signed(&Auth::Ws(params), &[], |_| 2, false)) {
+                    (Ok((account, _, used)), _) => (account, used),
+                    (Err(e), Some(used)) => return with_limits(trading, params, api_error(id, &e), used),
+                    (Err(e), None) => return api_error(id, &e),
                 };
+                let refuse = |error: ApiError| with_limits(trading, params, api_error(id, &error), used);
                 if self.subscriptions.iter().any(|(_, a, _)| *a == account) {
-                    return api_error(id, &ApiError::bad(-1020, "This account already has a subscription on this connection."));
+                    return refuse(ApiError::bad(-1020, "This account already has a subscription on this connection."));
                 }
                 if self.subscriptions.len() >= MAX_SUBSCRIPTIONS {
-                    return api_error(id, &ApiError::bad(-1020, format!("Too many subscriptions: at most {MAX_SUBSCRIPTIONS} per connection.")));
+                    return refuse(ApiError::bad(-1020, format!("Too many subscriptions: at most {MAX_SUBSCRIPTIONS} per connection.")));
                 }
                 let key = match trading.streams.open(account) {
                     Ok(key) => key,
-                    Err(e) => return api_error(id, &ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, -1000, format!("No user data stream: {e}."))),
+                    Err(e) => return refuse(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, -1000, format!("No user data stream: {e}."))),
                 };
                 let subscription = self.next_subscription;
                 self.next_subscription += 1;
