@@ -65,6 +65,11 @@ impl ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, code, msg)
     }
 
+    /// A body past `max_body` bytes: 413.
+    pub(crate) fn body_too_large(max_body: usize) -> ApiError {
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, -1000, format!("Request body too large: at most {max_body} bytes."))
+    }
+
     pub(crate) fn invalid_symbol() -> ApiError {
         ApiError::bad(-1121, "Invalid symbol.")
     }
@@ -614,7 +619,7 @@ async fn whole_body(State(hub): State<Arc<Hub>>, request: axum::extract::Request
         response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         response
     };
-    let too_large = || ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, -1000, format!("Request body too large: at most {} bytes.", hub.config.max_body));
+    let too_large = || ApiError::body_too_large(hub.config.max_body);
     let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|length| length > hub.config.max_body as u64) {
         return refuse(too_large());

@@ -716,7 +716,7 @@ pub(crate) fn follower(hub: &Hub, path: &str, query: Option<&str>) -> Result<(),
 }
 
 pub(crate) fn body_text(body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>, hub: &Hub) -> Result<String, ApiError> {
-    let bytes = body.map_err(|_| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, -1000, format!("Request body too large: at most {} bytes.", hub.config.max_body)))?;
+    let bytes = body.map_err(|_| ApiError::body_too_large(hub.config.max_body))?;
     String::from_utf8(bytes.to_vec()).map_err(|_| ApiError::bad(-1100, "Illegal characters found in the request body; it must be UTF-8 form data."))
 }
 
