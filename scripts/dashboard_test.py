@@ -235,19 +235,42 @@ def main():
             checks.check("and, still frozen 15 s on, as disconnected (a new connection on its way)", dropped, page.evaluate("window.crossbook.statusHistory"))
             checks.check("and live once it goes on", wait_for(page, "document.getElementById('status').textContent === 'live'"),
                          page.evaluate("window.crossbook.statusHistory"))
+            # Prices longer than a float's 15 to 17 digits are ordered and
+            # subtracted exactly (as floats these two are equal).
+            arithmetic = page.evaluate("""(() => {
+                const p = window.crossbook.pricePrecision;
+                const [a, b] = [`99999999999999999${p ? '.' + '9'.repeat(p) : ''}`, `100000000000000000${p ? '.' + '0'.repeat(p) : ''}`];
+                const P = window.crossbookPrices;
+                return [P.compare(a, b), P.compare(b, a), P.compare(a, a), P.difference(b, a), p];
+            })()""")
+            precision = arithmetic[4]
+            one_unit = "1" if precision == 0 else "0." + "0" * (precision - 1) + "1"
+            checks.check("long prices are compared and subtracted exactly", arithmetic[:4] == [-1, 1, 0, one_unit], arithmetic)
+            # ETHUSD is shown when the venue stops; the fresh venue below
+            # does not list it.
+            page.click('#symbols button[data-symbol="ETHUSD"]')
+            wait_for(page, "document.getElementById('status').textContent === 'live'")
             # The server stops: the page says the connection is lost.
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=30)
             checks.check("a stopped server shows as disconnected",
                          wait_for(page, "document.getElementById('status').textContent.startsWith('disconnected')"), page.text_content("#status"))
+            checks.check("and dims what it shows, which is not current", page.evaluate("document.body.classList.contains('stale')"),
+                         page.evaluate("document.body.className"))
             checks.check("and shows no figures of the venue that stopped",
                          wait_for(page, "['stat-seq', 'stat-orders', 'stat-trades', 'stat-sessions'].every(id => document.getElementById(id).textContent === '-')", 5),
                          page.evaluate("['stat-seq', 'stat-orders', 'stat-sessions'].map(id => document.getElementById(id).textContent)"))
             # A fresh venue on the same port: the page comes back without
             # the old one's trades (whose ids were higher than the new ones').
+            with open(config, "w") as f:
+                f.write(text)
             server, binary_address, _ = start_server(args.binary, os.path.join(data, "fresh"), config, market=market)
             checks.check("the page comes back on a fresh venue", wait_for(page, "document.getElementById('status').textContent === 'live'", 20),
                          page.evaluate("window.crossbook.statusHistory"))
+            checks.check("without the instrument the fresh venue does not list, and on one it does",
+                         wait_for(page, "!document.querySelector('#symbols button[data-symbol=\"ETHUSD\"]') && window.crossbook.symbol === 'BTCUSD'", 5),
+                         page.evaluate("[window.crossbook.symbol, document.querySelector('#symbols').innerHTML]"))
+            checks.check("and no longer dimmed", not page.evaluate("document.body.classList.contains('stale')"), page.evaluate("document.body.className"))
             checks.check("without the old venue's trades",
                          wait_for(page, "document.querySelectorAll('#trades .row').length === 0", 5),
                          page.evaluate("[...document.querySelectorAll('#trades .row')].slice(0, 3).map(r => r.dataset.id)"))

@@ -62,6 +62,14 @@ pub struct InstrumentInfo {
     pub max_price: i64,
     pub min_qty: u64,
     pub max_qty: u64,
+    /// Quote-asset units one lot costs per tick, and base-asset units in
+    /// a lot: the engine's own definition, which a binary-protocol client
+    /// needs to work out what an order locks (`exchangeInfo`'s
+    /// `crossbook` object carries them).
+    pub tick_size: u64,
+    pub lot_size: u64,
+    /// The decimal value of one unit of the base asset.
+    pub base_asset_unit: Unit,
     /// The decimal value of one unit of the quote asset (the REST API's
     /// fees are in it).
     pub quote_asset_unit: Unit,
@@ -89,6 +97,9 @@ impl InstrumentInfo {
             max_price: spec.max_price,
             min_qty: spec.min_qty,
             max_qty: spec.max_qty,
+            tick_size: spec.tick_size,
+            lot_size: spec.lot_size,
+            base_asset_unit: Unit::ONE,
             quote_asset_unit: Unit::ONE,
             maker_bps: spec.maker_bps,
             taker_bps: spec.taker_bps,

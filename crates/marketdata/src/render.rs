@@ -83,10 +83,35 @@ pub fn exchange_info(market: &MarketData, server_time_ms: u64, rate_limits: Valu
                 "allowedSelfTradePreventionModes": ["NONE", "EXPIRE_TAKER", "EXPIRE_MAKER", "EXPIRE_BOTH"],
                 "crossbookSymbol": info.symbol,
                 "crossbookId": info.id,
+                "crossbook": engine_terms(info),
             })
         })
         .collect();
     json!({"timezone": "UTC", "serverTime": server_time_ms, "rateLimits": rate_limits, "exchangeFilters": [], "symbols": symbols})
+}
+
+/// `exchangeInfo`'s `crossbook` object: the instrument as the engine and
+/// the binary protocol see it, ids and integers in ticks, lots and asset
+/// units (`docs/protocol.md`, "Ids, ticks and lots").
+fn engine_terms(info: &crate::InstrumentInfo) -> Value {
+    json!({
+        "id": info.id,
+        "symbol": info.symbol,
+        "baseAssetId": info.base,
+        "quoteAssetId": info.quote,
+        "baseAssetUnit": decimal(1, info.base_asset_unit),
+        "quoteAssetUnit": decimal(1, info.quote_asset_unit),
+        "priceUnit": decimal(1, info.price_unit),
+        "qtyUnit": decimal(1, info.qty_unit),
+        "tickSize": info.tick_size,
+        "lotSize": info.lot_size,
+        "minPrice": info.min_price,
+        "maxPrice": info.max_price,
+        "minQty": info.min_qty,
+        "maxQty": info.max_qty,
+        "makerBps": info.maker_bps,
+        "takerBps": info.taker_bps,
+    })
 }
 
 /// `GET /api/v3/depth`: the book after command `market.seq`.
@@ -692,6 +717,9 @@ mod tests {
             max_price: 1_000_000,
             min_qty: 1,
             max_qty: 1_000,
+            tick_size: 1,
+            lot_size: 1,
+            base_asset_unit: qty,
             quote_asset_unit: price,
             maker_bps: -1,
             taker_bps: 5,

@@ -1543,6 +1543,14 @@ fn a_reload_lists_a_new_asset_and_instrument_that_trade_at_once() {
     let symbol = &info["symbols"][0];
     assert_eq!((&symbol["status"], &symbol["baseAsset"], &symbol["quoteAsset"]), (&json!("TRADING"), &json!("ETH"), &json!("USD")), "{symbol}");
     assert_eq!((&symbol["filters"][0]["tickSize"], &symbol["filters"][1]["stepSize"]), (&json!("10"), &json!("0.001")), "{symbol}");
+    // What a binary-protocol client needs, in the engine's integers.
+    assert_eq!(
+        symbol["crossbook"],
+        json!({"id": 2, "symbol": "ETH-USD", "baseAssetId": 3, "quoteAssetId": 2, "baseAssetUnit": "0.0001", "quoteAssetUnit": "0.01",
+            "priceUnit": "10", "qtyUnit": "0.001", "tickSize": 1, "lotSize": 10, "minPrice": 1, "maxPrice": 100000, "minQty": 1, "maxQty": 100000,
+            "makerBps": 0, "takerBps": 0}),
+        "{symbol}"
+    );
     let mut trades = listen(&market, "/ws/ethusd@trade");
 
     // Dave sells 0.005 ETH at 2,500 over REST; alice buys 0.002 over FIX

@@ -467,7 +467,7 @@ async fn stats(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> Answer
         "webSockets": hub.connections.load(std::sync::atomic::Ordering::Relaxed),
         "messagesSent": hub.sent.load(std::sync::atomic::Ordering::Relaxed),
         "slowClientsDropped": hub.slow_dropped.load(std::sync::atomic::Ordering::Relaxed),
-        "instruments": market.instruments.iter().map(|d| json!({"symbol": d.info.binance, "name": d.info.symbol, "baseAsset": d.info.base_asset, "quoteAsset": d.info.quote_asset, "pricePrecision": d.info.price_unit.scale, "qtyPrecision": d.info.qty_unit.scale, "status": if d.halted { "HALT" } else { "TRADING" }})).collect::<Vec<_>>(),
+        "instruments": market.instruments.iter().map(|d| json!({"symbol": d.info.binance, "name": d.info.symbol, "baseAsset": d.info.base_asset, "quoteAsset": d.info.quote_asset, "pricePrecision": d.info.price_unit.scale, "qtyPrecision": d.info.qty_unit.scale, "maxPrice": render::decimal(i128::from(d.info.max_price), d.info.price_unit), "status": if d.halted { "HALT" } else { "TRADING" }})).collect::<Vec<_>>(),
     })))
 }
 
@@ -485,6 +485,8 @@ async fn json_errors(response: Response) -> Response {
     let said = String::from_utf8_lossy(&said);
     let msg = match (status, &allow) {
         (StatusCode::METHOD_NOT_ALLOWED, Some(allow)) => format!("Method not allowed: this path takes {}.", allow.to_str().unwrap_or("another method")),
+        // The router adds its `allow` header outside this layer.
+        (StatusCode::METHOD_NOT_ALLOWED, None) => "Method not allowed: the allow header lists what this path takes.".to_string(),
         _ if said.trim().is_empty() => status.canonical_reason().unwrap_or("Bad request").to_string(),
         _ => said.trim().to_string(),
     };

@@ -78,20 +78,48 @@ async function getJSON(path) {
   return response.json();
 }
 
-// A price difference in the instrument's decimals (exact: in ticks of
-// its precision, not as a float's digits).
+// A decimal price as a whole number of units of its last decimal at the
+// instrument's precision: exact, whatever its length (a float holds 15 to
+// 17 digits; a price of 1,000,000,000 to 8 decimals has 18, and two such
+// prices would compare equal as floats).
+function priceUnits(text) {
+  const negative = text.startsWith('-');
+  const [whole, fraction = ''] = (negative ? text.slice(1) : text).split('.');
+  const units = BigInt((whole || '0') + fraction.padEnd(state.pricePrecision, '0').slice(0, state.pricePrecision));
+  return negative ? -units : units;
+}
+
+function comparePrices(a, b) {
+  const [x, y] = [priceUnits(a), priceUnits(b)];
+  return x < y ? -1 : x > y ? 1 : 0;
+}
+
+// A price difference in the instrument's decimals, exactly.
 function formatPriceDifference(a, b) {
   const precision = state.pricePrecision;
-  const ticks = Math.round(parseFloat(a) * 10 ** precision) - Math.round(parseFloat(b) * 10 ** precision);
-  const digits = String(Math.abs(ticks)).padStart(precision + 1, '0');
+  const units = priceUnits(a) - priceUnits(b);
+  const digits = (units < 0n ? -units : units).toString().padStart(precision + 1, '0');
   const whole = precision ? `${digits.slice(0, -precision)}.${digits.slice(-precision)}` : digits;
-  return (ticks < 0 ? '-' : '') + whole;
+  return (units < 0n ? '-' : '') + whole;
+}
+
+// The decimals the chart draws prices with: the instrument's, as long as
+// its highest price keeps to 15 significant digits (the chart computes in
+// floats: past that its scale comes out blank or off the tick grid), fewer
+// for an instrument whose prices are too long for that.
+function chartPrecision(info) {
+  const precision = info ? info.pricePrecision : 2;
+  const highest = info && info.maxPrice ? info.maxPrice.split('.')[0].replace(/^0+/, '').length : 0;
+  return Math.max(0, Math.min(precision, 15 - highest));
 }
 
 function setStatus(kind, text) {
   const status = $('status');
   status.className = kind;
   status.textContent = text;
+  // What the page shows while the connection is down is not current: it
+  // is dimmed until the connection is back.
+  document.body.classList.toggle('stale', kind === 'down');
   // One entry per state (a count of seconds going up is the same one).
   const history = state.statusHistory;
   if (!history.length || history[history.length - 1].split(':')[0] !== text.split(':')[0]) history.push(text);
@@ -132,6 +160,12 @@ function showCandle(raw) {
   el.textContent = `O ${raw.open}  H ${raw.high}  L ${raw.low}  C ${raw.close}  V ${raw.volume}`;
 }
 
+function clearCandle(text) {
+  const el = $('candle');
+  for (const key of Object.keys(el.dataset)) delete el.dataset[key];
+  el.textContent = text;
+}
+
 function applyKline(k) {
   if (state.lastCandle && k.t < state.lastCandle.openTime) return;
   const b = bar(k.t, k.o, k.h, k.l, k.c, k.v);
@@ -150,7 +184,7 @@ async function loadKlines(symbol) {
   candleSeries.setData(bars.map((b) => b.candle));
   volumeSeries.setData(bars.map((b) => b.volume));
   if (bars.length) showCandle(bars[bars.length - 1].raw);
-  else { $('candle').textContent = 'no trades yet'; }
+  else { clearCandle('no trades yet'); }
   state.klinesReady = true;
   for (const k of state.pendingKlines) applyKline(k);
   state.pendingKlines = [];
@@ -167,8 +201,8 @@ function applyLevels(side, levels) {
 function renderBook() {
   const book = state.book;
   if (!book) return;
-  const asks = [...book.asks.entries()].sort((a, b) => parseFloat(a[0]) - parseFloat(b[0])).slice(0, LEVELS);
-  const bids = [...book.bids.entries()].sort((a, b) => parseFloat(b[0]) - parseFloat(a[0])).slice(0, LEVELS);
+  const asks = [...book.asks.entries()].sort((a, b) => comparePrices(a[0], b[0])).slice(0, LEVELS);
+  const bids = [...book.bids.entries()].sort((a, b) => comparePrices(b[0], a[0])).slice(0, LEVELS);
   // Bars against the biggest level shown (quantities below 1 too).
   const biggest = Math.max(...asks.map((l) => parseFloat(l[1])), ...bids.map((l) => parseFloat(l[1]))) || 1;
   const rows = (levels, kind) => levels.map(([price, qty]) => {
@@ -270,15 +304,20 @@ async function loadTrades(symbol) {
 }
 
 function showTicker(t) {
+  // No trade yet: the last price reads zero, which no price can be.
+  const traded = /[1-9]/.test(t.lastPrice);
   if (t.lastId >= state.lastPriceTrade) {
     state.lastPriceTrade = t.lastId;
-    $('last-price').textContent = t.lastPrice;
+    $('last-price').textContent = traded ? t.lastPrice : '-';
   }
   const change = $('change');
-  change.textContent = `${t.priceChange} (${t.priceChangePercent}%)`;
-  change.className = parseFloat(t.priceChange) < 0 ? 'sell' : 'buy';
-  $('high').textContent = t.highPrice;
-  $('low').textContent = t.lowPrice;
+  // No trade in the window: its prices would read 0.
+  const inWindow = Number(t.count) > 0;
+  const sign = inWindow ? Math.sign(parseFloat(t.priceChange)) : 0;
+  change.textContent = inWindow ? `${t.priceChange} (${t.priceChangePercent}%)` : '-';
+  change.className = sign < 0 ? 'sell' : sign > 0 ? 'buy' : '';
+  $('high').textContent = inWindow ? t.highPrice : '-';
+  $('low').textContent = inWindow ? t.lowPrice : '-';
   $('volume').textContent = t.volume;
   $('quote-volume').textContent = t.quoteVolume;
   $('count').textContent = t.count;
@@ -395,12 +434,31 @@ function connect() {
   };
 }
 
+// Nothing of what the page showed stays: the book, the ticker and the
+// chart until the new connection's answers come.
+function clearShown() {
+  $('asks').innerHTML = '';
+  $('bids').innerHTML = '';
+  $('spread').textContent = 'spread -';
+  $('book-id').textContent = '-';
+  for (const id of ['last-price', 'change', 'high', 'low', 'volume', 'quote-volume', 'count']) $(id).textContent = '-';
+  $('change').className = '';
+  candleSeries.setData([]);
+  volumeSeries.setData([]);
+  state.lastCandle = null;
+  clearCandle('-');
+}
+
 function select(symbol) {
   if (state.ws) { const old = state.ws; state.ws = null; old.close(); }
   state.symbol = symbol;
   const info = state.instruments.find((i) => i.symbol === symbol);
-  const precision = info ? info.pricePrecision : 2;
-  state.pricePrecision = precision;
+  state.pricePrecision = info ? info.pricePrecision : 2;
+  // The old instrument's candles go before the new precision comes: the
+  // chart would lay out their scale in the new one's steps (a price of
+  // 10^9 in steps of 10^-10 hangs it).
+  clearShown();
+  const precision = chartPrecision(info);
   candleSeries.applyOptions({ priceFormat: { type: 'price', precision, minMove: Math.pow(10, -precision) } });
   state.book = null;
   state.trades = new Map();
@@ -437,20 +495,45 @@ async function pollStats() {
   let stats;
   try { stats = await getJSON('/crossbook/stats'); } catch (e) { clearStats(); return; }
   const now = performance.now();
-  const previous = state.previousStats;
+  let previous = state.previousStats;
   $('stat-seq').textContent = stats.seq;
-  // An instrument listed since the page loaded (a configuration reload)
-  // gets its button.
-  const listed = (stats.instruments || []).filter((i) => !state.instruments.some((known) => known.symbol === i.symbol));
-  if (listed.length) {
-    state.instruments = state.instruments.concat(listed);
+  // Counters that went back: the venue was started again on other data
+  // (a restart on the same data carries them on). Nothing the page shows
+  // is current: no rate is worked out across the two, and it starts over.
+  const restarted = previous !== null && (stats.seq < previous.seq || stats.orders < previous.orders || stats.trades < previous.trades);
+  if (restarted) {
+    previous = null;
+    for (const id of ['stat-orders', 'stat-trades']) $(id).textContent = '-';
+  }
+  // The venue's instruments as they are now: one listed since the page
+  // loaded (a configuration reload) gets its button; on a venue started
+  // again on other data, those it does not have lose theirs, and one whose
+  // decimals changed is drawn again with its new ones.
+  const instruments = stats.instruments || [];
+  const shape = (list) => JSON.stringify(list.map((i) => [i.symbol, i.name, i.pricePrecision, i.maxPrice]));
+  let reselected = false;
+  if (shape(instruments) !== shape(state.instruments)) {
+    const before = state.instruments.find((i) => i.symbol === state.symbol);
+    const now = instruments.find((i) => i.symbol === state.symbol);
+    state.instruments = instruments;
     buildControls();
-    if (state.waitingForInstruments) {
+    if (!instruments.length) {
+      if (state.ws) { const old = state.ws; state.ws = null; old.close(); }
+      state.symbol = null;
+      clearShown();
+      state.waitingForInstruments = true;
+      setStatus('down', 'no instruments');
+    } else if (state.waitingForInstruments || !now) {
       state.waitingForInstruments = false;
-      select(state.instruments[0].symbol);
+      select(instruments[0].symbol);
+      reselected = true;
+    } else if (!before || before.pricePrecision !== now.pricePrecision || before.maxPrice !== now.maxPrice) {
+      select(state.symbol);
+      reselected = true;
     }
     for (const b of document.querySelectorAll('#symbols button')) b.classList.toggle('active', b.dataset.symbol === state.symbol);
   }
+  if (restarted && !reselected && state.symbol) select(state.symbol);
   // An instrument the operator halted is marked on its button.
   for (const i of stats.instruments || []) {
     const button = document.querySelector(`#symbols button[data-symbol="${i.symbol}"]`);
@@ -466,7 +549,7 @@ async function pollStats() {
     $('stat-orders').textContent = Math.round((stats.orders - previous.orders) / seconds);
     $('stat-trades').textContent = Math.round((stats.trades - previous.trades) / seconds);
   }
-  state.previousStats = { at: now, orders: stats.orders, trades: stats.trades };
+  state.previousStats = { at: now, seq: stats.seq, orders: stats.orders, trades: stats.trades };
 }
 
 async function start() {
@@ -491,8 +574,10 @@ async function start() {
   pollStats();
 }
 
-// For the browser test (scripts/dashboard-test): the page's state, and its
-// handler of stream messages (to hand it a diff with a gap).
+// For the browser test (scripts/dashboard-test): the page's state, its
+// handler of stream messages (to hand it a diff with a gap), and its price
+// arithmetic (on prices longer than a float's digits).
 window.crossbook = state;
 window.crossbookOnMessage = onMessage;
+window.crossbookPrices = { compare: comparePrices, difference: formatPriceDifference };
 start();
