@@ -537,6 +537,35 @@ pub fn follow_market(market: &mut MarketData, commands: &[Command], recorded: &R
 }
 
 /// The journal figures of `crossbook bench --journal DIR`: in rounds, the
+/// The file that marks a directory as the bench's own scratch directory.
+const SCRATCH_MARKER: &str = ".crossbook-bench";
+
+/// Takes `dir` as the journal bench's scratch directory: a new one, an
+/// empty one, or one an earlier bench left (its marker in it). Anything
+/// else is refused: the bench writes journals there and removes them, and
+/// a directory given by mistake (a venue's data, `.`) must not lose what
+/// is in it.
+fn claim_scratch(dir: &Path) -> Result<()> {
+    match std::fs::read_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        Err(e) => bail!("{}: {e}", dir.display()),
+        Ok(mut entries) => {
+            if entries.next().is_some() && !dir.join(SCRATCH_MARKER).exists() {
+                bail!(
+                    "{} is not empty and is not a directory an earlier bench left (no {SCRATCH_MARKER} in it): \
+                     the bench writes journals in its --journal directory and removes them, so give it a new or empty one",
+                    dir.display()
+                );
+            }
+        }
+    }
+    std::fs::write(dir.join(SCRATCH_MARKER), "crossbook bench's scratch directory: its contents are removed by the next bench\n")
+        .with_context(|| format!("writing in {}", dir.display()))?;
+    Ok(())
+}
+
 /// commands applied in memory, journaled in async mode, journaled in sync
 /// mode, and recovered from the sync journal; medians of each, so that the
 /// ratios compare figures taken side by side.
@@ -548,11 +577,16 @@ pub fn journal_figures(commands: &[crossbook_engine::Command], dir: &Path) -> Re
     let mut journaled: [Vec<(f64, CommitStats)>; 2] = [Vec::new(), Vec::new()];
     let mut replay = Vec::new();
     let modes = [("async", Durability::Async { interval: Duration::from_millis(10) }), ("sync", Durability::Sync)];
-    // DIR is the bench's to empty: never a directory a running venue
-    // holds (its LOCK).
+    claim_scratch(dir)?;
+    // Never a directory a running venue holds (its LOCK).
     drop(crossbook_journal::lock_dir(dir)?);
+    let clear = || {
+        for (name, _) in &modes {
+            let _ = std::fs::remove_dir_all(dir.join(name));
+        }
+    };
     for _ in 0..ROUNDS {
-        let _ = std::fs::remove_dir_all(dir);
+        clear();
         let mut engine = crossbook_engine::Engine::new();
         let mut events: Vec<Event> = Vec::with_capacity(1 << 12);
         let started = Instant::now();
@@ -582,7 +616,12 @@ pub fn journal_figures(commands: &[crossbook_engine::Command], dir: &Path) -> Re
         let recovered = recover_dir(&dir.join("sync"))?;
         replay.push(recovered.replayed as f64 / started.elapsed().as_secs_f64());
     }
-    let _ = std::fs::remove_dir_all(dir);
+    clear();
+    for name in [SCRATCH_MARKER, "LOCK"] {
+        let _ = std::fs::remove_file(dir.join(name));
+    }
+    // Gone if nothing else is in it.
+    let _ = std::fs::remove_dir(dir);
     let median = |values: &mut Vec<f64>| {
         values.sort_by(|a, b| a.total_cmp(b));
         values[values.len() / 2]

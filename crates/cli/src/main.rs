@@ -39,25 +39,26 @@ enum Cmd {
     Run {
         #[arg(long)]
         commands: PathBuf,
-        /// Check every invariant after every command (slow).
-        #[arg(long)]
+        /// Check every invariant after every command (slow; not with
+        /// --journal).
+        #[arg(long, conflicts_with = "journal")]
         check: bool,
         /// Journal directory: recover what is there, skip the commands it
         /// already holds, journal the rest.
         #[arg(long)]
         journal: Option<PathBuf>,
         /// `sync`: acknowledge after fdatasync; `async`: after the write,
-        /// with a sync every 10 ms.
-        #[arg(long, default_value = "sync")]
+        /// with a sync every 10 ms (with --journal).
+        #[arg(long, default_value = "sync", requires = "journal")]
         durability: String,
-        /// Write a snapshot every N commands (0: never).
-        #[arg(long, default_value_t = 0)]
+        /// Write a snapshot every N commands (0: never; with --journal).
+        #[arg(long, default_value_t = 0, requires = "journal")]
         snapshot_every: u64,
-        /// Start a new journal segment past this many bytes.
-        #[arg(long, default_value_t = 64 << 20)]
+        /// Start a new journal segment past this many bytes (with --journal).
+        #[arg(long, default_value_t = 64 << 20, requires = "journal")]
         segment_bytes: u64,
-        /// Snapshots to keep.
-        #[arg(long, default_value_t = 2)]
+        /// Snapshots to keep (with --journal).
+        #[arg(long, default_value_t = 2, requires = "journal")]
         keep_snapshots: usize,
     },
     /// Rebuild the state from a journal directory; print its last sequence
@@ -245,7 +246,9 @@ enum Cmd {
         format: String,
         /// Rerun the workload of this baseline report and compare; exits
         /// non-zero on a regression past --threshold or different events.
-        #[arg(long)]
+        /// The baseline says the workload, its size, seed and passes (only
+        /// an exchange-core flow's folder, --flow, comes from here).
+        #[arg(long, conflicts_with_all = ["commands", "seed", "journal", "format", "passes", "no_latency"])]
         compare: Option<PathBuf>,
         /// Percent by which a gated figure may get worse before --compare
         /// calls it a regression.
@@ -379,6 +382,14 @@ impl std::fmt::Display for Usage {
 impl std::error::Error for Usage {}
 
 /// Returns a [`Usage`] error: `usage!("--flag must be ...")`.
+/// `crossbook load --window`, at most: far past a session's `in_flight`
+/// (1,024 by default), which is all the server takes from it at a time.
+const MAX_WINDOW: u64 = 65_536;
+
+/// `crossbook bench --commands`, at most (some 100 bytes each in memory,
+/// with their events).
+const MAX_BENCH_COMMANDS: usize = 100_000_000;
+
 macro_rules! usage {
     ($($arg:tt)*) => {
         return Err(anyhow::Error::new($crate::Usage(format!($($arg)*))))
@@ -483,6 +494,15 @@ fn real_main() -> Result<()> {
                 if !crossbook_load::WORKLOADS.contains(&workload.as_str()) {
                     usage!("unknown load workload {workload:?}; known: {}", crossbook_load::WORKLOADS.join(", "));
                 }
+                if count == Some(0) {
+                    usage!("--count must be at least 1 (orders to send; without it, as many as --duration allows)");
+                }
+                if connections == 0 {
+                    usage!("--connections must be at least 1");
+                }
+                if first_account == 0 {
+                    usage!("--first-account must be at least 1 (account 0 is the venue's fee account)");
+                }
                 count
             },
             address: address.unwrap_or_else(|| match protocol.as_str() {
@@ -499,8 +519,8 @@ fn real_main() -> Result<()> {
                 rate => rate,
             },
             window: match window {
-                0 => usage!("--window must be at least 1 (orders each session keeps outstanding)"),
-                window => window,
+                1..=MAX_WINDOW => window,
+                _ => usage!("--window must be 1 to {MAX_WINDOW} (orders each session keeps outstanding), not {window}"),
             },
             json,
             acked_out,
@@ -531,8 +551,13 @@ fn real_main() -> Result<()> {
                 "json" => true,
                 other => usage!("--format must be text or json, not {other:?}"),
             };
-            if commands == Some(0) {
-                usage!("--commands must be at least 1");
+            if let Some(commands) = commands
+                && !(1..=MAX_BENCH_COMMANDS).contains(&commands)
+            {
+                usage!("--commands must be 1 to {MAX_BENCH_COMMANDS} (the bench holds them all in memory), not {commands}");
+            }
+            if passes == 0 {
+                usage!("--passes must be at least 1");
             }
             if flow.is_some() && name != bench::EXCHANGE_CORE_SINGLE {
                 usage!("--flow is for --workload {}, not {name}", bench::EXCHANGE_CORE_SINGLE);

@@ -185,6 +185,35 @@ fn zeros_from(bytes: &[u8], at: usize) -> bool {
     bytes[at.min(bytes.len())..].iter().all(|&b| b == 0)
 }
 
+/// Where a segment's records end (the seq after its last, and that
+/// record's checksum), read past damage: after a damaged place the chain
+/// is picked up again at the first whole record that verifies against the
+/// four bytes before it (the checksum field of the record before). `None`
+/// if the header is damaged, or nothing after the damage verifies (where
+/// the segment ends is then unknown). For `journal verify` only.
+fn segment_end_past_damage(bytes: &[u8]) -> Option<(u64, u32)> {
+    let header = parse_segment_header(bytes).ok()?;
+    let (mut expected, mut chain, mut at) = (header.first_seq, header.chain_seed, SEGMENT_HEADER_BYTES);
+    while at < bytes.len() {
+        match decode_record_at(bytes, at, chain) {
+            Ok(record) => {
+                expected = record.seq + 1;
+                chain = record.crc;
+                at += record.size;
+            }
+            Err(_) if zeros_from(bytes, at) => break,
+            Err(_) => {
+                let last = bytes.len().checked_sub(RECORD_OVERHEAD)?;
+                let resumed = (at + 1..=last)
+                    .find(|&p| p >= SEGMENT_HEADER_BYTES + 4 && decode_record_at_bounded(bytes, p, u32_at(bytes, p - 4), MAX_PAYLOAD).is_ok())?;
+                chain = u32_at(bytes, resumed - 4);
+                at = resumed;
+            }
+        }
+    }
+    Some((expected, chain))
+}
+
 /// Checks the segments after `after` (the file where [`scan`] stopped) each
 /// on its own, from its header's first sequence number and chain seed, so
 /// that `journal verify` reports every damaged segment, not only the first.
@@ -196,8 +225,10 @@ pub fn check_later_segments(dir: &Path, after: &Path) -> Vec<Corruption> {
     };
     let mut problems = Vec::new();
     // (seq after the last record, its checksum) of the previous segment, if
-    // it checked out to its end.
-    let mut previous: Option<(u64, u32)> = None;
+    // it is known: read to its end, past its damage if records that verify
+    // come after it (so that a missing segment after a damaged one is
+    // named too).
+    let mut previous: Option<(u64, u32)> = std::fs::read(after).ok().and_then(|bytes| segment_end_past_damage(&bytes));
     for (named_seq, path) in segments.iter().filter(|(_, p)| p.as_path() > after) {
         let corrupt = |offset: usize, seq: u64, what: String| Corruption { file: path.clone(), offset: offset as u64, seq, what };
         let bytes = match std::fs::read(path) {
@@ -246,9 +277,7 @@ pub fn check_later_segments(dir: &Path, after: &Path) -> Vec<Corruption> {
                 }
             }
         }
-        if !damaged {
-            previous = Some((expected, chain));
-        }
+        previous = if damaged { segment_end_past_damage(&bytes) } else { Some((expected, chain)) };
     }
     problems
 }
@@ -321,7 +350,12 @@ fn scan_segments(dir: &Path, from: u64, mut visit: impl FnMut(u64, u64, &[u8], u
         let header = match parse_segment_header(&bytes) {
             Ok(header) => header,
             Err(what) => {
-                if is_last && !valid_record_after(&bytes, SEGMENT_HEADER_BYTES.min(bytes.len()), MAX_PAYLOAD) {
+                // A header a crash cut off is short, or ends in the zeros
+                // not yet written over (its checksum, its last field, is
+                // written with it); a whole header that fails its checks is
+                // damage (or no segment of ours), never dropped as torn.
+                let unwritten = bytes.len() < SEGMENT_HEADER_BYTES || bytes[SEGMENT_HEADER_BYTES - 4..SEGMENT_HEADER_BYTES] == [0; 4];
+                if is_last && unwritten && !valid_record_after(&bytes, SEGMENT_HEADER_BYTES.min(bytes.len()), MAX_PAYLOAD) {
                     end.torn = Some(TornTail { file: path.clone(), offset: 0, seq: expected, what, whole_segment: true });
                     break;
                 }

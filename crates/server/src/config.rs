@@ -468,6 +468,8 @@ pub enum ConfigError {
     /// A number outside what it can be (`market_data.orders_kept` 1 to
     /// 1,000,000, `market_data.ping_interval_s` 1 to 3,600, ...).
     OutOfRange { key: &'static str, value: u64, least: u64, most: u64 },
+    /// `data_dir = ""`.
+    EmptyDataDir,
     /// A file that lists no assets or no instruments (and does not ask
     /// for the demo venue's): a venue with nothing to trade.
     NothingListed(&'static str),
@@ -498,6 +500,7 @@ impl std::fmt::Display for ConfigError {
             ConfigError::BadAdminToken(why) => write!(f, "market_data.admin_token {why}: it takes at least {MIN_ADMIN_TOKEN} visible ASCII characters (! to ~), or none (the operator endpoints off)"),
             ConfigError::BadFixSession(why) => write!(f, "fix: {why}"),
             ConfigError::OutOfRange { key, value, least, most } => write!(f, "{key} must be {least} to {most}, not {value}"),
+            ConfigError::EmptyDataDir => write!(f, "data_dir is empty: it names the data directory (\"data\" by default; \".\" for the current one)"),
             ConfigError::NothingListed(what) => write!(
                 f,
                 "the configuration lists no {what}: a venue's assets and instruments are the file's (`demo = true` takes the demo venue's for each list the file leaves out; without --config, crossbook serve runs the demo venue)"
@@ -574,6 +577,9 @@ impl Config {
     /// data directory: every refusal here names the key.
     pub fn check(&self) -> Result<(), ConfigError> {
         self.durability()?;
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(ConfigError::EmptyDataDir);
+        }
         if self.assets.is_empty() {
             return Err(ConfigError::NothingListed("[[assets]]"));
         }

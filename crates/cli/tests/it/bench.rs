@@ -68,3 +68,37 @@ fn compare_passes_the_same_build_and_flags_a_slow_or_different_one() {
     assert!(String::from_utf8_lossy(&different.stderr).contains("different events"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--journal DIR` writes and removes journals there: a directory with
+/// anything else in it is refused and left as it was; a new one is made
+/// and gone at the end; one an earlier bench left (its marker) is taken.
+#[test]
+fn the_journal_bench_never_empties_a_directory_it_does_not_own() {
+    let dir = std::env::temp_dir().join(format!("crossbook-bench-scratch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let bench = |dir: &std::path::Path| crossbook(&["bench", "--workload", "mixed", "--commands", "2000", "--no-latency", "--journal", dir.to_str().unwrap()]);
+
+    let theirs = dir.join("theirs");
+    std::fs::create_dir_all(theirs.join("sync")).unwrap();
+    std::fs::write(theirs.join("notes.txt"), "keep me").unwrap();
+    let output = bench(&theirs);
+    assert!(!output.status.success(), "a directory with files in it is refused");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("is not empty") && stderr.contains(".crossbook-bench"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(theirs.join("notes.txt")).unwrap(), "keep me");
+    assert!(theirs.join("sync").is_dir());
+
+    let new = dir.join("new");
+    let output = bench(&new);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("journal"), "the report has the journal's figures");
+    assert!(!new.exists(), "the bench's own directory is removed at the end");
+
+    // One a bench left (stopped before its end, say): taken again.
+    let left = dir.join("left");
+    std::fs::create_dir_all(left.join("sync")).unwrap();
+    std::fs::write(left.join(".crossbook-bench"), "").unwrap();
+    let output = bench(&left);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

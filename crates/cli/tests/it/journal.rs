@@ -432,6 +432,72 @@ fn verify_names_every_damaged_segment() {
     }
 }
 
+/// A segment missing after a damaged one is named too: verify reads the
+/// damaged segment on past its damage to learn where it ends.
+#[test]
+fn verify_names_a_missing_segment_after_a_damaged_one() {
+    let dir = TempDir::new("verify-missing");
+    let commands = generate(Workload::Mixed, 31, 4_000);
+    journal_run(&dir.0, &commands, small_segments(Durability::Async { interval: Duration::from_millis(5) }), 0);
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "xbj")).collect();
+    segments.sort();
+    assert!(segments.len() >= 3, "{} segments", segments.len());
+    let mut bytes = std::fs::read(&segments[0]).unwrap();
+    bytes[SEGMENT_HEADER_BYTES + RECORD_OVERHEAD + 60] ^= 0x40;
+    std::fs::write(&segments[0], &bytes).unwrap();
+    std::fs::remove_file(&segments[1]).unwrap();
+    let (_, problems) = verify(&dir.0);
+    let named: Vec<(&PathBuf, &str)> = problems.iter().filter_map(|p| if let Problem::Corruption(c) = p { Some((&c.file, c.what.as_str())) } else { None }).collect();
+    assert_eq!(named.len(), 2, "{problems:?}");
+    assert_eq!(named[0].0, &segments[0]);
+    assert!(named[1].0 == &segments[2] && named[1].1.contains("does not follow on"), "{problems:?}");
+}
+
+/// A last segment whose header a crash cut off (short, or ending in the
+/// zeros not yet written over) holds nothing acknowledged and is dropped;
+/// one with a whole header that fails its checks (random bytes, another
+/// file) is refused and left as it is.
+#[test]
+fn only_a_header_a_crash_cut_off_is_dropped_as_torn() {
+    let source = TempDir::new("torn-header-source");
+    let (commands, _, _) = one_segment(&source.0, 300);
+    let next = crossbook_journal::format::segment_name(commands.len() as u64 + 1);
+    let header = crossbook_journal::format::segment_header(commands.len() as u64 + 1, 0x1234_5678);
+    let mut random = vec![0u8; 5_000];
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for byte in &mut random {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        *byte = state as u8;
+    }
+    let mut cut = header[..28].to_vec();
+    cut.extend([0u8; 4100]);
+    let cases: [(&str, Vec<u8>, bool); 4] =
+        [("short", header[..20].to_vec(), true), ("checksum not yet written", cut, true), ("random bytes", random, false), ("a flipped header byte", {
+            let mut h = header.to_vec();
+            h[17] ^= 1;
+            h
+        }, false)];
+    for (name, bytes, torn) in cases {
+        let dir = TempDir::new("torn-header");
+        copy_dir(&source.0, &dir.0);
+        let path = dir.0.join(&next);
+        std::fs::write(&path, &bytes).unwrap();
+        match recover(&dir.0) {
+            Ok(recovered) if torn => {
+                assert_eq!(recovered.end.last_seq, commands.len() as u64, "{name}");
+                assert!(recovered.end.torn.as_ref().is_some_and(|t| t.whole_segment), "{name}");
+            }
+            Err(RecoveryError::Corruption(c)) if !torn => {
+                assert_eq!(c.file, path, "{name}");
+                assert_eq!(std::fs::read(&path).unwrap(), bytes, "{name}: left as it was");
+            }
+            other => panic!("{name}: {:?}", other.map(|r| r.end)),
+        }
+    }
+}
+
 /// A journal whose writer died with zeros written ahead of its records (a
 /// crash, not a clean close) ends where the zeros start; a torn record
 /// followed by zeros is a torn tail, dropped; damage followed by valid
