@@ -253,7 +253,6 @@ pub fn check_later_segments(dir: &Path, after: &Path) -> Vec<Corruption> {
             problems.push(corrupt(0, next, format!("does not follow on from the previous segment (starts at seq {})", header.first_seq)));
         }
         let (mut expected, mut chain, mut at) = (header.first_seq, header.chain_seed, SEGMENT_HEADER_BYTES);
-        previous = None;
         let mut damaged = false;
         while at < bytes.len() {
             match decode_record_at(&bytes, at, chain) {

@@ -368,6 +368,47 @@ fn a_compid_whose_account_lost_its_key_does_not_log_on() {
     bob.logon(2, "bob");
 }
 
+/// A session store is never started afresh by mistake: a CompID file
+/// changed to name another CompID, or a store emptied, stops the server
+/// with the file named; a CompID file whose store is gone is said at start.
+#[test]
+fn a_store_that_lost_its_header_or_its_compid_stops_the_start() {
+    let dir = temp_dir("store-damage");
+    let server = start_default(&dir);
+    let mut alice = FixClient::connect(&server.fix_address, "ALICE");
+    alice.logon(1, "demo-key-1");
+    alice.send("5", &[]);
+    expect(&alice.next(), &[(35, "5")]);
+    assert!(server.terminate().success());
+    let fix_dir = dir.join("data").join("fix");
+    let store = std::fs::read_dir(&fix_dir).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|x| x == "fixstore")).unwrap();
+    let comp_file = store.with_extension("compid");
+    let serve = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_crossbook"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--fix-listen", "127.0.0.1:0", "--market-listen", "127.0.0.1:0", "--data", dir.join("data").to_str().unwrap()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+            .wait_with_output()
+            .unwrap()
+    };
+    std::fs::write(&comp_file, "MALLORY").unwrap();
+    let output = serve();
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && said.contains("names \"MALLORY\", whose store is named otherwise"), "{said}");
+    std::fs::write(&comp_file, "ALICE").unwrap();
+    std::fs::write(&store, b"").unwrap();
+    let output = serve();
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && said.contains("has lost what it held"), "{said}");
+    assert_eq!(std::fs::read(&store).unwrap(), b"", "left as it was");
+    // The store gone, its CompID file there: said at start.
+    std::fs::remove_file(&store).unwrap();
+    let server = start_default(&dir);
+    assert!(server.startup.iter().any(|l| l.contains("has no store beside it")), "{:#?}", server.startup);
+}
+
 #[test]
 fn malformed_input_costs_only_its_own_session() {
     let dir = temp_dir("garbage");

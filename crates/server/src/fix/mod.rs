@@ -46,6 +46,9 @@ pub enum FixError {
     Dictionary { path: String, why: crossbook_fix::dictionary::DictionaryError },
     /// A session store has no `.compid` file beside it (so no CompID).
     NoCompId { store: PathBuf },
+    /// The `.compid` file beside a store names a CompID whose store has
+    /// another name (the file was changed, or moved).
+    CompIdMismatch { store: PathBuf, comp_id: String },
     /// A session store could not be read back (or rewound).
     Store(StoreError),
     /// The listening socket or a thread could not be set up.
@@ -58,6 +61,9 @@ impl std::fmt::Display for FixError {
             FixError::Config(e) => write!(f, "{e}"),
             FixError::Dictionary { path, why } => write!(f, "{path}: {why}"),
             FixError::NoCompId { store } => write!(f, "{}: no CompID file beside the store", store.display()),
+            FixError::CompIdMismatch { store, comp_id } => {
+                write!(f, "{}: its CompID file names {comp_id:?}, whose store is named otherwise: the file was changed or moved", store.display())
+            }
             FixError::Store(e) => write!(f, "session store: {e}"),
             FixError::Io { what, source } => write!(f, "{what}: {source}"),
         }
@@ -70,7 +76,7 @@ impl std::error::Error for FixError {
             FixError::Store(e) => Some(e),
             FixError::Io { source, .. } => Some(source),
             FixError::Config(e) => Some(e),
-            FixError::Dictionary { .. } | FixError::NoCompId { .. } => None,
+            FixError::Dictionary { .. } | FixError::NoCompId { .. } | FixError::CompIdMismatch { .. } => None,
         }
     }
 }
@@ -306,9 +312,30 @@ impl Gateway {
         let dictionary = Arc::new(dictionary);
         let mut state = State { sessions: HashMap::new(), routes: HashMap::new(), book: FixBook::new() };
         let entries = std::fs::read_dir(&dir).map_err(io(format!("reading {}", dir.display())))?;
-        let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "fixstore")).collect();
+        let all: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        let mut paths: Vec<PathBuf> = all.iter().filter(|p| p.extension().is_some_and(|x| x == "fixstore")).cloned().collect();
         paths.sort();
+        // A CompID file without its store: a session made just before a
+        // crash (its name is durable first, nothing was recorded yet), or a
+        // store that was removed. Either way its numbers start at 1 when it
+        // logs on: said, since the second would surprise its counterparty.
+        for comp_file in all.iter().filter(|p| p.extension().is_some_and(|x| x == "compid")) {
+            if !comp_file.with_extension("fixstore").exists() {
+                log(&format!(
+                    "FIX: {} has no store beside it: a session made just before a crash, or a store removed; its sequence numbers start at 1 when it logs on",
+                    comp_file.display()
+                ));
+            }
+        }
         for path in paths {
+            // The CompID first: a store named for another CompID is not
+            // this one's (and is not opened, so nothing is written to it).
+            let Some(comp_id) = read_comp_id(&path) else {
+                return Err(FixError::NoCompId { store: path.clone() });
+            };
+            if store::path_for(&dir, &comp_id) != path {
+                return Err(FixError::CompIdMismatch { store: path.clone(), comp_id });
+            }
             let (mut store, mut restored) = Store::open(&path)?;
             if restored.through_seq > journal_end {
                 log(&format!(
@@ -321,9 +348,6 @@ impl Gateway {
                 store.rewind(journal_end)?;
                 restored.through_seq = journal_end;
             }
-            let Some(comp_id) = read_comp_id(&path) else {
-                return Err(FixError::NoCompId { store: path.clone() });
-            };
             let session = Session::restore(session_config(&fix, &comp_id), dictionary.clone(), restored.next_in, restored.next_out, restored.stored);
             if let Some(account) = restored.account {
                 state.routes.insert(account, comp_id.clone());

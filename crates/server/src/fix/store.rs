@@ -123,19 +123,42 @@ pub fn path_for(dir: &Path, comp_id: &str) -> PathBuf {
     dir.join(format!("{safe}-{:08x}.fixstore", crc32c::crc32c(comp_id.as_bytes())))
 }
 
+/// Makes a new store whole: its header in a file of another name, synced,
+/// then renamed to `path` (the caller syncs the directory), so a store is
+/// never seen without its header.
+fn create(path: &Path) -> Result<(), StoreError> {
+    let making = path.with_extension("making");
+    let mut header = [0u8; HEADER_BYTES];
+    header[..8].copy_from_slice(MAGIC);
+    header[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    let mut file = File::create(&making).map_err(io(&making, "creating"))?;
+    file.write_all(&header).map_err(io(&making, "writing"))?;
+    file.sync_all().map_err(io(&making, "syncing"))?;
+    std::fs::rename(&making, path).map_err(io(path, "creating"))
+}
+
 impl Store {
     /// Opens (or creates) a store and reads it back.
     pub fn open(path: &Path) -> Result<(Store, Restored), StoreError> {
-        let mut file = OpenOptions::new().read(true).append(true).create(true).open(path).map_err(io(path, "opening"))?;
+        let damaged = |offset: usize, what: &str| StoreError::Damaged { path: path.to_path_buf(), offset, what: what.to_string() };
+        if !path.exists() {
+            create(path)?;
+        }
+        let mut file = OpenOptions::new().read(true).append(true).open(path).map_err(io(path, "opening"))?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(io(path, "reading"))?;
         if bytes.is_empty() {
-            let mut header = [0u8; HEADER_BYTES];
-            header[..8].copy_from_slice(MAGIC);
-            header[8..12].copy_from_slice(&VERSION.to_le_bytes());
-            file.write_all(&header).map_err(io(path, "writing"))?;
-            bytes.extend_from_slice(&header);
+            // A store comes into being with its header (`create`): an
+            // empty one lost what it held (its numbers would start again
+            // at 1 with a counterparty that has more).
+            return Err(damaged(0, "empty: a store is made whole with its header, so this one has lost what it held"));
         } else if !bytes.starts_with(MAGIC) {
+            // The first format starts with a whole record; anything else
+            // is a damaged header (or no store of ours), never converted
+            // to an empty store.
+            if !legacy::starts_with_a_record(&bytes) {
+                return Err(damaged(0, "no store header (it is damaged, or this is not a FIX store)"));
+            }
             drop(file);
             legacy::convert(path, &bytes)?;
             return Store::open(path);
@@ -153,8 +176,14 @@ impl Store {
             apply(&mut restored, kind, body).map_err(|fault| fault.to_string())
         })
         .map_err(|damage| StoreError::Damaged { path: path.to_path_buf(), offset: damage.offset, what: damage.what })?;
-        if records.torn.is_some() {
+        if let Some(why) = &records.torn {
             // A torn write at the end: it was never acknowledged.
+            crate::log(&format!(
+                "FIX store {}: torn last record at byte {} ({why}) cut off, {} bytes: it was never acknowledged",
+                path.display(),
+                records.end,
+                bytes.len() - records.end
+            ));
             file.set_len(records.end as u64).map_err(io(path, "truncating"))?;
             file.seek(SeekFrom::End(0)).map_err(io(path, "seeking"))?;
         }
@@ -263,6 +292,11 @@ impl Store {
 /// kind u8 | body | crc32c u32`, unchained. Read once, to convert.
 mod legacy {
     use super::*;
+
+    /// Whether `bytes` starts with a whole first-format record.
+    pub(super) fn starts_with_a_record(bytes: &[u8]) -> bool {
+        parse(bytes).is_some_and(|(kind, _, _)| (RESET..=REWIND).contains(&kind))
+    }
 
     /// (kind, body, record size) of a whole, checksummed record at the start.
     fn parse(bytes: &[u8]) -> Option<(u8, &[u8], usize)> {
@@ -426,6 +460,48 @@ mod tests {
         match Store::open(&path) {
             Err(StoreError::Damaged { offset, .. }) => assert_eq!(offset, HEADER_BYTES, "the first record is the damaged one"),
             other => panic!("damage before valid records is refused, not {:?}", other.map(|(_, r)| r)),
+        }
+    }
+
+    /// A store is never taken for a new one, nor converted to an empty one,
+    /// because its header is gone: an empty file, a damaged header, or a
+    /// file that is no store is refused and left as it is. A new store is
+    /// whole from the start (no `.making` file left).
+    #[test]
+    fn a_store_that_lost_its_header_is_refused_not_started_afresh() {
+        let path = temp("header");
+        {
+            let (mut store, _) = Store::open(&path).expect("open");
+            assert!(!path.with_extension("making").exists());
+            assert_eq!(std::fs::read(&path).expect("read").len(), HEADER_BYTES, "the header is there before any record");
+            store.bind(7, 40);
+            store.record(&StoreOp::Sent { seq: 1, app: None }, 0);
+            store.record(&StoreOp::Received { next_in: 9 }, 0);
+            store.sync().expect("sync");
+        }
+        let whole = std::fs::read(&path).expect("read");
+        let flipped = |at: usize, mask: u8| {
+            let mut bytes = whole.clone();
+            bytes[at] ^= mask;
+            bytes
+        };
+        let mut zeroed = whole.clone();
+        zeroed[..HEADER_BYTES].fill(0);
+        let mut random = vec![0u8; 300];
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for byte in &mut random {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            *byte = state as u8;
+        }
+        for (name, bytes) in [("empty", Vec::new()), ("magic flipped", flipped(0, 0x80)), ("magic byte 2", flipped(2, 1)), ("header zeroed", zeroed), ("random bytes", random)] {
+            std::fs::write(&path, &bytes).expect("write");
+            match Store::open(&path) {
+                Err(StoreError::Damaged { offset: 0, .. }) => {}
+                other => panic!("{name}: refused, not {:?}", other.map(|(_, r)| (r.next_in, r.next_out))),
+            }
+            assert_eq!(std::fs::read(&path).expect("read"), bytes, "{name}: left as it was");
         }
     }
 
