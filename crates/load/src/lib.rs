@@ -198,7 +198,9 @@ pub(crate) struct Tally {
     first_error: Option<String>,
     unanswered: u64,
     /// (order, cid) of acknowledged orders, when asked for.
-    accepted: Vec<(u64, u64)>,
+    /// (order id, the client's id for it: the cid, FIX's ClOrdID, or the
+    /// REST and WebSocket API answers' `clientOrderId`), with --acked-out.
+    accepted: Vec<(u64, String)>,
 }
 
 impl Tally {
@@ -500,7 +502,7 @@ fn record(tally: &mut Tally, books: &mut Books<'_>, keep: bool, report: Reply, n
                         books.resting.push_back((report.order, report.cid));
                     }
                     if keep {
-                        tally.accepted.push((report.order, report.cid));
+                        tally.accepted.push((report.order, report.cid.to_string()));
                     }
                 } else {
                     tally.rejected += 1;

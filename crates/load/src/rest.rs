@@ -217,6 +217,9 @@ fn session(mut http: Session, index: u64, options: &Options, start: Instant, end
             Ok((200, value)) => {
                 tally.ack.saturating_record(nanos);
                 tally.acked += 1;
+                if options.acked_out.is_some() {
+                    keep_accepted(&mut tally, &value);
+                }
                 let fills = value["fills"].as_array().map_or(0, Vec::len) as u64;
                 if fills > 0 {
                     tally.fills += fills;
@@ -256,6 +259,13 @@ fn session(mut http: Session, index: u64, options: &Options, start: Instant, end
 }
 
 /// An order's parameters, as both ways in take them.
+/// An accepted order's id and `clientOrderId`, for --acked-out.
+fn keep_accepted(tally: &mut Tally, answer: &serde_json::Value) {
+    if let (Some(order), Some(client_id)) = (answer["orderId"].as_u64(), answer["clientOrderId"].as_str()) {
+        tally.accepted.push((order, client_id.to_string()));
+    }
+}
+
 fn order_params(new_order: &crossbook_protocol::NewOrder) -> String {
     format!(
         "symbol=BTCUSD&side={}&type=LIMIT&timeInForce={}&quantity={}&price={}&selfTradePreventionMode=EXPIRE_TAKER",
@@ -352,6 +362,9 @@ fn ws_session(mut ws: Session, index: u64, options: &Options, start: Instant, en
             continue;
         }
         tally.acked += 1;
+        if options.acked_out.is_some() {
+            keep_accepted(&mut tally, &body);
+        }
         let fills = body["fills"].as_array().map_or(0, Vec::len) as u64;
         if fills > 0 {
             tally.fills += fills;

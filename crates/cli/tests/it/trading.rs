@@ -1721,3 +1721,38 @@ fn the_websocket_api_answers_market_data_as_rest_does() {
     assert_eq!(error(24, "depth", json!({"symbol": "BTCUSD", "level": 2}))["error"]["code"], -1103);
     assert_eq!(error(25, "ticker.tradingDay", json!({"symbol": "BTCUSD"}))["error"]["code"], -1020);
 }
+
+/// `crossbook load --acked-out` over REST and the WebSocket API writes
+/// every acknowledged order (its id and `clientOrderId`), and each is the
+/// venue's: `GET /api/v3/order` finds it under both.
+#[test]
+fn load_over_rest_and_the_websocket_api_writes_what_was_acknowledged() {
+    let dir = TempDir::new("trading-load-acked");
+    let server = crate::serve::start_default(&dir.0);
+    for (protocol, account) in [("rest", 1u64), ("ws-api", 3)] {
+        let file = dir.0.join(format!("acked-{protocol}.txt"));
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_crossbook"))
+            .args(["load", "--protocol", protocol, "--address", &server.market_address, "--connections", "2", "--first-account", &account.to_string()])
+            .args(["--count", "40", "--duration", "20", "--acked-out", file.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{protocol}: {said}{}", String::from_utf8_lossy(&output.stderr));
+        let acknowledged: usize = said.split_whitespace().skip_while(|w| *w != "acknowledged").nth(1).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{said}"));
+        let lines: Vec<(String, String)> = std::fs::read_to_string(&file)
+            .unwrap()
+            .lines()
+            .map(|line| line.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())).unwrap_or_else(|| panic!("{line:?}")))
+            .collect();
+        assert!(acknowledged > 0 && lines.len() == acknowledged, "{protocol}: {} lines, {acknowledged} acknowledged", lines.len());
+        for (order, client_id) in lines.iter().step_by(7) {
+            let found = (account..account + 2).find_map(|a| {
+                let (key, secret) = (format!("demo-key-{a}"), format!("demo-secret-{a}"));
+                let reply = signed(&server.market_address, "GET", "/api/v3/order", &[("symbol", "BTCUSD"), ("orderId", order)], &key, &secret);
+                (reply.status == 200).then(|| ok(reply))
+            });
+            let found = found.unwrap_or_else(|| panic!("{protocol}: order {order} is not the venue's"));
+            assert_eq!(found["clientOrderId"], json!(client_id), "{protocol}: {found}");
+        }
+    }
+}
