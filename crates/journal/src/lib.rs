@@ -179,10 +179,11 @@ impl std::error::Error for RecoveryError {}
 /// Names a set-aside snapshot may take (`.set-aside`, `.set-aside-2`, ...).
 const SET_ASIDE_NAMES: u32 = 1000;
 
-/// Renames a snapshot that does not belong to the journal out of the way
-/// for good (recovery lists only `snapshot-N.xbs`), and syncs the
-/// directory so that the rename survives a crash.
-fn set_aside(dir: &Path, path: &Path) -> Result<PathBuf, JournalError> {
+/// Renames a snapshot that does not belong to the journal (or is damaged)
+/// out of the way for good (recovery lists only `snapshot-N.xbs`), and
+/// syncs the directory so that the rename survives a crash. Returns its
+/// new name.
+pub fn set_aside(dir: &Path, path: &Path) -> Result<PathBuf, JournalError> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     for n in 1..=SET_ASIDE_NAMES {
         let target = path.with_file_name(if n == 1 { format!("{name}.set-aside") } else { format!("{name}.set-aside-{n}") });

@@ -66,13 +66,26 @@ fn usable(dir: &Path, seq: u64, path: &Path, sinks: &mut [&mut dyn ReportSink]) 
         // warning, it is not meant for this (and not read whole).
         return Ok(None);
     }
+    // A damaged snapshot, or one of another history, is set aside as
+    // recovery sets aside those it meets (an older one than recovery read
+    // is first read here): no later start pays for it again, and snapshot
+    // pruning does not count it.
+    let set_aside = |why: String| {
+        let why = match crossbook_journal::set_aside(dir, path) {
+            Ok(target) => format!("{why}; set aside as {}", target.display()),
+            Err(e) => format!("{why}; could not set it aside: {e}"),
+        };
+        pass(why)
+    };
     let (header, engine, attachments) = match crossbook_journal::load_snapshot_with_attachments(path) {
         Ok(loaded) => loaded,
+        Err(e @ crossbook_journal::SnapshotError::Damaged(_)) => return set_aside(e.to_string()),
         Err(e) => return pass(e.to_string()),
     };
     match chain_at(dir, seq)? {
         Some(chain) if chain == header.chain => {}
-        _ => return pass(format!("it does not continue the journal's record {seq}")),
+        Some(_) => return set_aside(format!("it does not continue the journal's record {seq}")),
+        None => return pass(format!("it does not continue the journal's record {seq}")),
     }
     let sections = match checkpoint::decode(&attachments) {
         Ok(sections) => sections,

@@ -137,6 +137,29 @@ fn a_restart_rebuilds_from_the_gateways_checkpoints_what_a_whole_replay_rebuilds
     expect(&mallory.next(), &[(35, "8"), (150, "4"), (11, "C-EARLY"), (41, "EARLY")]);
     assert!(server.terminate().success());
 
+    // The checkpoint's snapshot damaged (a flipped byte in its middle): the
+    // next start passes over it to an older one (or the journal's start),
+    // rebuilds the same reports, and sets it aside, so that the start after
+    // does not meet it again.
+    let snapshot = data.join(crossbook_journal::format::snapshot_name(from));
+    let mut bytes = std::fs::read(&snapshot).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x10;
+    std::fs::write(&snapshot, &bytes).unwrap();
+    let server = start(&window, &data);
+    let warning = server.startup.iter().find(|l| l.contains("report histories not rebuilt from")).unwrap_or_else(|| panic!("{:#?}", server.startup));
+    assert!(warning.contains("set aside as"), "{warning}");
+    assert!(!snapshot.exists() && rebuilt(&server).0 < from, "{:#?}", server.startup);
+    let (_alice, again, replay) = replayed(&server, 1, "alice");
+    assert_eq!(again, next_seq);
+    for (seq, frame) in &replay {
+        assert_eq!(seen.get(seq), Some(frame), "report {seq} replayed with other bytes");
+    }
+    assert!(server.terminate().success());
+    let server = start(&window, &data);
+    assert!(!server.startup.iter().any(|l| l.contains("report histories not rebuilt from")), "{:#?}", server.startup);
+    assert!(server.terminate().success());
+
     // Third lifetime, keeping every report: the whole journal is re-read,
     // and the window's reports are the same bytes under the same numbers.
     let server = start(&whole, &data);
