@@ -18,7 +18,9 @@ pub fn run(commands: &PathBuf, dir: &Path, config: JournalConfig, snapshot_every
     }
     let mut engine = recovered.engine;
     let start = engine.seq();
-    if start > 0 {
+    if start as usize >= commands.len() {
+        eprintln!("recovered seq {start}: the journal already holds all {} commands of the file; nothing to do", commands.len());
+    } else if start > 0 {
         eprintln!("recovered seq {start}; continuing with command {}", start + 1);
     }
     let mut journal = Journal::open(dir, config, &recovered.end).context("opening the journal")?;
@@ -59,14 +61,15 @@ pub fn run(commands: &PathBuf, dir: &Path, config: JournalConfig, snapshot_every
     eprintln!("seq {}", engine.seq());
     eprintln!("state-sha256 {}", state_hash(&engine));
     eprintln!(
-        "commands {count} in {elapsed:.3} s ({:.0}/s); fsyncs {} averaging {:.1} us (p99 {} us, max {} us), {:.1} commands per group commit (largest {})",
+        "commands {count} in {elapsed:.3} s ({:.0}/s); writes {} of {:.1} commands each (largest {}); fsyncs {} averaging {:.1} us (p99 {} us, max {} us)",
         count as f64 / elapsed.max(1e-9),
+        stats.writes,
+        stats.average_group(),
+        stats.largest_group,
         stats.syncs,
         stats.average_sync_micros(),
         stats.sync_micros.value_at_quantile(0.99),
-        stats.sync_micros.max(),
-        stats.average_group(),
-        stats.largest_group
+        stats.sync_micros.max()
     );
     Ok(())
 }

@@ -473,9 +473,15 @@ fn real_main() -> Result<()> {
             Ok(())
         }),
         Cmd::Watch { address, streams, connections, duration, depth_clients, depth_symbol, json } => crossbook_load::watch::run(crossbook_load::watch::WatchOptions {
-            address,
-            streams: streams.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect(),
-            connections,
+            address: host_and_port("--address", address)?,
+            streams: match streams.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect::<Vec<_>>() {
+                none if none.is_empty() && connections > 0 => usage!("--streams names no stream (a comma-separated list, as btcusd@depth,btcusd@trade)"),
+                streams => streams,
+            },
+            connections: match (connections, depth_clients) {
+                (0, 0) => usage!("--connections and --depth-clients are both 0: nothing to watch"),
+                (connections, _) => connections,
+            },
             duration: positive_seconds("--duration", duration)?,
             depth_clients,
             depth_symbol,
@@ -505,11 +511,14 @@ fn real_main() -> Result<()> {
                 }
                 count
             },
-            address: address.unwrap_or_else(|| match protocol.as_str() {
-                "fix" => "127.0.0.1:7701".into(),
-                "rest" | "ws-api" => "127.0.0.1:7702".into(),
-                _ => "127.0.0.1:7700".into(),
-            }),
+            address: host_and_port(
+                "--address",
+                address.unwrap_or_else(|| match protocol.as_str() {
+                    "fix" => "127.0.0.1:7701".into(),
+                    "rest" | "ws-api" => "127.0.0.1:7702".into(),
+                    _ => "127.0.0.1:7700".into(),
+                }),
+            )?,
             connections,
             keys: (1..=crossbook_server::config::DEMO_ACCOUNTS).map(crossbook_server::config::demo_key).collect(),
             secrets: (1..=crossbook_server::config::DEMO_ACCOUNTS).map(crossbook_server::config::demo_secret).collect(),
@@ -564,6 +573,10 @@ fn real_main() -> Result<()> {
             }
             if !(threshold.is_finite() && threshold >= 0.0) {
                 usage!("--threshold must be a percentage of 0 or more, not {threshold}");
+            }
+            if name != bench::EXCHANGE_CORE_SINGLE && crossbook_workload::Workload::from_name(&name).is_none() {
+                let known: Vec<&str> = crossbook_workload::Workload::ALL.iter().map(|w| w.name()).chain([bench::EXCHANGE_CORE_SINGLE]).collect();
+                usage!("unknown workload {name:?}; known: {}", known.join(", "));
             }
             bench::run(bench::Options {
                 workload: bench::WorkloadSource::parse(&name, flow)?,

@@ -106,7 +106,10 @@ impl Initiator {
                     return Message::parse(&raw).map(Some).map_err(|e| ClientError::Garbled(format!("{e}: {}", printable(&raw))));
                 }
                 Frame::NeedMore => {}
-                other => return Err(ClientError::Garbled(format!("{other:?}"))),
+                Frame::Garbage(_) => {
+                    return Err(ClientError::Garbled(format!("not FIX (is this a FIX port?): {}", printable(&self.buffer[..self.buffer.len().min(64)]))));
+                }
+                Frame::TooLong => return Err(ClientError::Garbled(format!("a message longer than {MAX_MESSAGE} bytes"))),
             }
             if Instant::now() > deadline {
                 return Err(ClientError::TimedOut);

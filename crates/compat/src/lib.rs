@@ -45,6 +45,7 @@ impl std::fmt::Display for CompatError {
                 let here = std::env::current_dir().map_or_else(|_| "this directory".to_string(), |d| d.display().to_string());
                 write!(f, "the exchange-core flow is in neither {} nor {} (from {here}): pass --flow DIR (the folder with commands.csv.gz)", DEFAULT_FLOWS[0], DEFAULT_FLOWS[1])
             }
+            CompatError::NotAFlow(dir) if !dir.exists() => write!(f, "{} does not exist", dir.display()),
             CompatError::NotAFlow(dir) => write!(f, "{} holds no commands.csv.gz", dir.display()),
             // The cause is `source()`'s (a chain printer adds it).
             CompatError::Io { path, .. } => write!(f, "reading {}", path.display()),
@@ -155,7 +156,8 @@ fn gz_lines(dir: &Path, file: &'static str, expected: &str) -> Result<impl Itera
 }
 
 fn field<T: std::str::FromStr>(file: &'static str, fields: &[&str], index: usize, what: &str, line: usize) -> Result<T> {
-    fields.get(index).and_then(|v| v.parse().ok()).ok_or_else(|| format_error(file, line, format!("bad {what} {:?}", fields.get(index))))
+    let value = fields.get(index).copied().unwrap_or("");
+    value.parse().map_err(|_| format_error(file, line, format!("bad {what} {value:?}")))
 }
 
 fn read_commands(dir: &Path) -> Result<Vec<EcCommand>> {
@@ -181,8 +183,16 @@ fn read_commands(dir: &Path) -> Result<Vec<EcCommand>> {
             "ASK" => Side::Sell,
             other => return Err(format_error(FILE, number, format!("unknown action {other}"))),
         };
+        let seq: u64 = field(FILE, &f, 0, "seq", number)?;
+        // Events are matched to commands by it: one used twice, or out of
+        // order, would pair them wrongly.
+        if let Some(last) = commands.last().map(|c: &EcCommand| c.seq)
+            && seq <= last
+        {
+            return Err(format_error(FILE, number, format!("seq {seq} after {last}: sequence numbers must increase")));
+        }
         commands.push(EcCommand {
-            seq: field(FILE, &f, 0, "seq", number)?,
+            seq,
             kind,
             order: field(FILE, &f, 2, "order_id", number)?,
             uid: field(FILE, &f, 3, "uid", number)?,
@@ -467,10 +477,14 @@ pub fn check(dir: &Path) -> Result<Agreement> {
     } else {
         failed += 1;
         let at = ours.iter().zip(&book).position(|(a, b)| a != b).unwrap_or(ours.len().min(book.len()));
+        let level = |level: Option<&(Side, i64, u64, u32)>| match level {
+            Some((side, price, qty, orders)) => format!("{} {qty} at {price} ({orders} orders)", if *side == Side::Buy { "bid" } else { "ask" }),
+            None => "no level".to_string(),
+        };
         let line = format!(
-            "final book differs at level {at}: exchange-core {:?}, crossbook {:?} ({} vs {} levels)",
-            book.get(at),
-            ours.get(at),
+            "final book differs at level {at}: exchange-core {}, crossbook {} ({} vs {} levels)",
+            level(book.get(at)),
+            level(ours.get(at)),
             book.len(),
             ours.len()
         );

@@ -54,13 +54,25 @@ fn hex_hmac(secret: &[u8], payload: &str) -> Result<String> {
     Ok(mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// A read of an answer, its time-out (10 s) said as one.
+fn read_timed(stream: &mut TcpStream, into: &mut [u8]) -> Result<usize> {
+    match stream.read(into) {
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => bail!("no answer within 10 s"),
+        other => Ok(other?),
+    }
+}
+
 impl Session {
     fn connect(address: &str, key: &str, secret: &str, ws: bool) -> Result<Session> {
         let stream = TcpStream::connect(address).with_context(|| format!("connecting to {address}"))?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
         let ws = if ws {
-            let (socket, _) = tungstenite::client(format!("ws://{address}/ws-api/v3"), stream.try_clone()?).map_err(|e| anyhow::anyhow!("WebSocket API handshake with {address}: {e}"))?;
+            let (socket, _) = match tungstenite::client(format!("ws://{address}/ws-api/v3"), stream.try_clone()?) {
+                Ok(done) => done,
+                Err(tungstenite::HandshakeError::Interrupted(_)) => bail!("WebSocket API handshake with {address}: no answer within 10 s"),
+                Err(tungstenite::HandshakeError::Failure(e)) => bail!("WebSocket API handshake with {address}: {e}"),
+            };
             // Non-blocking from here: answers are waited for with ppoll
             // (a socket time-out would be rounded up to the scheduler
             // tick, and an open loop's orders would leave late).
@@ -168,7 +180,7 @@ impl Session {
                     bail!("an answer of {length} bytes");
                 }
                 while self.buffer.len() < end + 4 + length {
-                    let n = self.stream.read(&mut chunk)?;
+                    let n = read_timed(&mut self.stream, &mut chunk)?;
                     if n == 0 {
                         bail!("the server closed the connection");
                     }
@@ -181,7 +193,7 @@ impl Session {
             if self.buffer.len() > MAX_ANSWER {
                 bail!("an answer's head longer than {MAX_ANSWER} bytes");
             }
-            let n = self.stream.read(&mut chunk)?;
+            let n = read_timed(&mut self.stream, &mut chunk)?;
             if n == 0 {
                 bail!("the server closed the connection");
             }

@@ -60,7 +60,9 @@ fn watch_one(address: &str, path: &str, until: Instant) -> Result<Seen> {
     let (mut socket, _) = match tungstenite::client(url.as_str(), stream) {
         Ok(done) => done,
         Err(tungstenite::HandshakeError::Interrupted(_)) => bail!("{url}: no WebSocket handshake from the server within {} s", patience.as_secs_f64()),
-        Err(tungstenite::HandshakeError::Failure(e)) => return Err(anyhow::Error::new(e).context(format!("WebSocket handshake with {url}"))),
+        // Its text once (the error's sources repeat it): and the likely
+        // cause of an answer that is not HTTP.
+        Err(tungstenite::HandshakeError::Failure(e)) => bail!("WebSocket handshake with {url}: {e} (is {address} the market-data port?)"),
     };
     socket.get_ref().set_read_timeout(Some(Duration::from_millis(200)))?;
     let mut seen = Seen { messages: 0, bytes: 0, trade_latency_ms: hdrhistogram::Histogram::new(3)?, closed: None };
