@@ -274,6 +274,22 @@ def main():
             checks.check("without the old venue's trades",
                          wait_for(page, "document.querySelectorAll('#trades .row').length === 0", 5),
                          page.evaluate("[...document.querySelectorAll('#trades .row')].slice(0, 3).map(r => r.dataset.id)"))
+            # Another fresh venue, with the same instruments but fewer
+            # commands than the one before it: the counters went back, so
+            # the page starts over (stopped and started within a poll or
+            # across several, the last counters seen are compared).
+            subprocess.run([args.binary, "order", "--address", binary_address, "place", "--side", "buy", "--qty", "1", "--price", "100"],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            seq = get(market, "/crossbook/stats")["seq"]
+            wait_for(page, f"document.getElementById('stat-seq').textContent === '{seq}'", 5)
+            restarts = page.evaluate("window.crossbook.venueRestarts")
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=30)
+            wait_for(page, "document.getElementById('status').textContent.startsWith('disconnected')")
+            server, binary_address, _ = start_server(args.binary, os.path.join(data, "fresh2"), config, market=market)
+            checks.check("a venue whose counters went back starts the page over",
+                         wait_for(page, f"window.crossbook.venueRestarts > {restarts} && document.getElementById('status').textContent === 'live'", 20),
+                         page.evaluate("[window.crossbook.venueRestarts, window.crossbook.statusHistory.slice(-4)]"))
             checks.check("no script errors on the page", not errors, errors)
             browser.close()
     finally:

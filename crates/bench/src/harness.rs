@@ -536,7 +536,6 @@ pub fn follow_market(market: &mut MarketData, commands: &[Command], recorded: &R
     }
 }
 
-/// The journal figures of `crossbook bench --journal DIR`: in rounds, the
 /// The file that marks a directory as the bench's own scratch directory.
 const SCRATCH_MARKER: &str = ".crossbook-bench";
 
@@ -561,11 +560,12 @@ fn claim_scratch(dir: &Path) -> Result<()> {
             }
         }
     }
-    std::fs::write(dir.join(SCRATCH_MARKER), "crossbook bench's scratch directory: its contents are removed by the next bench\n")
+    std::fs::write(dir.join(SCRATCH_MARKER), "crossbook bench's scratch directory: the journals it writes here (async/, sync/) are removed by the next bench\n")
         .with_context(|| format!("writing in {}", dir.display()))?;
     Ok(())
 }
 
+/// The journal figures of `crossbook bench --journal DIR`: in rounds, the
 /// commands applied in memory, journaled in async mode, journaled in sync
 /// mode, and recovered from the sync journal; medians of each, so that the
 /// ratios compare figures taken side by side.

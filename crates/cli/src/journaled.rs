@@ -18,7 +18,12 @@ pub fn run(commands: &PathBuf, dir: &Path, config: JournalConfig, snapshot_every
     }
     let mut engine = recovered.engine;
     let start = engine.seq();
-    if start as usize >= commands.len() {
+    if start as usize > commands.len() {
+        eprintln!(
+            "recovered seq {start}: the journal holds more commands than the file's {} (another file's journal?); nothing to do",
+            commands.len()
+        );
+    } else if start > 0 && start as usize == commands.len() {
         eprintln!("recovered seq {start}: the journal already holds all {} commands of the file; nothing to do", commands.len());
     } else if start > 0 {
         eprintln!("recovered seq {start}; continuing with command {}", start + 1);

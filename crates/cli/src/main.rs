@@ -246,8 +246,10 @@ enum Cmd {
         format: String,
         /// Rerun the workload of this baseline report and compare; exits
         /// non-zero on a regression past --threshold or different events.
-        /// The baseline says the workload, its size, seed and passes (only
-        /// an exchange-core flow's folder, --flow, comes from here).
+        /// The baseline says the workload, its size and seed (one pass is
+        /// rerun); only an exchange-core flow's folder, --flow, comes from
+        /// here: --commands, --seed, --journal, --format, --passes and
+        /// --no-latency are refused with it, --workload is not read.
         #[arg(long, conflicts_with_all = ["commands", "seed", "journal", "format", "passes", "no_latency"])]
         compare: Option<PathBuf>,
         /// Percent by which a gated figure may get worse before --compare

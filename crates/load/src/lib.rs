@@ -197,7 +197,6 @@ pub(crate) struct Tally {
     /// What the first error was.
     first_error: Option<String>,
     unanswered: u64,
-    /// (order, cid) of acknowledged orders, when asked for.
     /// (order id, the client's id for it: the cid, FIX's ClOrdID, or the
     /// REST and WebSocket API answers' `clientOrderId`), with --acked-out.
     accepted: Vec<(u64, String)>,

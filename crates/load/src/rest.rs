@@ -270,7 +270,6 @@ fn session(mut http: Session, index: u64, options: &Options, start: Instant, end
     tally
 }
 
-/// An order's parameters, as both ways in take them.
 /// An accepted order's id and `clientOrderId`, for --acked-out.
 fn keep_accepted(tally: &mut Tally, answer: &serde_json::Value) {
     if let (Some(order), Some(client_id)) = (answer["orderId"].as_u64(), answer["clientOrderId"].as_str()) {
@@ -278,6 +277,7 @@ fn keep_accepted(tally: &mut Tally, answer: &serde_json::Value) {
     }
 }
 
+/// An order's parameters, as both ways in take them.
 fn order_params(new_order: &crossbook_protocol::NewOrder) -> String {
     format!(
         "symbol=BTCUSD&side={}&type=LIMIT&timeInForce={}&quantity={}&price={}&selfTradePreventionMode=EXPIRE_TAKER",

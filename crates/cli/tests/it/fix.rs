@@ -369,8 +369,10 @@ fn a_compid_whose_account_lost_its_key_does_not_log_on() {
 }
 
 /// A session store is never started afresh by mistake: a CompID file
-/// changed to name another CompID, or a store emptied, stops the server
-/// with the file named; a CompID file whose store is gone is said at start.
+/// changed to name another CompID, or a store whose header is damaged,
+/// stops the server with the file named; an empty store (what a crash left
+/// of a store an earlier release made) and a CompID file whose store is
+/// gone are said at start.
 #[test]
 fn a_store_that_lost_its_header_or_its_compid_stops_the_start() {
     let dir = temp_dir("store-damage");
@@ -398,11 +400,17 @@ fn a_store_that_lost_its_header_or_its_compid_stops_the_start() {
     let said = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && said.contains("names \"MALLORY\", whose store is named otherwise"), "{said}");
     std::fs::write(&comp_file, "ALICE").unwrap();
-    std::fs::write(&store, b"").unwrap();
+    let mut damaged = std::fs::read(&store).unwrap();
+    damaged[1] ^= 0x20;
+    std::fs::write(&store, &damaged).unwrap();
     let output = serve();
     let said = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success() && said.contains("has lost what it held"), "{said}");
-    assert_eq!(std::fs::read(&store).unwrap(), b"", "left as it was");
+    assert!(!output.status.success() && said.contains("no store header") && said.contains("move the file away"), "{said}");
+    assert_eq!(std::fs::read(&store).unwrap(), damaged, "left as it was");
+    std::fs::write(&store, b"").unwrap();
+    let server = start_default(&dir);
+    assert!(server.startup.iter().any(|l| l.contains("is empty (0 bytes, all zero)") && l.contains("starts again at sequence number 1")), "{:#?}", server.startup);
+    assert!(server.terminate().success());
     // The store gone, its CompID file there: said at start.
     std::fs::remove_file(&store).unwrap();
     let server = start_default(&dir);

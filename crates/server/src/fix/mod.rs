@@ -1489,12 +1489,16 @@ enum ToReporter {
     Checkpoint(u64, SyncSender<Vec<u8>>),
 }
 
-/// Writes a new file and syncs it and its directory.
+/// Writes a file whole (another name first, synced, renamed over: a crash
+/// leaves the old content or the new, never an empty file) and syncs its
+/// directory.
 fn write_durably(path: &std::path::Path, bytes: &[u8]) -> Result<(), StoreError> {
     let fail = |source| StoreError::Io { path: path.to_path_buf(), doing: "writing", source };
-    let mut file = std::fs::File::create(path).map_err(fail)?;
+    let writing = path.with_extension("writing");
+    let mut file = std::fs::File::create(&writing).map_err(fail)?;
     file.write_all(bytes).map_err(fail)?;
     file.sync_all().map_err(fail)?;
+    std::fs::rename(&writing, path).map_err(fail)?;
     let dir = path.parent().unwrap_or(std::path::Path::new("."));
     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|source| StoreError::Io { path: dir.to_path_buf(), doing: "syncing the directory", source })
 }

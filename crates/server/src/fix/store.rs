@@ -147,17 +147,33 @@ impl Store {
         let mut file = OpenOptions::new().read(true).append(true).open(path).map_err(io(path, "opening"))?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(io(path, "reading"))?;
-        if bytes.is_empty() {
-            // A store comes into being with its header (`create`): an
-            // empty one lost what it held (its numbers would start again
-            // at 1 with a counterparty that has more).
-            return Err(damaged(0, "empty: a store is made whole with its header, so this one has lost what it held"));
+        if bytes.iter().all(|&b| b == 0) {
+            // Empty, or zeros only: a store made by a release before
+            // 2026-11-27 (which wrote its header unsynced) cut off by a
+            // crash before its first sync, when nothing had been sent yet
+            // (a store is synced before a message goes out), so starting
+            // at 1 is right; or a store emptied since, which nothing here
+            // can tell apart (this build makes a store whole with its
+            // header). Said loudly, and started afresh.
+            crate::log(&format!(
+                "warning: FIX store {} is empty ({} bytes, all zero): a store made by an earlier release just before a crash, \
+                 or one emptied since; its session starts again at sequence number 1 (if its counterparty has sent or received more, \
+                 restore the store from a backup before it logs on)",
+                path.display(),
+                bytes.len()
+            ));
+            drop(file);
+            std::fs::remove_file(path).map_err(io(path, "removing (an empty store)"))?;
+            return Store::open(path);
         } else if !bytes.starts_with(MAGIC) {
             // The first format starts with a whole record; anything else
             // is a damaged header (or no store of ours), never converted
             // to an empty store.
             if !legacy::starts_with_a_record(&bytes) {
-                return Err(damaged(0, "no store header (it is damaged, or this is not a FIX store)"));
+                return Err(damaged(
+                    0,
+                    "no store header (it is damaged, or this is not a FIX store); move the file away to start the session afresh at sequence number 1",
+                ));
             }
             drop(file);
             legacy::convert(path, &bytes)?;
@@ -463,10 +479,10 @@ mod tests {
         }
     }
 
-    /// A store is never taken for a new one, nor converted to an empty one,
-    /// because its header is gone: an empty file, a damaged header, or a
-    /// file that is no store is refused and left as it is. A new store is
-    /// whole from the start (no `.making` file left).
+    /// A store is never converted to an empty one because its header is
+    /// damaged: a damaged header, or a file that is no store, is refused
+    /// and left as it is. A new store is whole from the start (no
+    /// `.making` file left).
     #[test]
     fn a_store_that_lost_its_header_is_refused_not_started_afresh() {
         let path = temp("header");
@@ -495,13 +511,22 @@ mod tests {
             state ^= state << 17;
             *byte = state as u8;
         }
-        for (name, bytes) in [("empty", Vec::new()), ("magic flipped", flipped(0, 0x80)), ("magic byte 2", flipped(2, 1)), ("header zeroed", zeroed), ("random bytes", random)] {
+        for (name, bytes) in [("magic flipped", flipped(0, 0x80)), ("magic byte 2", flipped(2, 1)), ("header zeroed", zeroed), ("random bytes", random)] {
             std::fs::write(&path, &bytes).expect("write");
             match Store::open(&path) {
                 Err(StoreError::Damaged { offset: 0, .. }) => {}
                 other => panic!("{name}: refused, not {:?}", other.map(|(_, r)| (r.next_in, r.next_out))),
             }
             assert_eq!(std::fs::read(&path).expect("read"), bytes, "{name}: left as it was");
+        }
+        // Empty, or zeros only (a store an earlier release made unsynced,
+        // cut off by a crash before anything was sent): started afresh,
+        // with its header (and a warning in the log).
+        for bytes in [Vec::new(), vec![0u8; HEADER_BYTES]] {
+            std::fs::write(&path, &bytes).expect("write");
+            let (_, restored) = Store::open(&path).expect("an empty store starts afresh");
+            assert_eq!((restored.next_in, restored.next_out, restored.account), (1, 1, None));
+            assert_eq!(std::fs::read(&path).expect("read").len(), HEADER_BYTES);
         }
     }
 

@@ -33,6 +33,14 @@ const state = {
   pendingKlines: [],
   lastCandle: null,
   previousStats: null,
+  // The venue's counters at the last answer of /crossbook/stats (kept
+  // while it does not answer: counters lower after a gap mean another
+  // venue), and the polls sent and the newest one handled.
+  lastCounters: null,
+  // How many times counters that went back started the page over.
+  venueRestarts: 0,
+  pollsSent: 0,
+  pollsHandled: 0,
   statusHistory: [],
   pricePrecision: 2,
   // The heartbeat: the id of the last request sent, when it was sent,
@@ -450,6 +458,8 @@ function clearShown() {
 }
 
 function select(symbol) {
+  // None to show (a venue that lists none yet): nothing to connect to.
+  if (!symbol) return;
   if (state.ws) { const old = state.ws; state.ws = null; old.close(); }
   state.symbol = symbol;
   const info = state.instruments.find((i) => i.symbol === symbol);
@@ -492,19 +502,26 @@ function clearStats() {
 }
 
 async function pollStats() {
+  // Polls may overlap (one a second, each given 5 s): an answer older than
+  // one already handled is dropped, so counters never seem to go back.
+  const poll = ++state.pollsSent;
   let stats;
-  try { stats = await getJSON('/crossbook/stats'); } catch (e) { clearStats(); return; }
-  const now = performance.now();
-  let previous = state.previousStats;
-  $('stat-seq').textContent = stats.seq;
-  // Counters that went back: the venue was started again on other data
-  // (a restart on the same data carries them on). Nothing the page shows
-  // is current: no rate is worked out across the two, and it starts over.
-  const restarted = previous !== null && (stats.seq < previous.seq || stats.orders < previous.orders || stats.trades < previous.trades);
-  if (restarted) {
-    previous = null;
-    for (const id of ['stat-orders', 'stat-trades']) $(id).textContent = '-';
+  try { stats = await getJSON('/crossbook/stats'); } catch (e) {
+    if (poll > state.pollsHandled) { state.pollsHandled = poll; clearStats(); }
+    return;
   }
+  if (poll < state.pollsHandled) return;
+  state.pollsHandled = poll;
+  const now = performance.now();
+  const previous = state.previousStats;
+  $('stat-seq').textContent = stats.seq;
+  // Counters that went back since the last answer (kept while the server
+  // did not answer): the venue was started again on other data (a restart
+  // on the same data carries them on). Nothing the page shows is current:
+  // it starts over.
+  const last = state.lastCounters;
+  const restarted = last !== null && (stats.seq < last.seq || stats.orders < last.orders || stats.trades < last.trades);
+  state.lastCounters = { seq: stats.seq, orders: stats.orders, trades: stats.trades };
   // The venue's instruments as they are now: one listed since the page
   // loaded (a configuration reload) gets its button; on a venue started
   // again on other data, those it does not have lose theirs, and one whose
@@ -533,6 +550,7 @@ async function pollStats() {
     }
     for (const b of document.querySelectorAll('#symbols button')) b.classList.toggle('active', b.dataset.symbol === state.symbol);
   }
+  if (restarted) state.venueRestarts += 1;
   if (restarted && !reselected && state.symbol) select(state.symbol);
   // An instrument the operator halted is marked on its button.
   for (const i of stats.instruments || []) {
@@ -544,12 +562,14 @@ async function pollStats() {
   }
   $('stat-sessions').textContent = stats.tradingSessions;
   $('stat-sockets').textContent = stats.webSockets;
-  if (previous) {
+  if (previous && !restarted) {
     const seconds = (now - previous.at) / 1000;
     $('stat-orders').textContent = Math.round((stats.orders - previous.orders) / seconds);
     $('stat-trades').textContent = Math.round((stats.trades - previous.trades) / seconds);
+  } else {
+    for (const id of ['stat-orders', 'stat-trades']) $(id).textContent = '-';
   }
-  state.previousStats = { at: now, seq: stats.seq, orders: stats.orders, trades: stats.trades };
+  state.previousStats = { at: now, orders: stats.orders, trades: stats.trades };
 }
 
 async function start() {
