@@ -391,15 +391,22 @@ fn run_and_recover_binaries_print_the_same_state_hash() {
     }
 }
 
+/// A journal of 4,000 mixed commands in small segments; its segments, in
+/// order.
+fn small_segment_journal(dir: &Path) -> Vec<PathBuf> {
+    let commands = generate(Workload::Mixed, 31, 4_000);
+    journal_run(dir, &commands, small_segments(Durability::Async { interval: Duration::from_millis(5) }), 0);
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "xbj")).collect();
+    segments.sort();
+    segments
+}
+
 /// Recovery stops at the first damage; `journal verify` names every damaged
 /// segment, each with its file, offset and sequence number.
 #[test]
 fn verify_names_every_damaged_segment() {
     let dir = TempDir::new("verify-all");
-    let commands = generate(Workload::Mixed, 31, 4_000);
-    journal_run(&dir.0, &commands, small_segments(Durability::Async { interval: Duration::from_millis(5) }), 0);
-    let mut segments: Vec<PathBuf> = std::fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "xbj")).collect();
-    segments.sort();
+    let segments = small_segment_journal(&dir.0);
     assert!(segments.len() >= 4, "{} segments", segments.len());
     // Damage a record in the middle of the first and of the third segment.
     for path in [&segments[0], &segments[2]] {
@@ -437,10 +444,7 @@ fn verify_names_every_damaged_segment() {
 #[test]
 fn verify_names_a_missing_segment_after_a_damaged_one() {
     let dir = TempDir::new("verify-missing");
-    let commands = generate(Workload::Mixed, 31, 4_000);
-    journal_run(&dir.0, &commands, small_segments(Durability::Async { interval: Duration::from_millis(5) }), 0);
-    let mut segments: Vec<PathBuf> = std::fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "xbj")).collect();
-    segments.sort();
+    let segments = small_segment_journal(&dir.0);
     assert!(segments.len() >= 3, "{} segments", segments.len());
     let mut bytes = std::fs::read(&segments[0]).unwrap();
     bytes[SEGMENT_HEADER_BYTES + RECORD_OVERHEAD + 60] ^= 0x40;

@@ -503,14 +503,9 @@ mod tests {
         };
         let mut zeroed = whole.clone();
         zeroed[..HEADER_BYTES].fill(0);
-        let mut random = vec![0u8; 300];
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        for byte in &mut random {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            *byte = state as u8;
-        }
+        // Bytes that are no store (a Weyl sequence: none zero, none
+        // repeating soon).
+        let random: Vec<u8> = (1..=300u32).map(|i| (i.wrapping_mul(0x9e37_79b9) >> 24) as u8 | 1).collect();
         for (name, bytes) in [("magic flipped", flipped(0, 0x80)), ("magic byte 2", flipped(2, 1)), ("header zeroed", zeroed), ("random bytes", random)] {
             std::fs::write(&path, &bytes).expect("write");
             match Store::open(&path) {
