@@ -974,8 +974,9 @@ impl Gateway {
             let path = store::path_for(&self.dir, &comp_id);
             // The CompID file is durable before the store exists (a store
             // without one would stop the next start), and both names are
-            // durable before anything is recorded in the store.
-            write_durably(&path.with_extension("compid"), comp_id.as_bytes()).map_err(AttachRefusal::Store)?;
+            // durable before anything is recorded in the store (each is
+            // written whole and its directory synced: `store::write_whole`).
+            store::write_whole(&path.with_extension("compid"), comp_id.as_bytes()).map_err(AttachRefusal::Store)?;
             let (mut store, mut restored) = Store::open(&path).map_err(AttachRefusal::Store)?;
             let remembered = {
                 let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
@@ -989,9 +990,6 @@ impl Gateway {
                 store.record(&StoreOp::Received { next_in }, 0);
                 (restored.next_in, restored.next_out) = (next_in, next_out);
             }
-            std::fs::File::open(&self.dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|source| AttachRefusal::Store(StoreError::Io { path: self.dir.clone(), doing: "syncing the directory", source }))?;
             let session = Session::restore(session_config(&self.config, &comp_id), self.dictionary.clone(), restored.next_in, restored.next_out, restored.stored);
             let app = if self.echo { App::Echo(EchoApplication::default()) } else { App::Venue };
             state.sessions.insert(comp_id.clone(), FixSession { session, store, account: restored.account, bound: restored.account, connection: None, app, poisoned: None, through: restored.through_seq, dropped: None, last_connection: None, received_floor: None, received: restored.next_in });
@@ -1487,20 +1485,6 @@ enum ToReporter {
     /// Send the book's checkpoint at this command once the batches before
     /// are followed.
     Checkpoint(u64, SyncSender<Vec<u8>>),
-}
-
-/// Writes a file whole (another name first, synced, renamed over: a crash
-/// leaves the old content or the new, never an empty file) and syncs its
-/// directory.
-fn write_durably(path: &std::path::Path, bytes: &[u8]) -> Result<(), StoreError> {
-    let fail = |source| StoreError::Io { path: path.to_path_buf(), doing: "writing", source };
-    let writing = path.with_extension("writing");
-    let mut file = std::fs::File::create(&writing).map_err(fail)?;
-    file.write_all(bytes).map_err(fail)?;
-    file.sync_all().map_err(fail)?;
-    std::fs::rename(&writing, path).map_err(fail)?;
-    let dir = path.parent().unwrap_or(std::path::Path::new("."));
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|source| StoreError::Io { path: dir.to_path_buf(), doing: "syncing the directory", source })
 }
 
 fn read_comp_id(store: &std::path::Path) -> Option<String> {

@@ -123,18 +123,29 @@ pub fn path_for(dir: &Path, comp_id: &str) -> PathBuf {
     dir.join(format!("{safe}-{:08x}.fixstore", crc32c::crc32c(comp_id.as_bytes())))
 }
 
-/// Makes a new store whole: its header in a file of another name, synced,
-/// then renamed to `path` (the caller syncs the directory), so a store is
-/// never seen without its header.
+/// Writes a file whole (`<name>.writing` first, synced, renamed over: a
+/// crash leaves the old content or the new, never a part) and syncs its
+/// directory. A new store is made so, with its header, and a session's
+/// `.compid` file.
+pub(super) fn write_whole(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let mut writing = path.as_os_str().to_owned();
+    writing.push(".writing");
+    let writing = PathBuf::from(writing);
+    let mut file = File::create(&writing).map_err(io(&writing, "creating"))?;
+    file.write_all(bytes).map_err(io(&writing, "writing"))?;
+    file.sync_all().map_err(io(&writing, "syncing"))?;
+    std::fs::rename(&writing, path).map_err(io(path, "writing"))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir, "syncing the directory"))
+}
+
+/// Makes a new store whole with its header, so a store is never seen
+/// without one.
 fn create(path: &Path) -> Result<(), StoreError> {
-    let making = path.with_extension("making");
     let mut header = [0u8; HEADER_BYTES];
     header[..8].copy_from_slice(MAGIC);
     header[8..12].copy_from_slice(&VERSION.to_le_bytes());
-    let mut file = File::create(&making).map_err(io(&making, "creating"))?;
-    file.write_all(&header).map_err(io(&making, "writing"))?;
-    file.sync_all().map_err(io(&making, "syncing"))?;
-    std::fs::rename(&making, path).map_err(io(path, "creating"))
+    write_whole(path, &header)
 }
 
 impl Store {
@@ -482,13 +493,13 @@ mod tests {
     /// A store is never converted to an empty one because its header is
     /// damaged: a damaged header, or a file that is no store, is refused
     /// and left as it is. A new store is whole from the start (no
-    /// `.making` file left).
+    /// `.writing` file left).
     #[test]
     fn a_store_that_lost_its_header_is_refused_not_started_afresh() {
         let path = temp("header");
         {
             let (mut store, _) = Store::open(&path).expect("open");
-            assert!(!path.with_extension("making").exists());
+            assert!(!PathBuf::from(format!("{}.writing", path.display())).exists());
             assert_eq!(std::fs::read(&path).expect("read").len(), HEADER_BYTES, "the header is there before any record");
             store.bind(7, 40);
             store.record(&StoreOp::Sent { seq: 1, app: None }, 0);
