@@ -22,16 +22,23 @@ pub enum WorkloadSource {
 pub const EXCHANGE_CORE_SINGLE: &str = "exchange-core-single";
 
 impl WorkloadSource {
+    /// Why `name` names no workload the bench runs (the known ones listed),
+    /// if it does not: for a caller that says so before anything else.
+    pub fn unknown(name: &str) -> Option<String> {
+        if name == EXCHANGE_CORE_SINGLE || Workload::from_name(name).is_some() {
+            return None;
+        }
+        let known: Vec<&str> = Workload::ALL.iter().map(|w| w.name()).chain([EXCHANGE_CORE_SINGLE]).collect();
+        Some(format!("unknown workload {name:?}; known: {}", known.join(", ")))
+    }
+
     pub fn parse(name: &str, flow: Option<PathBuf>) -> Result<WorkloadSource> {
-        if name == EXCHANGE_CORE_SINGLE {
-            return Ok(WorkloadSource::ExchangeCore(crossbook_compat::flow_dir(flow)?));
+        if let Some(why) = WorkloadSource::unknown(name) {
+            bail!("{why}");
         }
         match Workload::from_name(name) {
             Some(workload) => Ok(WorkloadSource::Generated(workload)),
-            None => {
-                let known: Vec<&str> = Workload::ALL.iter().map(|w| w.name()).chain([EXCHANGE_CORE_SINGLE]).collect();
-                bail!("unknown workload {name:?}; known: {}", known.join(", "))
-            }
+            None => Ok(WorkloadSource::ExchangeCore(crossbook_compat::flow_dir(flow)?)),
         }
     }
 

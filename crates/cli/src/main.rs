@@ -576,9 +576,8 @@ fn real_main() -> Result<()> {
             if !(threshold.is_finite() && threshold >= 0.0) {
                 usage!("--threshold must be a percentage of 0 or more, not {threshold}");
             }
-            if name != bench::EXCHANGE_CORE_SINGLE && crossbook_workload::Workload::from_name(&name).is_none() {
-                let known: Vec<&str> = crossbook_workload::Workload::ALL.iter().map(|w| w.name()).chain([bench::EXCHANGE_CORE_SINGLE]).collect();
-                usage!("unknown workload {name:?}; known: {}", known.join(", "));
+            if let Some(why) = bench::WorkloadSource::unknown(&name) {
+                usage!("{why}");
             }
             bench::run(bench::Options {
                 workload: bench::WorkloadSource::parse(&name, flow)?,
