@@ -150,6 +150,15 @@ fn deliver(stream_seq: u64, headers: Option<&async_nats::HeaderMap>, payload: &[
     Ok(Delivered { stream_seq, span, records, leader })
 }
 
+/// Says on standard error, the first time, that the start is waiting for
+/// NATS, why, and for how long more.
+fn waiting(said: &mut bool, why: &str, deadline: Instant) {
+    if !std::mem::replace(said, true) {
+        let left = deadline.saturating_duration_since(Instant::now()).as_secs_f64();
+        eprintln!("replication: waiting: {why}; trying again for up to {left:.0} s (connect_timeout_s)");
+    }
+}
+
 impl Log {
     /// Connects (trying for `connect_timeout`), and makes the stream and
     /// the lease bucket if they are not there.
@@ -159,12 +168,15 @@ impl Log {
         let subject = format!("{}.log", config.stream);
         let (js, lease) = runtime.block_on(async {
             let deadline = Instant::now() + config.connect_timeout;
+            // An operator hears once what the start waits for, not only
+            // when `connect_timeout_s` is up.
+            let mut said = false;
             let client = loop {
                 let options = async_nats::ConnectOptions::new().name(&config.node).max_reconnects(None).connection_timeout(Duration::from_secs(2));
                 match options.connect(config.urls.clone()).await {
                     Ok(client) => break client,
                     Err(e) if Instant::now() < deadline => {
-                        let _ = e;
+                        waiting(&mut said, &format!("no NATS server answers at {:?} ({e})", config.urls), deadline);
                         tokio::time::sleep(RETRY * 5).await;
                     }
                     Err(e) => return Err(ReplicationError::Nats(format!("connecting to {:?}: {e}", config.urls))),
@@ -213,7 +225,7 @@ impl Log {
                 match made {
                     Ok(lease) => break Ok((js, lease)),
                     Err(e) if Instant::now() < deadline => {
-                        let _ = e;
+                        waiting(&mut said, &format!("NATS has not made the stream {stream_name} and its lease bucket yet ({e})"), deadline);
                         tokio::time::sleep(RETRY * 5).await;
                     }
                     Err(e) => break Err(ReplicationError::Nats(format!("making the stream {stream_name} and its lease bucket: {e}"))),

@@ -709,8 +709,14 @@ impl Config {
             if !self.fix.listen.is_empty() {
                 return Err(ConfigError::BadReplication("the FIX gateway is not replicated yet: set fix.listen = \"\"".into()));
             }
-            if replication.nats.is_empty() || replication.stream.is_empty() || replication.node.is_empty() || replication.node.len() > 64 || replication.stream.len() > 64 {
-                return Err(ConfigError::BadReplication("nats, stream and node (1 to 64 characters) are needed".into()));
+            if replication.nats.is_empty() {
+                return Err(ConfigError::BadReplication("nats lists no NATS server (nats://host:port)".into()));
+            }
+            for (key, name) in [("node", &replication.node), ("stream", &replication.stream)] {
+                let fits = (1..=64).contains(&name.len()) && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+                if !fits {
+                    return Err(ConfigError::BadReplication(format!("{key} must be 1 to 64 letters, digits, - and _, not {name:?}")));
+                }
             }
             // Refused now, not after `connect_timeout_s` of trying.
             if let Some(url) = replication.nats.iter().find(|url| !nats_url(url)) {
@@ -724,14 +730,16 @@ impl Config {
                     return Err(ConfigError::BadReplication(format!("{key} {address:?}: host:port, at most 64 visible ASCII characters")));
                 }
             }
-            if replication.lease_ttl_ms > 3_600_000 {
-                return Err(ConfigError::OutOfRange { key: "replication.lease_ttl_ms", value: replication.lease_ttl_ms, least: 300, most: 3_600_000 });
-            }
-            if !replication.node.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') || !replication.stream.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-                return Err(ConfigError::BadReplication("node and stream are letters, digits, - and _".into()));
-            }
-            if replication.replicas == 0 || replication.lease_ttl_ms < 300 {
-                return Err(ConfigError::BadReplication("replicas at least 1, lease_ttl_ms at least 300".into()));
+            // JetStream keeps at most 5 copies of a stream (refused now,
+            // not after `connect_timeout_s` of asking NATS).
+            for (key, value, least, most) in [
+                ("replication.replicas", replication.replicas as u64, 1, 5),
+                ("replication.lease_ttl_ms", replication.lease_ttl_ms, 300, 3_600_000),
+                ("replication.connect_timeout_s", replication.connect_timeout_s, 1, 3_600),
+            ] {
+                if !(least..=most).contains(&value) {
+                    return Err(ConfigError::OutOfRange { key, value, least, most });
+                }
             }
         }
         let mut keys: std::collections::HashMap<&str, AccountId> = std::collections::HashMap::new();
@@ -879,6 +887,18 @@ mod tests {
         let replicated = |extra: &str| checked(&format!("[fix]\nlisten = \"\"\n\n[replication]\nnats = [\"nats://127.0.0.1:4222\"]\nstream = \"S\"\nnode = \"a\"\n{extra}"));
         assert!(replicated("").is_ok());
         assert!(replicated("lease_ttl_ms = 9223372036854775807").is_err());
+        // Each key by name, with its range and the value given.
+        for (line, said) in [
+            ("lease_ttl_ms = 299", "replication.lease_ttl_ms must be 300 to 3600000, not 299"),
+            ("replicas = 0", "replication.replicas must be 1 to 5, not 0"),
+            ("replicas = 6", "replication.replicas must be 1 to 5, not 6"),
+            ("connect_timeout_s = 0", "replication.connect_timeout_s must be 1 to 3600, not 0"),
+        ] {
+            assert!(replicated(line).is_err_and(|e| e == said), "{line}");
+        }
+        let long = "n".repeat(65);
+        assert!(checked(&format!("[fix]\nlisten = \"\"\n\n[replication]\nnats = [\"nats://h:1\"]\nstream = \"S\"\nnode = \"{long}\"")).is_err_and(|e| e == format!("replication: node must be 1 to 64 letters, digits, - and _, not \"{long}\"")));
+        assert!(checked("[fix]\nlisten = \"\"\n\n[replication]\nnats = []\nstream = \"S\"\nnode = \"a\"").is_err_and(|e| e.contains("nats lists no NATS server")));
         assert!(replicated(&format!("advertise_binary = \"{}:7700\"", "h".repeat(70))).is_err_and(|e| e.contains("advertise_binary")));
         assert!(checked("[fix]\nlisten = \"\"\n\n[replication]\nnats = [\"bogus::url\"]\nstream = \"S\"\nnode = \"a\"").is_err_and(|e| e.contains("not a NATS server")));
         assert!(checked(&format!("[fix]\nlisten = \"\"\n\n[replication]\nnats = [\"nats://h:1\"]\nstream = \"{}\"\nnode = \"a\"", "S".repeat(65))).is_err());

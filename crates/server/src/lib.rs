@@ -342,6 +342,13 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
             binary: if replication.advertise_binary.is_empty() { address.to_string() } else { replication.advertise_binary.clone() },
             rest: if replication.advertise_rest.is_empty() { market_address.map(|a| a.to_string()).unwrap_or_default() } else { replication.advertise_rest.clone() },
         };
+        // A wildcard listening address is no address for a client on
+        // another machine: the lease would send it there.
+        for (key, address) in [("advertise_binary", &me.binary), ("advertise_rest", &me.rest)] {
+            if address.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_unspecified()) {
+                log(&format!("replication: warning: clients are sent to {address} (the listening address) when this node leads, which no other machine can reach: set {key} to an address they can"));
+            }
+        }
         let ttl = std::time::Duration::from_millis(replication.lease_ttl_ms);
         lease = Some(replica::lease_thread(replicated_log.clone(), node.clone(), me, replication.candidate, ttl, wake.clone()).map_err(ServeError::io("starting the lease thread"))?);
         sequencer.replicated(sequencer::Replication { log: replicated_log, state: node.clone(), wake, chain, role: sequencer::Role::Follower(reader), setup: if from <= 1 { config.checked_setup_commands()? } else { config.setup_commands()? }, candidate: replication.candidate, accept_pending: false });

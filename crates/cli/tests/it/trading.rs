@@ -652,6 +652,27 @@ fn every_bad_request_is_refused_with_its_binance_code() {
     refused(alice(&server, "DELETE", "/api/v3/order", &[("symbol", "BTCUSD"), ("orderId", "1"), ("origClientOrderId", "")]), 400, -1100);
     refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "1"), ("price", "50000"), ("newOrderRespType", "")]), 400, -1100);
     refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "1"), ("price", "50000"), ("selfTradePreventionMode", "")]), 400, -1100);
+    // Sent empty, what an order needs is missing (-1102), what it may have
+    // is illegal (-1100), and what the venue does not take is refused
+    // (-1106): none is taken as not sent (a plain order placed instead).
+    let limit = [("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "1"), ("price", "50000")];
+    for (name, code) in [("timeInForce", -1102), ("quantity", -1102), ("price", -1102)] {
+        let sent: Vec<(&str, &str)> = limit.iter().map(|&(n, v)| if n == name { (n, "") } else { (n, v) }).collect();
+        refused(alice(&server, "POST", "/api/v3/order", &sent), 400, code);
+    }
+    for name in ["stopPrice", "icebergQty", "trailingDelta", "strategyId", "pegPriceType"] {
+        let sent: Vec<(&str, &str)> = limit.iter().copied().chain([(name, "")]).collect();
+        refused(alice(&server, "POST", "/api/v3/order", &sent), 400, -1106);
+    }
+    let market_buy = [("symbol", "BTCUSD"), ("side", "BUY"), ("type", "MARKET")];
+    for extra in [&[("price", ""), ("quantity", "1")][..], &[("quantity", ""), ("quoteOrderQty", "100")], &[("quoteOrderQty", ""), ("quantity", "1")]] {
+        let sent: Vec<(&str, &str)> = market_buy.iter().chain(extra).copied().collect();
+        refused(alice(&server, "POST", "/api/v3/order", &sent), 400, -1100);
+    }
+    refused(alice(&server, "DELETE", "/api/v3/order", &[("symbol", "BTCUSD"), ("orderId", "1"), ("cancelRestrictions", "")]), 400, -1106);
+    // A budget has no quantity for FOK to fill whole.
+    let fok = refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "MARKET"), ("quoteOrderQty", "100"), ("timeInForce", "FOK")]), 400, -1128);
+    assert!(fok.body["msg"].as_str().is_some_and(|m| m.contains("quoteOrderQty with timeInForce FOK")), "{}", fok.body);
     // Parameters: unknown, missing, bad values, unsupported ones refused (never half-done).
     refused(alice(&server, "GET", "/api/v3/account", &[("colour", "red")]), 400, -1104);
     refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "LIMIT"), ("quantity", "1"), ("price", "50000")]), 400, -1102);

@@ -733,7 +733,8 @@ fn side(params: &Params) -> Result<Side, ApiError> {
 /// A decimal parameter in whole units of `unit` (ticks, lots, quote
 /// units); `filter` names the Binance filter a value off the grid fails.
 fn units(params: &Params, name: &str, unit: Unit, filter: &str) -> Result<Option<u64>, ApiError> {
-    let Some(text) = params.get(name) else { return Ok(None) };
+    // Sent empty: refused (-1100), not taken as not sent.
+    let Some(text) = params.optional(name, "a non-negative decimal")? else { return Ok(None) };
     let decimal = Decimal::parse(text.as_bytes()).filter(|d| d.mantissa >= 0).ok_or_else(|| ApiError::illegal(name, "a non-negative decimal"))?;
     let unit = Decimal { mantissa: i128::from(unit.mantissa), scale: unit.scale };
     let whole = decimal.whole_units(unit).ok_or_else(|| ApiError::bad(-1013, format!("Filter failure: {filter}")))?;
@@ -810,7 +811,8 @@ const NEW_ORDER_PARAMS: [&str; 18] = [
 /// trailing, iceberg and pegged orders; strategy tags): refused, never
 /// half-done.
 fn refuse_unsupported(params: &Params, names: &[&str]) -> Result<(), ApiError> {
-    match names.iter().find(|name| params.get(name).is_some()) {
+    // Sent at all, even empty.
+    match names.iter().find(|name| params.all().iter().any(|(sent, _)| sent == *name)) {
         Some(name) => Err(ApiError::bad(-1106, format!("Parameter '{name}' sent when not required."))),
         None => Ok(()),
     }
@@ -840,6 +842,16 @@ fn parse_new_order(market: &MarketData, account: AccountId, params: &Params) -> 
         "MARKET" => (OrderType::Market, false),
         _ => return Err(ApiError::bad(-1116, "Invalid orderType.")),
     };
+    // What a limit order needs, sent empty, is missing (-1102), not
+    // illegal as an optional one is.
+    let needed: &[&str] = match kind {
+        "LIMIT" => &["timeInForce", "quantity", "price"],
+        "LIMIT_MAKER" => &["quantity", "price"],
+        _ => &[],
+    };
+    if let Some(name) = needed.iter().find(|name| params.get(name).is_none()) {
+        return Err(ApiError::mandatory(name));
+    }
     let tif = match (kind, params.optional("timeInForce", "GTC, IOC, FOK")?) {
         ("LIMIT", None) => return Err(ApiError::mandatory("timeInForce")),
         ("LIMIT", Some("GTC")) | ("LIMIT_MAKER", None) => TimeInForce::Gtc,
@@ -874,6 +886,11 @@ fn parse_new_order(market: &MarketData, account: AccountId, params: &Params) -> 
                 (None, Some(budget)) => {
                     if side == Side::Sell {
                         return Err(ApiError::bad(-2010, "Quote order qty market sell orders are not supported: give quantity."));
+                    }
+                    // A budget buys as many lots as it pays for: there is
+                    // no quantity for FOK to fill whole.
+                    if tif == TimeInForce::Fok {
+                        return Err(ApiError::bad(-1128, "Combination of optional parameters invalid: quoteOrderQty with timeInForce FOK (a budget buys what it can: send IOC, or quantity with FOK)."));
                     }
                     (info.max_qty, Some(budget), 0)
                 }
@@ -1168,6 +1185,9 @@ pub(crate) async fn amend_order_core(hub: &Hub, auth: &Auth<'_>) -> Result<(Valu
         let market = hub.read();
         let index = params.instrument(&market)?;
         let info = &market.instruments[index].info;
+        if params.get("newQty").is_none() {
+            return Err(ApiError::mandatory("newQty"));
+        }
         let new_qty = units(&params, "newQty", info.qty_unit, "LOT_SIZE")?.ok_or_else(|| ApiError::mandatory("newQty"))?;
         if new_qty == 0 {
             return Err(ApiError::bad(-1013, "Filter failure: LOT_SIZE"));
