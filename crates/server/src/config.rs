@@ -105,6 +105,9 @@ pub struct MarketDataConfig {
     pub listen: String,
     /// WebSocket connections at once; one more is refused (HTTP 503).
     pub max_connections: usize,
+    /// WebSocket connections at once from one client address; one more is
+    /// refused (HTTP 429).
+    pub max_connections_per_address: usize,
     /// Streams one WebSocket connection may subscribe to.
     pub max_streams: usize,
     /// Messages waiting to be sent to one WebSocket connection; a client
@@ -121,6 +124,9 @@ pub struct MarketDataConfig {
     /// WebSocket, which `max_connections` bounds); one more is closed as
     /// soon as it is accepted.
     pub max_http_connections: usize,
+    /// HTTP connections at once from one client address; one more is
+    /// closed as soon as it is accepted.
+    pub max_http_connections_per_address: usize,
     /// Seconds an HTTP connection has to send a request's whole header,
     /// from its opening or its previous answer; then it is closed (an
     /// idle keep-alive connection too).
@@ -164,12 +170,14 @@ impl Default for MarketDataConfig {
         MarketDataConfig {
             listen: "127.0.0.1:7702".into(),
             max_connections: 1024,
+            max_connections_per_address: 256,
             max_streams: 1024,
             queue: 4096,
             max_message: 4096,
             max_messages_per_s: 10,
             ping_interval_s: 20,
             max_http_connections: 1024,
+            max_http_connections_per_address: 64,
             header_timeout_s: 30,
             trading: true,
             max_weight_per_minute: 6000,
@@ -659,6 +667,8 @@ impl Config {
             ("market_data.ping_interval_s", market.ping_interval_s, 1, 3_600),
             ("market_data.header_timeout_s", market.header_timeout_s, 1, 3_600),
             ("market_data.max_http_connections", market.max_http_connections as u64, 1, 1_000_000),
+            ("market_data.max_http_connections_per_address", market.max_http_connections_per_address as u64, 1, 1_000_000),
+            ("market_data.max_connections_per_address", market.max_connections_per_address as u64, 1, 1_000_000),
             ("fix.max_latency_s", self.fix.max_latency_s, 1, 315_360_000),
             ("fix.max_message", self.fix.max_message as u64, 1_024, 1 << 30),
             // A zero in any of these would start a venue nobody can use.

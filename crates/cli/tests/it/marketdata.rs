@@ -876,3 +876,84 @@ fn the_feeds_carry_on_after_a_restart() {
     assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "ids without gaps");
     assert!(server.terminate().success());
 }
+
+/// A TCP connection to `address` from the loopback address `source`.
+fn connect_from(source: &str, address: &str) -> TcpStream {
+    let to: std::net::SocketAddr = address.parse().expect("address");
+    let from: std::net::SocketAddr = format!("{source}:0").parse().expect("source");
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    socket.bind(&from.into()).expect("bind");
+    socket.connect(&to.into()).expect("connect");
+    socket.into()
+}
+
+/// One client address holds at most `max_http_connections_per_address`
+/// HTTP connections and `max_connections_per_address` WebSocket ones:
+/// past them its next is closed at once (HTTP) or refused with 429
+/// (WebSocket), while another address is served, and a connection that
+/// ends gives its address's place back.
+#[test]
+fn one_client_address_cannot_take_every_connection() {
+    let dir = TempDir::new("md-per-address");
+    let base = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../crossbook.toml")).expect("crossbook.toml");
+    let text = base.replace("max_http_connections_per_address = 64 ", "max_http_connections_per_address = 2 ").replace("max_connections_per_address = 256 ", "max_connections_per_address = 2 ");
+    assert!(text.contains("max_http_connections_per_address = 2 ") && text.contains("max_connections_per_address = 2 "), "crossbook.toml's [market_data] lines changed");
+    let config = dir.0.join("per-address.toml");
+    std::fs::write(&config, text).expect("config");
+    let server = start(&dir.0, Some(&config));
+    let market = server.market_address.clone();
+    let closed_within = |stream: &mut TcpStream, within: Duration| {
+        stream.set_read_timeout(Some(within)).expect("timeout");
+        let mut buffer = [0u8; 256];
+        loop {
+            match stream.read(&mut buffer) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => return false,
+                Err(_) => return true,
+            }
+        }
+    };
+    // HTTP: two idle connections from 127.0.0.3 hold its share.
+    let idle: Vec<TcpStream> = (0..2).map(|_| connect_from("127.0.0.3", &market)).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut third = connect_from("127.0.0.3", &market);
+    assert!(closed_within(&mut third, Duration::from_secs(2)), "a third connection from one address is closed at once");
+    let mut other = connect_from("127.0.0.4", &market);
+    other.write_all(b"GET /api/v3/ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("write");
+    let mut answer = String::new();
+    other.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let _ = other.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "another address is served: {answer}");
+    drop(idle);
+    server.expect_log("market_data.max_http_connections_per_address");
+    // WebSocket: two from 127.0.0.5, the third refused with 429 and
+    // -1003; another address is let in; one closed frees a place.
+    let upgrade = |source: &str| tungstenite::client(format!("ws://{market}/ws/btcusd@trade"), connect_from(source, &market));
+    let mut open: Vec<_> = (0..2).map(|_| upgrade("127.0.0.5").expect("a WebSocket within the address's share").0).collect();
+    match upgrade("127.0.0.5") {
+        Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(response))) => {
+            assert_eq!(response.status(), 429);
+            let body = String::from_utf8_lossy(response.body().as_deref().unwrap_or_default()).into_owned();
+            assert!(body.contains("-1003") && body.contains("at most 2 per address"), "{body}");
+        }
+        other => panic!("a third WebSocket from one address: {:?}", other.map(|_| ())),
+    }
+    let (mut elsewhere, _) = upgrade("127.0.0.6").expect("another address's WebSocket");
+    let _ = elsewhere.close(None);
+    let mut first = open.remove(0);
+    let _ = first.close(None);
+    let _ = first.read();
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match upgrade("127.0.0.5") {
+            Ok(_) => break,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("the address's place was not given back: {e:?}"),
+        }
+    }
+}

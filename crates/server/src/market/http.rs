@@ -752,6 +752,8 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, hub: &Arc<H
     let open = Arc::new(AtomicUsize::new(0));
     let timeout = Duration::from_secs(hub.config.header_timeout_s);
     let mut refused = 0u64;
+    let per_address = PerAddress::new(hub.config.max_http_connections_per_address);
+    let mut refused_per_address = 0u64;
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -775,6 +777,18 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, hub: &Arc<H
             drop(tcp);
             continue;
         }
+        let Some(address_slot) = per_address.take(peer.ip()) else {
+            refused_per_address += 1;
+            if refused_per_address.is_power_of_two() {
+                log(&format!(
+                    "market data: {refused_per_address} HTTP connections closed at once so far: {} open already from {} (market_data.max_http_connections_per_address)",
+                    per_address.most,
+                    peer.ip()
+                ));
+            }
+            drop(tcp);
+            continue;
+        };
         // No Nagle: a small answer or message goes out at once, not when
         // the client's next segment acknowledges the last one (a
         // pipelining client waited a whole request interval).
@@ -784,7 +798,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, hub: &Arc<H
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
         let mut stop = stopping.clone();
         tokio::spawn(PEER.scope(peer.ip(), async move {
-            let _counted = counted;
+            let _counted = (counted, address_slot);
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(timeout);
             let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(tcp), service).with_upgrades();
@@ -802,6 +816,48 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, hub: &Arc<H
     let deadline = tokio::time::Instant::now() + STOP_GRACE;
     while (open.load(Ordering::Acquire) > 0 || hub.connections.load(Ordering::Acquire) > 0) && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Connections open from each client address, at most `most` each: one
+/// client cannot take every connection the server allows.
+pub(crate) struct PerAddress {
+    open: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+    pub(crate) most: usize,
+}
+
+impl PerAddress {
+    pub(crate) fn new(most: usize) -> Arc<PerAddress> {
+        Arc::new(PerAddress { open: std::sync::Mutex::new(std::collections::HashMap::new()), most })
+    }
+
+    /// One more connection from `address`, unless it has `most` open.
+    pub(crate) fn take(self: &Arc<PerAddress>, address: std::net::IpAddr) -> Option<AddressSlot> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let count = open.entry(address).or_insert(0);
+        if *count >= self.most {
+            return None;
+        }
+        *count += 1;
+        Some(AddressSlot { of: self.clone(), address })
+    }
+}
+
+/// One connection counted against its address, given back when dropped.
+pub(crate) struct AddressSlot {
+    of: Arc<PerAddress>,
+    address: std::net::IpAddr,
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut open = self.of.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = open.get_mut(&self.address) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.address);
+            }
+        }
     }
 }
 

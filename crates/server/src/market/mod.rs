@@ -172,6 +172,8 @@ pub(crate) struct Hub {
     subscribers: Mutex<BTreeMap<String, Vec<Subscriber>>>,
     pub(crate) config: crate::config::MarketDataConfig,
     pub(crate) connections: AtomicUsize,
+    /// WebSocket connections by client address (`max_connections_per_address`).
+    pub(crate) connections_by_address: Arc<http::PerAddress>,
     next_connection: AtomicU64,
     /// Logged-in trading sessions: the binary gateway's count, and the
     /// FIX gateway's connected sessions.
@@ -408,6 +410,7 @@ impl Market {
             subscribers: Mutex::new(BTreeMap::new()),
             config: config.market_data.clone(),
             connections: AtomicUsize::new(0),
+            connections_by_address: http::PerAddress::new(config.market_data.max_connections_per_address),
             next_connection: AtomicU64::new(0),
             sessions,
             fix_sessions,

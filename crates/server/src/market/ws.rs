@@ -94,13 +94,23 @@ fn open(hub: Arc<Hub>, upgrade: WebSocketUpgrade, streams: Vec<String>, combined
     if hub.stopping.load(Ordering::Acquire) {
         return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, -1001, "The server is shutting down.").into_response();
     }
+    let peer = super::http::peer();
+    // One client address holds at most its share (every connection here
+    // has one; a caller outside a connection's task is not limited).
+    let address_slot = match peer.map(|address| (address, hub.connections_by_address.take(address))) {
+        Some((address, None)) => {
+            return ApiError::new(StatusCode::TOO_MANY_REQUESTS, -1003, format!("Too many WebSocket connections from {address}: at most {} per address.", hub.config.max_connections_per_address)).into_response();
+        }
+        Some((_, slot)) => slot,
+        None => None,
+    };
     if hub.connections.fetch_add(1, Ordering::AcqRel) >= hub.config.max_connections {
         hub.connections.fetch_sub(1, Ordering::AcqRel);
         return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, -1003, format!("Too many WebSocket connections: at most {}.", hub.config.max_connections)).into_response();
     }
     // The slot is given back when the connection ends, and also when the
     // upgrade never completes (its callback is then dropped unrun).
-    let slot = Slot(hub.clone());
+    let slot = Slot { hub: hub.clone(), _address: address_slot };
     let max = hub.config.max_message;
     // The read buffer holds a client's requests, which are small. The
     // WebSocket layer zeroes up to a buffer's worth each time the socket
@@ -112,19 +122,23 @@ fn open(hub: Arc<Hub>, upgrade: WebSocketUpgrade, streams: Vec<String>, combined
     // whole: the buffer grows for it.
     // The upgraded connection runs in a task of its own: the client's
     // address goes with it (what its signed requests' weight is counted by).
-    let peer = super::http::peer();
     upgrade.read_buffer_size(READ_BUFFER).max_message_size(max).max_frame_size(max).on_upgrade(move |socket| async move {
         let slot = slot;
-        super::http::with_peer(peer, serve(&slot.0, socket, names, combined, api)).await;
+        super::http::with_peer(peer, serve(&slot.hub, socket, names, combined, api)).await;
     })
 }
 
-/// One of `max_connections`, held by a connection.
-struct Slot(Arc<Hub>);
+/// One of `max_connections` (and of its address's
+/// `max_connections_per_address`), held by a connection.
+struct Slot {
+    hub: Arc<Hub>,
+    /// Given back with the slot.
+    _address: Option<super::http::AddressSlot>,
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.connections.fetch_sub(1, Ordering::AcqRel);
+        self.hub.connections.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
