@@ -929,17 +929,18 @@ fn one_client_address_cannot_take_every_connection() {
     server.expect_log("market_data.max_http_connections_per_address");
     // WebSocket: two from 127.0.0.5, the third refused with 429 and
     // -1003; another address is let in; one closed frees a place.
-    let upgrade = |source: &str| tungstenite::client(format!("ws://{market}/ws/btcusd@trade"), connect_from(source, &market));
-    let mut open: Vec<_> = (0..2).map(|_| upgrade("127.0.0.5").expect("a WebSocket within the address's share").0).collect();
-    match upgrade("127.0.0.5") {
-        Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(response))) => {
-            assert_eq!(response.status(), 429);
-            let body = String::from_utf8_lossy(response.body().as_deref().unwrap_or_default()).into_owned();
-            assert!(body.contains("-1003") && body.contains("at most 2 per address"), "{body}");
-        }
-        other => panic!("a third WebSocket from one address: {:?}", other.map(|_| ())),
-    }
-    let (mut elsewhere, _) = upgrade("127.0.0.6").expect("another address's WebSocket");
+    // The socket, or the refusal's status and body.
+    let upgrade = |source: &str| {
+        tungstenite::client(format!("ws://{market}/ws/btcusd@trade"), connect_from(source, &market)).map(|(socket, _)| socket).map_err(|e| match e {
+            tungstenite::HandshakeError::Failure(tungstenite::Error::Http(response)) => (response.status().as_u16(), String::from_utf8_lossy(response.body().as_deref().unwrap_or_default()).into_owned()),
+            other => (0, other.to_string()),
+        })
+    };
+    let mut open: Vec<_> = (0..2).map(|_| upgrade("127.0.0.5").expect("a WebSocket within the address's share")).collect();
+    let (status, body) = upgrade("127.0.0.5").map(|_| ()).expect_err("a third WebSocket from one address is refused");
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("-1003") && body.contains("at most 2 per address"), "{body}");
+    let mut elsewhere = upgrade("127.0.0.6").expect("another address's WebSocket");
     let _ = elsewhere.close(None);
     let mut first = open.remove(0);
     let _ = first.close(None);
