@@ -181,6 +181,11 @@ pub(crate) fn run(options: Options) -> Result<()> {
         if let ServerMessage::Error { reason } = &message {
             refused = Some(reason.to_string());
         }
+        // The server ends the session (it stops, or a reload took the
+        // account's key away): nothing more comes.
+        if let ServerMessage::Logout { .. } = &message {
+            bail!("the server ended the session ({})", describe(&message));
+        }
         if answered.is_none() && answers(&options.action, &message, request) {
             answered = Some(Instant::now());
         }

@@ -175,7 +175,10 @@ pub fn describe(message: &ServerMessage) -> String {
             )
         }
         ServerMessage::Heartbeat => "heartbeat".into(),
-        ServerMessage::Logout { reason } => format!("logout reason={reason}"),
+        ServerMessage::Logout { reason } => match crossbook_protocol::ProtocolError::from_code(*reason) {
+            Some(known) => format!("logout reason={known}"),
+            None => format!("logout reason={reason}"),
+        },
         ServerMessage::Error { reason } => format!("error reason={reason}"),
         ServerMessage::Balance { request, asset, available, locked } => format!("balance request={request} asset={asset} available={available} locked={locked}"),
         ServerMessage::OpenOrder(o) => format!(

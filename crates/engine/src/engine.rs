@@ -405,22 +405,7 @@ impl Engine {
         let (Some(base), Some(quote)) = (self.asset_index.get(spec.base.into()), self.asset_index.get(spec.quote.into())) else {
             return Err(RejectReason::UnknownAsset);
         };
-        let max_notional = i128::from(spec.max_price) * i128::from(spec.max_qty) * i128::from(spec.tick_size);
-        let max_base = i128::from(spec.max_qty) * i128::from(spec.lot_size);
-        let invalid = spec.base == spec.quote
-            || spec.tick_size == 0
-            || spec.lot_size == 0
-            || spec.min_qty == 0
-            || spec.min_qty > spec.max_qty
-            || spec.min_price < 1
-            || spec.min_price > spec.max_price
-            || spec.taker_bps < 0
-            || spec.taker_bps > 10_000
-            || spec.maker_bps > spec.taker_bps
-            || spec.maker_bps + spec.taker_bps < 0
-            || max_notional > i128::from(MAX_SUPPLY)
-            || max_base > i128::from(MAX_SUPPLY);
-        if invalid {
+        if spec.invalid_because().is_some() {
             return Err(RejectReason::InvalidInstrument);
         }
         let index = self.instruments.len() as u32;

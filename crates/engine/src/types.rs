@@ -112,6 +112,45 @@ pub struct InstrumentSpec {
     pub taker_bps: i64,
 }
 
+impl InstrumentSpec {
+    /// The first rule of `invalid_instrument` (`docs/engine.md`, the
+    /// `instrument` command) this definition breaks, in words; `None` if
+    /// it breaks none. The engine refuses by it, and a configuration's
+    /// error names it.
+    pub fn invalid_because(&self) -> Option<String> {
+        let max_notional = i128::from(self.max_price) * i128::from(self.max_qty) * i128::from(self.tick_size);
+        let max_base = i128::from(self.max_qty) * i128::from(self.lot_size);
+        let supply = i128::from(MAX_SUPPLY);
+        Some(if self.base == self.quote {
+            format!("base and quote are both asset {}", self.base)
+        } else if self.tick_size == 0 {
+            "tick_size is 0".into()
+        } else if self.lot_size == 0 {
+            "lot_size is 0".into()
+        } else if self.min_qty == 0 {
+            "min_qty is 0".into()
+        } else if self.min_qty > self.max_qty {
+            format!("min_qty {} is above max_qty {}", self.min_qty, self.max_qty)
+        } else if self.min_price < 1 {
+            format!("min_price {} is below 1", self.min_price)
+        } else if self.min_price > self.max_price {
+            format!("min_price {} is above max_price {}", self.min_price, self.max_price)
+        } else if !(0..=10_000).contains(&self.taker_bps) {
+            format!("taker_bps {} is not 0 to 10000", self.taker_bps)
+        } else if self.maker_bps > self.taker_bps {
+            format!("maker_bps {} is above taker_bps {}", self.maker_bps, self.taker_bps)
+        } else if self.maker_bps + self.taker_bps < 0 {
+            format!("maker_bps {} would pay more rebate than taker_bps {} takes", self.maker_bps, self.taker_bps)
+        } else if max_notional > supply {
+            format!("max_price x max_qty x tick_size ({max_notional}) is past 2^62")
+        } else if max_base > supply {
+            format!("max_qty x lot_size ({max_base}) is past 2^62")
+        } else {
+            return None;
+        })
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlaceOrder {
     pub account: AccountId,

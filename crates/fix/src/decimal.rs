@@ -12,7 +12,7 @@ pub struct Decimal {
 
 /// At most this many digits in a FIX decimal (enough for any price or
 /// quantity; more is refused rather than rounded).
-const MAX_DIGITS: usize = 30;
+pub const MAX_DIGITS: usize = 30;
 
 impl Decimal {
     /// Parses `[-]digits[.digits]` (the FIX float format; at least one

@@ -92,8 +92,19 @@ pub fn retained(all: &[(u64, PathBuf)], retention: Retention, attached: impl Fn(
 /// removes the temporary file (best effort) and leaves every snapshot
 /// that was there.
 pub fn write_snapshot_state(dir: &Path, header: SnapshotHeader, state: &[u8], attachments: &[u8], retention: Retention) -> Result<PathBuf, JournalError> {
-    let bytes = encode_snapshot(header, state, attachments);
     let path = dir.join(snapshot_name(header.seq));
+    // A snapshot at the same command holds the same state (the engine is
+    // a function of the journal): one written without the gateways'
+    // checkpoints (at shutdown) does not replace a sound one with them
+    // (an operator's SIGUSR1 just before), which spares the next start a
+    // longer re-read.
+    if attachments.is_empty()
+        && let Ok(existing) = std::fs::read(&path)
+        && decode_snapshot(&existing).is_ok_and(|parts| parts.header == header && !parts.attachments.is_empty())
+    {
+        return Ok(path);
+    }
+    let bytes = encode_snapshot(header, state, attachments);
     let temporary = path.with_extension("xbs.tmp");
     let written = (|| {
         let mut file = OpenOptions::new()
@@ -553,5 +564,34 @@ mod tests {
         // Without a reach, the newest with attachments stays all the same.
         let keep = retained(&all, Retention { newest: 2, reach: 0 }, |p| p == Path::new("500"));
         assert_eq!(keep, vec![PathBuf::from("900"), PathBuf::from("800"), PathBuf::from("500")]);
+    }
+
+    /// A snapshot without the gateways' checkpoints (the shutdown's) does
+    /// not replace a sound one at the same command with them (an
+    /// operator's just before); one with them does, and so does any
+    /// snapshot a damaged file of the same name.
+    #[test]
+    fn a_snapshot_without_checkpoints_keeps_one_with_them_at_the_same_command() {
+        let dir = std::env::temp_dir().join(format!("crossbook-snapshot-same-seq-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let engine = Engine::new();
+        let mut state = Vec::new();
+        engine.encode_state(&mut state);
+        let header = SnapshotHeader { seq: engine.seq(), chain: 7 };
+        let retention = Retention { newest: 2, reach: 0 };
+        let attachments_of = |path: &Path| decode_snapshot(&std::fs::read(path).expect("read")).expect("sound").attachments.to_vec();
+        let path = write_snapshot_state(&dir, header, &state, b"checkpoints", retention).expect("written");
+        write_snapshot_state(&dir, header, &state, &[], retention).expect("written");
+        assert_eq!(attachments_of(&path), b"checkpoints");
+        write_snapshot_state(&dir, header, &state, b"newer", retention).expect("written");
+        assert_eq!(attachments_of(&path), b"newer");
+        let mut damaged = std::fs::read(&path).expect("read");
+        let last = damaged.len() - 1;
+        damaged[last] ^= 1;
+        std::fs::write(&path, damaged).expect("write");
+        write_snapshot_state(&dir, header, &state, &[], retention).expect("written");
+        assert!(attachments_of(&path).is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

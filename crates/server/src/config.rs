@@ -498,7 +498,7 @@ impl std::fmt::Display for ConfigError {
             }
             ConfigError::SegmentTooSmall(bytes) => write!(f, "segment_bytes must be at least {MIN_SEGMENT_BYTES}, not {bytes}"),
             ConfigError::BadFixApplication(other) => write!(f, "fix.application must be venue or echo, not {other:?}"),
-            ConfigError::BadFixUnit { symbol, what, value } => write!(f, "instrument {symbol}: {what} {value:?} is not a positive decimal"),
+            ConfigError::BadFixUnit { symbol, what, value } => write!(f, "instrument {symbol}: {what} {value:?} is not a positive decimal of at most {} digits whose digits, the point left out, make at most {}", crossbook_fix::decimal::MAX_DIGITS, u64::MAX),
             ConfigError::SymbolClash { symbol, binance } => write!(f, "instrument {symbol}: another instrument's symbol is also written {binance} (letters and digits only), as market data names it"),
             ConfigError::AssetClash { name, other } => write!(f, "assets {other} and {name} have the same name in another case (the REST API reads an asset's name in any case)"),
             ConfigError::BadAddress { key, value } => write!(f, "{key} {value:?} is not an address (host:port)"),
@@ -809,7 +809,10 @@ impl Config {
             }) {
                 let what = match command {
                     Command::AddAsset { id, name } => format!("asset {id} ({name})"),
-                    Command::AddInstrument(spec) => format!("instrument {} ({})", spec.id, spec.symbol),
+                    Command::AddInstrument(spec) => match spec.invalid_because() {
+                        Some(why) => format!("instrument {} ({}), whose {why},", spec.id, spec.symbol),
+                        None => format!("instrument {} ({})", spec.id, spec.symbol),
+                    },
                     Command::OpenAccount { account } => format!("account {account}"),
                     // The engine's bound is on the asset's supply (every
                     // deposit of it together), not on this account alone.
@@ -844,6 +847,11 @@ impl Config {
         };
         let mut warnings = Vec::new();
         for i in &self.instruments {
+            // (An instrument the engine refuses is refused by name, not
+            // warned of.)
+            if i.tick_size == 0 || i.lot_size == 0 {
+                continue;
+            }
             let (Some(price), Some(qty)) = (Decimal::parse(i.fix_price_unit.as_bytes()), Decimal::parse(i.fix_qty_unit.as_bytes())) else { continue };
             let lot = Decimal { mantissa: i128::from(i.lot_size), scale: decimals(i.base) };
             if !same(qty, lot) {
@@ -963,7 +971,19 @@ mod tests {
         config.instruments[0].taker_bps = 5;
         assert!(config.setup_commands().is_ok(), "only the check refuses it");
         let refused = config.checked_setup_commands().expect_err("refused").to_string();
-        assert!(refused.contains("invalid_instrument"), "{refused}");
+        assert!(refused.contains("invalid_instrument") && refused.contains("whose maker_bps -10 would pay more rebate than taker_bps 5 takes"), "{refused}");
+        // Each rule by the keys it reads.
+        for (edit, said) in [
+            (&(|i: &mut InstrumentConfig| i.tick_size = 0) as &dyn Fn(&mut InstrumentConfig), "whose tick_size is 0,"),
+            (&|i: &mut InstrumentConfig| i.min_qty = i.max_qty + 1, "whose min_qty"),
+            (&|i: &mut InstrumentConfig| i.maker_bps = i.taker_bps + 1, "is above taker_bps"),
+            (&|i: &mut InstrumentConfig| i.taker_bps = 20_000, "taker_bps 20000 is not 0 to 10000"),
+        ] {
+            let mut config = Config::default();
+            edit(&mut config.instruments[0]);
+            let refused = config.checked_setup_commands().expect_err("refused").to_string();
+            assert!(refused.contains(said), "{refused}");
+        }
     }
 
     #[test]

@@ -370,6 +370,21 @@ fn crossbook_order_places_cancels_and_queries_by_hand() {
     assert!(market && out.contains(" accepted ") && out.contains("reason=ioc"), "{out}");
     let (bad, out) = crossbook(&["order", "--address", address, "--account", "1", "--key", "wrong", "balances"]);
     assert!(!bad && out.contains("login-rejected reason=bad_credentials"), "{out}");
+    // The venue stopping ends a watch: its Logout printed, and the
+    // command's failure (exit 1) says so.
+    server.drain();
+    let watch = std::process::Command::new(env!("CARGO_BIN_EXE_crossbook"))
+        .args([&common[..], &["watch", "--duration", "60"]].concat())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("order watch");
+    server.expect_log("login connection=");
+    server.terminate();
+    let watched = watch.wait_with_output().expect("order watch ends");
+    let (out, err) = (String::from_utf8_lossy(&watched.stdout), String::from_utf8_lossy(&watched.stderr));
+    assert_eq!(watched.status.code(), Some(1), "{out}{err}");
+    assert!(out.contains("logout reason=0") && err.contains("the server ended the session (logout reason=0)"), "{out}{err}");
 }
 
 #[test]

@@ -99,8 +99,10 @@ pub fn instruments(instruments: &[crate::config::InstrumentConfig]) -> Result<Ve
         .iter()
         .map(|i| {
             let unit = |text: &str, what: &'static str| {
+                // Market data and the REST API carry a unit's digits in a
+                // u64 (`crossbook_marketdata::Unit`).
                 Decimal::parse(text.as_bytes())
-                    .filter(|d| d.mantissa > 0)
+                    .filter(|d| d.mantissa > 0 && u64::try_from(d.mantissa).is_ok())
                     .ok_or_else(|| crate::config::ConfigError::BadFixUnit { symbol: i.symbol.clone(), what, value: text.to_string() })
             };
             Ok(FixInstrument { id: i.id, symbol: i.symbol.clone(), price_unit: unit(&i.fix_price_unit, "fix_price_unit")?, qty_unit: unit(&i.fix_qty_unit, "fix_qty_unit")? })
@@ -992,6 +994,23 @@ mod tests {
 
     fn symbol(text: &str) -> Symbol {
         Symbol::new(text).expect("a valid symbol")
+    }
+
+    /// A unit whose digits a u64 cannot carry is refused by name, not
+    /// read as 1 by market data while FIX reads it as written.
+    #[test]
+    fn units_past_what_market_data_carries_are_refused() {
+        let mut config = crate::config::Config::default();
+        config.instruments[0].fix_price_unit = "18446744073709551615".into();
+        assert!(instruments(&config.instruments).is_ok());
+        for (unit, refused) in [("18446744073709551616", true), ("0.0000000000000000000000000001", false), ("0.0000000000000000000000000000001", true), ("0", true)] {
+            config.instruments[0].fix_price_unit = unit.into();
+            let checked = instruments(&config.instruments);
+            assert_eq!(checked.is_err(), refused, "{unit}");
+            if let Err(e) = checked {
+                assert!(e.to_string().contains("fix_price_unit") && e.to_string().contains("at most 30 digits"), "{e}");
+            }
+        }
     }
 
     fn text(message: &Outgoing, tag: u32) -> Option<&str> {

@@ -358,7 +358,9 @@ pub(crate) fn instruments(config: &Config) -> Result<Vec<InstrumentInfo>, crate:
 fn info(listed: &crate::listing::Listed, index: usize) -> Result<InstrumentInfo, crate::config::ConfigError> {
     let (i, units) = (&listed.instruments[index], &listed.fix[index]);
     let asset = |id: u32| listed.asset(id).map_or_else(|| id.to_string(), |a| a.name.clone());
-    let unit = |d: crossbook_fix::decimal::Decimal| Unit { mantissa: u64::try_from(d.mantissa).unwrap_or(1), scale: d.scale };
+    // (`fix::venue::instruments` has refused a unit whose digits a u64
+    // cannot carry.)
+    let unit = |d: crossbook_fix::decimal::Decimal| Unit { mantissa: u64::try_from(d.mantissa).unwrap_or(u64::MAX), scale: d.scale };
     let binance = binance_symbol(&i.symbol);
     if binance.is_empty() {
         return Err(crate::config::ConfigError::BadName { what: "instrument symbol (market data writes its letters and digits, and it has none)", name: i.symbol.clone() });
