@@ -202,7 +202,7 @@ enum Cmd {
         /// The account to log in as (the demo venue has 1 to 16).
         #[arg(long, global = true, default_value_t = 1)]
         account: u64,
-        /// Its API key (default: the demo venue's, demo-key-<account>).
+        /// Its login key: its login_key, or its API key when it has none (default: the demo venue's, demo-key-<account>).
         #[arg(long, global = true)]
         key: Option<String>,
         /// Replay the reports after this sequence number first (default:

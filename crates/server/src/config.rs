@@ -311,6 +311,12 @@ pub struct AccountConfig {
     /// cannot use the signed REST endpoints.
     #[serde(default)]
     pub api_secret: String,
+    /// What the binary protocol's Login and FIX's Password (554) carry
+    /// for this account, if not its `api_key` (which REST clients send in
+    /// every request's header, where proxies and logs see it); up to 32
+    /// bytes. Empty: the `api_key` logs in.
+    #[serde(default)]
+    pub login_key: String,
     /// Starting balances for a fresh venue: (asset id, amount).
     #[serde(default, deserialize_with = "deposits")]
     pub deposits: Vec<(u32, u64)>,
@@ -407,7 +413,7 @@ impl Default for Config {
             }],
             // 16 demo traders, enough for `crossbook load --connections 16`.
             accounts: (1..=DEMO_ACCOUNTS)
-                .map(|id| AccountConfig { id, api_key: demo_key(id), api_secret: demo_secret(id), deposits: vec![(1, 1 << 40), (2, 1 << 50)], cancel_on_disconnect: false })
+                .map(|id| AccountConfig { id, api_key: demo_key(id), api_secret: demo_secret(id), login_key: String::new(), deposits: vec![(1, 1 << 40), (2, 1 << 50)], cancel_on_disconnect: false })
                 .collect(),
         }
     }
@@ -423,6 +429,8 @@ pub enum ConfigError {
     BadName { what: &'static str, name: String },
     /// An account's API key is empty or longer than the wire's 32 bytes.
     BadApiKey { account: AccountId },
+    /// An account's `login_key` is not 1 to 32 visible ASCII characters.
+    BadLoginKey { account: AccountId },
     /// `durability` is neither `sync` nor `async`.
     BadDurability(String),
     /// `limits.max_frame` is below the longest message of the binary
@@ -492,6 +500,7 @@ impl std::fmt::Display for ConfigError {
             ConfigError::Parse(e) => write!(f, "{e}"),
             ConfigError::BadName { what, name } => write!(f, "bad {what} {name:?} (1 to 32 of A-Z a-z 0-9 _ . - /)"),
             ConfigError::BadApiKey { account } => write!(f, "account {account}: the API key must be 1 to 32 visible ASCII characters (! to ~)"),
+            ConfigError::BadLoginKey { account } => write!(f, "account {account}: login_key must be 1 to 32 visible ASCII characters (! to ~), or \"\" for the API key"),
             ConfigError::BadDurability(other) => write!(f, "durability must be sync or async, not {other:?}"),
             ConfigError::FrameTooSmall { max_frame, longest } => {
                 write!(f, "limits.max_frame must be at least {longest} (the longest message of the binary protocol), not {max_frame}")
@@ -643,6 +652,9 @@ impl Config {
         for account in &self.accounts {
             if account.api_key.len() > crossbook_protocol::API_KEY_BYTES || !visible(&account.api_key) {
                 return Err(ConfigError::BadApiKey { account: account.id });
+            }
+            if !account.login_key.is_empty() && (account.login_key.len() > crossbook_protocol::API_KEY_BYTES || !visible(&account.login_key)) {
+                return Err(ConfigError::BadLoginKey { account: account.id });
             }
         }
         for comp_id in std::iter::once(&self.fix.comp_id).chain(self.fix.sessions.iter().map(|s| &s.comp_id)) {

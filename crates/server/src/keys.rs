@@ -17,6 +17,9 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Credential {
     pub(crate) api_key: String,
+    /// What logs in on the binary and FIX ports: `login_key`, or the API
+    /// key when the account has none.
+    pub(crate) login_key: String,
     /// The REST API's HMAC-SHA256 secret; empty: no signed requests.
     pub(crate) secret: Arc<[u8]>,
 }
@@ -48,15 +51,15 @@ impl Keys {
     /// bytes (a key is 1 to 32 bytes: `Config::setup_commands`).
     pub(crate) fn wire_key(&self, account: AccountId) -> Option<[u8; crossbook_protocol::API_KEY_BYTES]> {
         let table = self.table();
-        let bytes = table.by_account.get(&account)?.api_key.as_bytes();
+        let bytes = table.by_account.get(&account)?.login_key.as_bytes();
         let mut key = [0u8; crossbook_protocol::API_KEY_BYTES];
         key.get_mut(..bytes.len())?.copy_from_slice(bytes);
         Some(key)
     }
 
     /// The key `account` logs in with (FIX's Password).
-    pub(crate) fn api_key(&self, account: AccountId) -> Option<String> {
-        self.table().by_account.get(&account).map(|c| c.api_key.clone())
+    pub(crate) fn login_key(&self, account: AccountId) -> Option<String> {
+        self.table().by_account.get(&account).map(|c| c.login_key.clone())
     }
 
     /// Whether `account` has credentials (is in the configuration).
@@ -84,14 +87,14 @@ impl Keys {
     /// signed request needs the new one).
     pub(crate) fn replace(&self, accounts: &[AccountConfig]) -> Changed {
         let by_account: HashMap<AccountId, Credential> =
-            accounts.iter().map(|a| (a.id, Credential { api_key: a.api_key.clone(), secret: Arc::from(a.api_secret.as_bytes()) })).collect();
+            accounts.iter().map(|a| (a.id, Credential { api_key: a.api_key.clone(), login_key: if a.login_key.is_empty() { a.api_key.clone() } else { a.login_key.clone() }, secret: Arc::from(a.api_secret.as_bytes()) })).collect();
         let by_key = by_account.iter().map(|(&account, c)| (c.api_key.clone(), account)).collect();
         let cancel_on_disconnect = accounts.iter().filter(|a| a.cancel_on_disconnect).map(|a| a.id).collect();
         let mut table = self.0.write().unwrap_or_else(|e| e.into_inner());
         let mut changed = Changed::default();
         for (&account, old) in &table.by_account {
             match by_account.get(&account) {
-                Some(new) if new.api_key == old.api_key => {
+                Some(new) if new.api_key == old.api_key && new.login_key == old.login_key => {
                     if new.secret != old.secret {
                         changed.secrets.push(account);
                     }
@@ -109,7 +112,7 @@ impl Keys {
 /// What [`Keys::replace`] changed for accounts that had credentials.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Changed {
-    /// API key changed, or the account left the file.
+    /// API key or login key changed, or the account left the file.
     pub(crate) keys: Vec<AccountId>,
     /// Only the signing secret changed.
     pub(crate) secrets: Vec<AccountId>,
@@ -120,7 +123,7 @@ mod tests {
     use super::*;
 
     fn account(id: AccountId, key: &str, secret: &str) -> AccountConfig {
-        AccountConfig { id, api_key: key.into(), api_secret: secret.into(), deposits: Vec::new(), cancel_on_disconnect: id == 4 }
+        AccountConfig { id, api_key: key.into(), api_secret: secret.into(), login_key: String::new(), deposits: Vec::new(), cancel_on_disconnect: id == 4 }
     }
 
     #[test]
@@ -135,10 +138,22 @@ mod tests {
         assert_eq!(changed, Changed { keys: vec![3], secrets: vec![2] });
         assert!(keys.by_key("k3").is_none() && !keys.has(3) && keys.wire_key(3).is_none());
         assert_eq!(keys.by_key("k2").map(|(_, s)| s.to_vec()), Some(b"s2b".to_vec()));
-        assert_eq!(keys.api_key(4).as_deref(), Some("k4"));
+        assert_eq!(keys.login_key(4).as_deref(), Some("k4"));
         assert!(keys.cancels_on_disconnect(4) && !keys.cancels_on_disconnect(1));
         // A key moved to another account: both change.
         assert_eq!(keys.replace(&[account(1, "k4", "s1"), account(2, "k2", "s2b"), account(4, "k1", "s4")]).keys, vec![1, 4]);
         assert_eq!(keys.by_key("k1").map(|(a, _)| a), Some(4));
+        // A login key of its own: the binary and FIX logins take it, not
+        // the API key (which REST still finds the account by); setting or
+        // changing it lets the account's sessions go.
+        let mut separate = account(2, "k2", "s2b");
+        separate.login_key = "login-2".into();
+        assert_eq!(keys.replace(&[account(1, "k4", "s1"), separate.clone(), account(4, "k1", "s4")]).keys, vec![2]);
+        let mut wire = [0u8; crossbook_protocol::API_KEY_BYTES];
+        wire[..7].copy_from_slice(b"login-2");
+        assert_eq!((keys.wire_key(2), keys.login_key(2).as_deref()), (Some(wire), Some("login-2")));
+        assert_eq!(keys.by_key("k2").map(|(a, _)| a), Some(2));
+        assert!(keys.by_key("login-2").is_none());
+        assert!(keys.replace(&[account(1, "k4", "s1"), separate, account(4, "k1", "s4")]).keys.is_empty());
     }
 }

@@ -387,6 +387,33 @@ fn crossbook_order_places_cancels_and_queries_by_hand() {
     assert!(out.contains("logout reason=0") && err.contains("the server ended the session (logout reason=0)"), "{out}{err}");
 }
 
+/// An account with a `login_key` logs in on the binary port with it,
+/// never with its API key (which every REST request carries in a header):
+/// the key alone does not trade there. REST still knows it by its key.
+#[test]
+fn a_login_key_of_its_own_keeps_the_api_key_from_logging_in() {
+    let dir = TempDir::new("trading-login-key");
+    let config = dir.0.join("crossbook.toml");
+    let text = CONFIG.replacen("api_key = \"mallory\"\n", "api_key = \"mallory\"\nlogin_key = \"mallory-login\"\n", 1);
+    assert_ne!(text, CONFIG);
+    std::fs::write(&config, text).unwrap();
+    let server = spawn_with(&["--config", config.to_str().unwrap(), "--data", dir.0.join("data").to_str().unwrap()], &[]);
+    let (_, refused) = Client::login(&server.address, 3, "mallory");
+    assert!(matches!(refused, ServerMessage::LoginRejected { reason: crossbook_protocol::ProtocolError::BadCredentials }), "{refused:?}");
+    let (_, accepted) = Client::login(&server.address, 3, "mallory-login");
+    assert!(matches!(accepted, ServerMessage::LoginAccepted { account: 3, .. }), "{accepted:?}");
+    let account = ok(signed(&server.market_address, "GET", "/api/v3/account", &[], "mallory", "mallory-secret"));
+    assert!(account["balances"].is_array(), "{account}");
+    refused_with_key(&server, "mallory-login");
+}
+
+/// A signed request with `key` (and mallory's secret) is refused: a login
+/// key is no API key.
+fn refused_with_key(server: &Server, key: &str) {
+    let reply = signed(&server.market_address, "GET", "/api/v3/account", &[], key, "mallory-secret");
+    assert_eq!((reply.status, reply.body["code"].as_i64()), (401, Some(-2015)), "{}", reply.body);
+}
+
 #[test]
 fn rest_orders_are_commands_like_any_other() {
     let dir = TempDir::new("trading-rest-orders");

@@ -1185,7 +1185,7 @@ impl Gateway {
             return None;
         }
         let account = account?;
-        Some((account.to_string(), self.keys.api_key(account)?))
+        Some((account.to_string(), self.keys.login_key(account)?))
     }
 
     /// Logs out the sessions that logged on as one of `accounts` with its
