@@ -98,13 +98,23 @@ pub fn write_snapshot_state(dir: &Path, header: SnapshotHeader, state: &[u8], at
     // checkpoints (at shutdown) does not replace a sound one with them
     // (an operator's SIGUSR1 just before), which spares the next start a
     // longer re-read.
-    if attachments.is_empty()
-        && let Ok(existing) = std::fs::read(&path)
-        && decode_snapshot(&existing).is_ok_and(|parts| parts.header == header && !parts.attachments.is_empty())
-    {
-        return Ok(path);
+    let keep_existing = attachments.is_empty()
+        && std::fs::read(&path).is_ok_and(|existing| decode_snapshot(&existing).is_ok_and(|parts| parts.header == header && parts.state == state && !parts.attachments.is_empty()));
+    if !keep_existing {
+        write_whole(dir, &path, &encode_snapshot(header, state, attachments))?;
     }
-    let bytes = encode_snapshot(header, state, attachments);
+    let all = read::snapshots(dir).map_err(write::io(format!("listing {}", dir.display())))?;
+    let keep = retained(&all, retention, |p| read::snapshot_has_attachments(p).unwrap_or(false));
+    for (_, old) in all.iter().filter(|(_, p)| !keep.contains(p)) {
+        std::fs::remove_file(old).map_err(write::io(format!("removing {}", old.display())))?;
+    }
+    Ok(path)
+}
+
+/// Writes `bytes` as `path` in `dir` whole: a temporary file, synced,
+/// renamed over it, the directory synced. A failure removes the temporary
+/// file (best effort) and leaves what was there.
+fn write_whole(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), JournalError> {
     let temporary = path.with_extension("xbs.tmp");
     let written = (|| {
         let mut file = OpenOptions::new()
@@ -113,22 +123,16 @@ pub fn write_snapshot_state(dir: &Path, header: SnapshotHeader, state: &[u8], at
             .truncate(true)
             .open(&temporary)
             .map_err(write::io(format!("creating {}", temporary.display())))?;
-        file.write_all(&bytes).map_err(write::io(format!("writing {}", temporary.display())))?;
+        file.write_all(bytes).map_err(write::io(format!("writing {}", temporary.display())))?;
         file.sync_all().map_err(write::io(format!("syncing {}", temporary.display())))?;
         drop(file);
-        std::fs::rename(&temporary, &path).map_err(write::io(format!("renaming {}", temporary.display())))
+        std::fs::rename(&temporary, path).map_err(write::io(format!("renaming {}", temporary.display())))
     })();
     if let Err(error) = written {
         let _ = std::fs::remove_file(&temporary);
         return Err(error);
     }
-    sync_dir(dir)?;
-    let all = read::snapshots(dir).map_err(write::io(format!("listing {}", dir.display())))?;
-    let keep = retained(&all, retention, |p| read::snapshot_has_attachments(p).unwrap_or(false));
-    for (_, old) in all.iter().filter(|(_, p)| !keep.contains(p)) {
-        std::fs::remove_file(old).map_err(write::io(format!("removing {}", old.display())))?;
-    }
-    Ok(path)
+    sync_dir(dir)
 }
 
 /// Loads and checks one snapshot file: checksum, format, state decoding,

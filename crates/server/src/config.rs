@@ -177,7 +177,7 @@ impl Default for MarketDataConfig {
             max_messages_per_s: 10,
             ping_interval_s: 20,
             max_http_connections: 1024,
-            max_http_connections_per_address: 64,
+            max_http_connections_per_address: 256,
             header_timeout_s: 30,
             trading: true,
             max_weight_per_minute: 6000,
@@ -821,7 +821,7 @@ impl Config {
             }) {
                 let what = match command {
                     Command::AddAsset { id, name } => format!("asset {id} ({name})"),
-                    Command::AddInstrument(spec) => match spec.invalid_because() {
+                    Command::AddInstrument(spec) => match spec.invalid_because().filter(|_| reason == crossbook_engine::RejectReason::InvalidInstrument) {
                         Some(why) => format!("instrument {} ({}), whose {why},", spec.id, spec.symbol),
                         None => format!("instrument {} ({})", spec.id, spec.symbol),
                     },
@@ -908,6 +908,14 @@ mod tests {
         let mut config = Config::default();
         config.accounts[0].api_key = "two words".into();
         assert!(config.check().is_err_and(|e| e.to_string().contains("visible ASCII")));
+        for login_key in ["two words", &"k".repeat(33)] {
+            let mut config = Config::default();
+            config.accounts[0].login_key = login_key.to_string();
+            assert!(config.check().is_err_and(|e| e.to_string().starts_with("account 1: login_key must be 1 to 32 visible ASCII")), "{login_key}");
+        }
+        let mut config = Config::default();
+        config.accounts[0].login_key = "a-login-key".into();
+        assert!(config.check().is_ok());
         for (edit, said) in [("decimals = 0", "decimals = 19"), ("id = 1\nname = \"BTC\"", "id = 0\nname = \"BTC\"")] {
             let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../crossbook.toml")).unwrap();
             assert!(text.contains(edit), "{edit}");

@@ -313,8 +313,8 @@ pub(crate) fn run(
                 return Err(failure);
             }
         };
-        if !revoked.is_empty() {
-            gateway.revoke(&revoked);
+        if revoked != crate::keys::Changed::default() {
+            gateway.revoke(&revoked.logins);
             for sink in others.iter_mut() {
                 sink.revoked(&revoked);
             }

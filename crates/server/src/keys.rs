@@ -93,16 +93,21 @@ impl Keys {
         let mut table = self.0.write().unwrap_or_else(|e| e.into_inner());
         let mut changed = Changed::default();
         for (&account, old) in &table.by_account {
-            match by_account.get(&account) {
-                Some(new) if new.api_key == old.api_key && new.login_key == old.login_key => {
+            let new = by_account.get(&account);
+            if new.is_none_or(|new| new.login_key != old.login_key) {
+                changed.logins.push(account);
+            }
+            match new {
+                Some(new) if new.api_key == old.api_key => {
                     if new.secret != old.secret {
                         changed.secrets.push(account);
                     }
                 }
-                _ => changed.keys.push(account),
+                _ => changed.api_keys.push(account),
             }
         }
-        changed.keys.sort_unstable();
+        changed.api_keys.sort_unstable();
+        changed.logins.sort_unstable();
         changed.secrets.sort_unstable();
         *table = Table { by_account, by_key, cancel_on_disconnect };
         changed
@@ -111,11 +116,16 @@ impl Keys {
 
 /// What [`Keys::replace`] changed for accounts that had credentials.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Changed {
-    /// API key or login key changed, or the account left the file.
-    pub(crate) keys: Vec<AccountId>,
+pub struct Changed {
+    /// API key changed, or the account left the file: its REST listen
+    /// keys end.
+    pub api_keys: Vec<AccountId>,
+    /// The key that logs in on the binary and FIX ports changed (its
+    /// `login_key`, or its API key without one), or the account left the
+    /// file: its sessions there are let go.
+    pub logins: Vec<AccountId>,
     /// Only the signing secret changed.
-    pub(crate) secrets: Vec<AccountId>,
+    pub secrets: Vec<AccountId>,
 }
 
 #[cfg(test)]
@@ -135,25 +145,30 @@ mod tests {
         assert_eq!(keys.wire_key(1), Some(wire));
         // 1 unchanged, 2 a new secret, 3 gone, 4 new.
         let changed = keys.replace(&[account(1, "k1", "s1"), account(2, "k2", "s2b"), account(4, "k4", "s4")]);
-        assert_eq!(changed, Changed { keys: vec![3], secrets: vec![2] });
+        assert_eq!(changed, Changed { api_keys: vec![3], logins: vec![3], secrets: vec![2] });
         assert!(keys.by_key("k3").is_none() && !keys.has(3) && keys.wire_key(3).is_none());
         assert_eq!(keys.by_key("k2").map(|(_, s)| s.to_vec()), Some(b"s2b".to_vec()));
         assert_eq!(keys.login_key(4).as_deref(), Some("k4"));
         assert!(keys.cancels_on_disconnect(4) && !keys.cancels_on_disconnect(1));
         // A key moved to another account: both change.
-        assert_eq!(keys.replace(&[account(1, "k4", "s1"), account(2, "k2", "s2b"), account(4, "k1", "s4")]).keys, vec![1, 4]);
+        let moved = keys.replace(&[account(1, "k4", "s1"), account(2, "k2", "s2b"), account(4, "k1", "s4")]);
+        assert_eq!((moved.api_keys, moved.logins), (vec![1, 4], vec![1, 4]));
         assert_eq!(keys.by_key("k1").map(|(a, _)| a), Some(4));
         // A login key of its own: the binary and FIX logins take it, not
         // the API key (which REST still finds the account by); setting or
         // changing it lets the account's sessions go.
         let mut separate = account(2, "k2", "s2b");
         separate.login_key = "login-2".into();
-        assert_eq!(keys.replace(&[account(1, "k4", "s1"), separate.clone(), account(4, "k1", "s4")]).keys, vec![2]);
+        assert_eq!(keys.replace(&[account(1, "k4", "s1"), separate.clone(), account(4, "k1", "s4")]), Changed { api_keys: vec![], logins: vec![2], secrets: vec![] });
         let mut wire = [0u8; crossbook_protocol::API_KEY_BYTES];
         wire[..7].copy_from_slice(b"login-2");
         assert_eq!((keys.wire_key(2), keys.login_key(2).as_deref()), (Some(wire), Some("login-2")));
         assert_eq!(keys.by_key("k2").map(|(a, _)| a), Some(2));
         assert!(keys.by_key("login-2").is_none());
-        assert!(keys.replace(&[account(1, "k4", "s1"), separate, account(4, "k1", "s4")]).keys.is_empty());
+        assert_eq!(keys.replace(&[account(1, "k4", "s1"), separate.clone(), account(4, "k1", "s4")]), Changed::default());
+        // Its API key changed, its login key not: the listen keys end, the
+        // sessions stay.
+        separate.api_key = "k2b".into();
+        assert_eq!(keys.replace(&[account(1, "k4", "s1"), separate, account(4, "k1", "s4")]), Changed { api_keys: vec![2], logins: vec![], secrets: vec![] });
     }
 }

@@ -677,29 +677,30 @@ impl<'a> Sequencer<'a> {
     /// file's from now on. All of it or nothing: a file that does not
     /// parse or check, or that does not fit the venue (`lacking`: a
     /// listed asset or instrument changed or left out, a name taken),
-    /// changes nothing and is logged. Returns the accounts whose API key changed or went, for
-    /// the gateways to let go of their sessions.
-    pub(crate) fn reload_if_asked(&mut self) -> Result<Vec<crossbook_engine::AccountId>, ServeError> {
+    /// changes nothing and is logged. Returns the accounts whose keys
+    /// changed or went, for the gateways to let go of their sessions and
+    /// listen keys.
+    pub(crate) fn reload_if_asked(&mut self) -> Result<crate::keys::Changed, ServeError> {
         if !self.settings.reload_now.swap(false, Ordering::AcqRel) {
-            return Ok(Vec::new());
+            return Ok(crate::keys::Changed::default());
         }
         let Some(reread) = self.settings.reread else {
             log("configuration reload: the venue runs on the built-in configuration (no --config): nothing to read again");
-            return Ok(Vec::new());
+            return Ok(crate::keys::Changed::default());
         };
         let refused = |why: &dyn std::fmt::Display| log(&format!("configuration reload refused, nothing changed: {why}"));
         let config = match reread() {
             Ok(config) => config,
             Err(why) => {
                 refused(&why);
-                return Ok(Vec::new());
+                return Ok(crate::keys::Changed::default());
             }
         };
         let adding = match config.check().and_then(|()| additions(&config, &self.engine)) {
             Ok(adding) => adding,
             Err(why) => {
                 refused(&why);
-                return Ok(Vec::new());
+                return Ok(crate::keys::Changed::default());
             }
         };
         let listed: Vec<String> = adding
@@ -747,14 +748,15 @@ impl<'a> Sequencer<'a> {
             }
         };
         log(&format!(
-            "configuration reloaded: {} accounts with keys; listed {}; opened {}; API keys changed or removed for {}; secrets changed for {} (a reload takes new assets, instruments and accounts, and the accounts' keys: every other setting is read at start)",
+            "configuration reloaded: {} accounts with keys; listed {}; opened {}; API keys changed or removed for {}; login keys changed or removed for {}; secrets changed for {} (a reload takes new assets, instruments and accounts, and the accounts' keys: every other setting is read at start)",
             config.accounts.len(),
             added(&listed),
             added(&opened),
-            list(&changed.keys),
+            list(&changed.api_keys),
+            list(&changed.logins),
             list(&changed.secrets)
         ));
-        Ok(changed.keys)
+        Ok(changed)
     }
 
     /// A query's answer from the engine as it is now (after every command

@@ -241,12 +241,12 @@ pub trait ReportSink {
     /// snapshot does not restore, and starts from an older one.
     fn reset(&mut self) {}
 
-    /// A configuration reload changed or took away the credentials of
-    /// `accounts`: a gateway lets go of whoever logged in or signed with
+    /// A configuration reload changed or took away accounts' keys
+    /// (`changed`): a gateway lets go of whoever logged in or signed with
     /// the old ones (the keys themselves are in the shared table the
     /// gateway was built with).
-    fn revoked(&mut self, accounts: &[AccountId]) {
-        let _ = accounts;
+    fn revoked(&mut self, changed: &crate::keys::Changed) {
+        let _ = changed;
     }
 
     /// The venue is stopping: a gateway that hands the sequencer commands

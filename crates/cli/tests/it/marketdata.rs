@@ -896,7 +896,7 @@ fn connect_from(source: &str, address: &str) -> TcpStream {
 fn one_client_address_cannot_take_every_connection() {
     let dir = TempDir::new("md-per-address");
     let base = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../crossbook.toml")).expect("crossbook.toml");
-    let text = base.replace("max_http_connections_per_address = 64 ", "max_http_connections_per_address = 2 ").replace("max_connections_per_address = 256 ", "max_connections_per_address = 2 ");
+    let text = base.replace("max_http_connections_per_address = 256 ", "max_http_connections_per_address = 2 ").replace("max_connections_per_address = 256 ", "max_connections_per_address = 2 ");
     assert!(text.contains("max_http_connections_per_address = 2 ") && text.contains("max_connections_per_address = 2 "), "crossbook.toml's [market_data] lines changed");
     let config = dir.0.join("per-address.toml");
     std::fs::write(&config, text).expect("config");
@@ -925,8 +925,24 @@ fn one_client_address_cannot_take_every_connection() {
     other.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
     let _ = other.read_to_string(&mut answer);
     assert!(answer.starts_with("HTTP/1.1 200"), "another address is served: {answer}");
-    drop(idle);
     server.expect_log("market_data.max_http_connections_per_address");
+    // One of the two gone, the address is served again.
+    let mut idle = idle;
+    drop(idle.remove(0));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut again = connect_from("127.0.0.3", &market);
+        let _ = again.write_all(b"GET /api/v3/ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let mut answer = String::new();
+        again.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        let _ = again.read_to_string(&mut answer);
+        if answer.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the address's place was not given back: {answer:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(idle);
     // WebSocket: two from 127.0.0.5, the third refused with 429 and
     // -1003; another address is let in; one closed frees a place.
     // The socket, or the refusal's status and body.

@@ -405,6 +405,13 @@ fn a_login_key_of_its_own_keeps_the_api_key_from_logging_in() {
     let account = ok(signed(&server.market_address, "GET", "/api/v3/account", &[], "mallory", "mallory-secret"));
     assert!(account["balances"].is_array(), "{account}");
     refused_with_key(&server, "mallory-login");
+    // FIX's Password likewise.
+    assert!(!server.fix_address.is_empty(), "the FIX gateway listens");
+    let mut refused = crate::fix::FixClient::connect(&server.fix_address, "MAL-API-KEY");
+    refused.send("A", &[(98, "0"), (108, "30"), (553, "3"), (554, "mallory")]);
+    crate::fix::expect(&refused.next(), &[(35, "5"), (58, "Logon refused: bad Username (553) or Password (554)")]);
+    let mut fix = crate::fix::FixClient::connect(&server.fix_address, "MAL-LOGIN-KEY");
+    crate::fix::expect(&fix.logon(3, "mallory-login"), &[(35, "A")]);
 }
 
 /// A signed request with `key` (and mallory's secret) is refused: a login
@@ -707,10 +714,12 @@ fn every_bad_request_is_refused_with_its_binance_code() {
         refused(alice(&server, "POST", "/api/v3/order", &sent), 400, -1106);
     }
     let market_buy = [("symbol", "BTCUSD"), ("side", "BUY"), ("type", "MARKET")];
-    for extra in [&[("price", ""), ("quantity", "1")][..], &[("quantity", ""), ("quoteOrderQty", "100")], &[("quoteOrderQty", ""), ("quantity", "1")]] {
+    for (extra, code) in [(&[("price", ""), ("quantity", "1")][..], -1106), (&[("quantity", ""), ("quoteOrderQty", "100")], -1100), (&[("quoteOrderQty", ""), ("quantity", "1")], -1100)] {
         let sent: Vec<(&str, &str)> = market_buy.iter().chain(extra).copied().collect();
-        refused(alice(&server, "POST", "/api/v3/order", &sent), 400, -1100);
+        refused(alice(&server, "POST", "/api/v3/order", &sent), 400, code);
     }
+    let sent: Vec<(&str, &str)> = limit.iter().copied().chain([("quoteOrderQty", "")]).collect();
+    refused(alice(&server, "POST", "/api/v3/order", &sent), 400, -1106);
     refused(alice(&server, "DELETE", "/api/v3/order", &[("symbol", "BTCUSD"), ("orderId", "1"), ("cancelRestrictions", "")]), 400, -1106);
     // A budget has no quantity for FOK to fill whole.
     let fok = refused(alice(&server, "POST", "/api/v3/order", &[("symbol", "BTCUSD"), ("side", "BUY"), ("type", "MARKET"), ("quoteOrderQty", "100"), ("timeInForce", "FOK")]), 400, -1128);
@@ -1491,7 +1500,7 @@ fn a_reload_opens_accounts_and_changes_keys_without_a_restart() {
     ok(bob(&server, "GET", "/api/v3/account", &[]));
     std::fs::write(&config, CONFIG.replacen("api_key = \"mallory\"", "api_key = \"mallory\"\ncancel_on_disconnect = true", 1)).unwrap();
     hup();
-    server.expect_log("configuration reloaded: 4 accounts with keys; listed none; opened none; API keys changed or removed for none; secrets changed for none");
+    server.expect_log("configuration reloaded: 4 accounts with keys; listed none; opened none; API keys changed or removed for none; login keys changed or removed for none; secrets changed for none");
     // Mallory logs in with cancel on disconnect and rests a buy.
     let (mut mallory_session, _) = Client::login(&server.address, 3, "mallory");
     mallory_session.send(&limit(1, Side::Buy, 50, 1, TimeInForce::Gtc));
@@ -1512,7 +1521,7 @@ fn a_reload_opens_accounts_and_changes_keys_without_a_restart() {
     std::fs::write(&config, &reloaded).unwrap();
     hup();
     let line = server.expect_log("configuration reloaded:");
-    assert!(line.contains("opened 5 (journaled up to seq") && line.contains("API keys changed or removed for 2, 3; secrets changed for 1 ("), "{line}");
+    assert!(line.contains("opened 5 (journaled up to seq") && line.contains("API keys changed or removed for 2, 3; login keys changed or removed for 2, 3; secrets changed for 1 ("), "{line}");
     assert_eq!(bob_session.recv(), Some(ServerMessage::Logout { reason: crossbook_protocol::ProtocolError::BadCredentials.code() }), "bob's session is let go");
     assert_eq!(mallory_session.recv(), Some(ServerMessage::Logout { reason: crossbook_protocol::ProtocolError::BadCredentials.code() }), "mallory's too");
     // Taken out of the file, mallory logged in with cancel on disconnect:

@@ -1411,8 +1411,8 @@ impl FixSink {
 }
 
 impl ReportSink for FixSink {
-    fn revoked(&mut self, accounts: &[AccountId]) {
-        self.gateway.revoke(accounts);
+    fn revoked(&mut self, changed: &crate::keys::Changed) {
+        self.gateway.revoke(&changed.logins);
     }
 
     fn released(&mut self, batch: &Released<'_>) {

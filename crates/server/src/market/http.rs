@@ -833,6 +833,7 @@ impl PerAddress {
 
     /// One more connection from `address`, unless it has `most` open.
     pub(crate) fn take(self: &Arc<PerAddress>, address: std::net::IpAddr) -> Option<AddressSlot> {
+        let address = client_of(address);
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let count = open.entry(address).or_insert(0);
         if *count >= self.most {
@@ -840,6 +841,19 @@ impl PerAddress {
         }
         *count += 1;
         Some(AddressSlot { of: self.clone(), address })
+    }
+}
+
+/// The client an address counts for: an IPv4 address itself (also
+/// written as IPv6), an IPv6 one by its /64, which a host usually has
+/// whole (it could otherwise take a place per address).
+fn client_of(address: std::net::IpAddr) -> std::net::IpAddr {
+    match address {
+        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => std::net::IpAddr::V4(v4),
+            None => std::net::IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),
+        },
+        v4 => v4,
     }
 }
 
@@ -873,6 +887,19 @@ impl Drop for Counted {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_ipv6_client_counts_by_its_64_and_a_mapped_ipv4_one_as_ipv4() {
+        let per = super::PerAddress::new(2);
+        let ip = |text: &str| text.parse::<std::net::IpAddr>().expect("address");
+        let held: Vec<_> = ["2001:db8::1", "2001:db8::ffff:2"].iter().map(|a| per.take(ip(a)).expect("within the /64's share")).collect();
+        assert!(per.take(ip("2001:db8::3")).is_none(), "a third from the same /64");
+        assert!(per.take(ip("2001:db8:0:1::1")).is_some(), "another /64");
+        let v4: Vec<_> = (0..2).map(|_| per.take(ip("127.0.0.9")).expect("an IPv4 client")).collect();
+        assert!(per.take(ip("::ffff:127.0.0.9")).is_none(), "the same client written as IPv6");
+        drop((held, v4));
+        assert!(per.take(ip("2001:db8::3")).is_some(), "places given back");
+    }
+
     #[test]
     fn a_zero_offset_is_utc_however_written() {
         for zone in ["0", "+0", "-0", "00", "0:00", "00:00", "+00:00", "-00:00", "UTC", "utc"] {

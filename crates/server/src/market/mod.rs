@@ -723,9 +723,9 @@ impl ReportSink for MarketSink {
     /// The listen keys of accounts whose API keys a configuration reload
     /// changed or took away end (`listenKeyExpired`), as when a key's
     /// hour is up: they were opened with the old credentials.
-    fn revoked(&mut self, accounts: &[AccountId]) {
+    fn revoked(&mut self, changed: &crate::keys::Changed) {
         let Some(trading) = &self.0.hub.trading else { return };
-        for &account in accounts {
+        for &account in &changed.api_keys {
             if let Some(key) = trading.streams.end_account(account) {
                 log(&format!("user data stream of account {account} ended: its API key was changed or removed by a configuration reload"));
                 userstream::expired(&self.0.hub, &key);

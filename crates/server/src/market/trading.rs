@@ -863,6 +863,10 @@ fn parse_new_order(market: &MarketData, account: AccountId, params: &Params) -> 
         (_, Some(_)) => return Err(ApiError::bad(-1114, "TimeInForce parameter sent when not required.")),
         (_, None) => TimeInForce::Ioc,
     };
+    // What the type does not take is refused when sent at all, even
+    // empty (-1106), before any value is read.
+    let unwanted: &[&str] = if order_type == OrderType::Market { &["price"] } else { &["quoteOrderQty"] };
+    refuse_unsupported(params, unwanted)?;
     let qty = units(params, "quantity", info.qty_unit, "LOT_SIZE")?;
     let budget = units(params, "quoteOrderQty", info.quote_asset_unit, "NOTIONAL")?;
     let price = units(params, "price", info.price_unit, "PRICE_FILTER")?;
