@@ -53,6 +53,9 @@ const REVERSE_ROUTE: [(u32, u32); 6] = [(115, 128), (116, 129), (144, 145), (128
 pub const MAX_STORED: usize = 100_000;
 /// Messages with a too-high sequence number kept until the gap is filled.
 pub const MAX_QUEUED: usize = 10_000;
+/// Bytes of the messages kept ahead of a gap, at most (a counterparty's
+/// messages may each be `max_message` long).
+pub const MAX_QUEUED_BYTES: usize = 16 << 20;
 
 #[derive(Clone, Debug)]
 pub struct SessionConfig {
@@ -251,8 +254,19 @@ pub struct Session {
     logout_sent_ms: Option<i64>,
     /// (begin, end) of the ResendRequest we are waiting on.
     resend_range: Option<(u64, u64)>,
-    /// Messages that arrived ahead of a gap, by sequence number.
-    queue: BTreeMap<u64, Message>,
+    /// Messages that arrived ahead of a gap, by sequence number (or the
+    /// mark of one rejected on arrival, whose number is used up when the
+    /// gap fills), and their bytes together.
+    queue: BTreeMap<u64, Held>,
+    queued_bytes: usize,
+}
+
+/// What arrived ahead of a gap under one sequence number.
+enum Held {
+    Message(Message),
+    /// Rejected when it came: its number is used up in its turn, it is
+    /// not asked for again.
+    Rejected,
 }
 
 fn text_of(value: &[u8]) -> String {
@@ -278,6 +292,7 @@ impl Session {
             logout_sent_ms: None,
             resend_range: None,
             queue: BTreeMap::new(),
+            queued_bytes: 0,
         }
     }
 
@@ -312,6 +327,7 @@ impl Session {
         self.logout_sent_ms = None;
         self.resend_range = None;
         self.queue.clear();
+        self.queued_bytes = 0;
     }
 
     /// The connection is gone (whoever closed it).
@@ -322,6 +338,7 @@ impl Session {
         self.state = State::Disconnected;
         self.outbound.connected = false;
         self.queue.clear();
+        self.queued_bytes = 0;
         self.resend_range = None;
     }
 
@@ -463,7 +480,7 @@ impl Session {
         self.outbound.admin("A", body, now_ms, actions);
         if seq > self.next_in {
             self.request_resend(seq, now_ms, actions);
-            self.queue.insert(seq, message);
+            self.hold(seq, message);
         } else {
             self.next_in = seq + 1;
         }
@@ -479,6 +496,11 @@ impl Session {
     /// number when that was the one expected (not for a Logon or a
     /// SequenceReset).
     fn reject(&mut self, message: &Message, invalid: Invalid, now_ms: i64, actions: &mut Vec<Action>) {
+        self.reject_saying(message, invalid, invalid.reason.text(), now_ms, actions);
+    }
+
+    /// [`Session::reject`] with `text` for its Text (58).
+    fn reject_saying(&mut self, message: &Message, invalid: Invalid, text: &str, now_ms: i64, actions: &mut Vec<Action>) {
         let mut header = Vec::new();
         for (from, to) in REVERSE_ROUTE {
             if let Some(value) = message.get(from).filter(|v| !v.is_empty()) {
@@ -490,7 +512,7 @@ impl Session {
         if let Some(seq) = message.number(tag::MSG_SEQ_NUM) {
             body.push((tag::REF_SEQ_NUM, seq.to_string().into_bytes()));
         }
-        body.push((tag::TEXT, invalid.reason.text().as_bytes().to_vec()));
+        body.push((tag::TEXT, text.as_bytes().to_vec()));
         if let Some(field) = invalid.tag {
             body.push((tag::REF_TAG_ID, field.to_string().into_bytes()));
         }
@@ -498,9 +520,46 @@ impl Session {
         body.push((tag::SESSION_REJECT_REASON, invalid.reason.code().to_string().into_bytes()));
         self.outbound.send("3", header, body, false, now_ms, actions);
         let msg_type = message.msg_type();
-        if message.number(tag::MSG_SEQ_NUM) == Some(self.next_in) && msg_type != b"A" && msg_type != b"4" {
-            self.next_in += 1;
+        if msg_type == b"A" || msg_type == b"4" {
+            return;
         }
+        match message.number(tag::MSG_SEQ_NUM) {
+            Some(seq) if seq == self.next_in => self.next_in += 1,
+            // Ahead of a gap: its number is used up in its turn (a
+            // rejected message is not asked for again), and the gap
+            // asked for as any message past it would.
+            Some(seq) if seq > self.next_in && self.state == State::LoggedOn => {
+                if self.queue.len() < MAX_QUEUED {
+                    self.queue.insert(seq, Held::Rejected);
+                }
+                if self.resend_range.is_none_or(|(begin, _)| seq < begin) {
+                    self.request_resend(seq, now_ms, actions);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Keeps `message` (number `seq`, ahead of a gap) until the gap fills,
+    /// within [`MAX_QUEUED`] messages and [`MAX_QUEUED_BYTES`]: past them
+    /// it is not kept, and is asked for again with the gap.
+    fn hold(&mut self, seq: u64, message: Message) {
+        let bytes = message.raw().len();
+        if self.queue.len() < MAX_QUEUED && self.queued_bytes + bytes <= MAX_QUEUED_BYTES {
+            self.queued_bytes += bytes;
+            if let Some(Held::Message(old)) = self.queue.insert(seq, Held::Message(message)) {
+                self.queued_bytes -= old.raw().len();
+            }
+        }
+    }
+
+    /// The held entry under `seq`, taken out.
+    fn take_held(&mut self, seq: u64) -> Option<Held> {
+        let held = self.queue.remove(&seq)?;
+        if let Held::Message(message) = &held {
+            self.queued_bytes -= message.raw().len();
+        }
+        Some(held)
     }
 
     fn logout(&mut self, text: Option<String>, now_ms: i64, actions: &mut Vec<Action>) {
@@ -518,7 +577,11 @@ impl Session {
                 return self.on_logout_message(now_ms, app, actions);
             }
             self.logout(Some("Incorrect BeginString".into()), now_ms, actions);
-            self.next_in += 1;
+            // Its own number used up, if it is the one expected: not the
+            // expected one it may not have had.
+            if message.number(tag::MSG_SEQ_NUM) == Some(self.next_in) {
+                self.next_in += 1;
+            }
             return;
         }
         for required in [tag::SENDER_COMP_ID, tag::TARGET_COMP_ID] {
@@ -545,6 +608,10 @@ impl Session {
             let reason = if message.get(tag::MSG_SEQ_NUM).is_some() { RejectReason::IncorrectDataFormat } else { RejectReason::RequiredTagMissing };
             return self.reject(&message, Invalid { reason, tag: Some(i64::from(tag::MSG_SEQ_NUM)) }, now_ms, actions);
         };
+        // Anything that gets this far was heard from the counterparty,
+        // kept ahead of a gap or not (it is busy filling one).
+        self.last_received_ms = now_ms;
+        self.test_requests = 0;
         let gap_fill = message.get(tag::GAP_FILL_FLAG) == Some(b"Y");
         let checked = match msg_type.as_slice() {
             b"5" | b"2" => false,
@@ -554,10 +621,9 @@ impl Session {
             _ => true,
         };
         if checked && seq > self.next_in {
-            if self.queue.len() < MAX_QUEUED {
-                self.queue.insert(seq, message);
-            }
-            if self.resend_range.is_none_or(|(begin, _)| seq < begin) {
+            let asked = self.resend_range.is_none_or(|(begin, _)| seq < begin);
+            self.hold(seq, message);
+            if asked {
                 self.request_resend(seq, now_ms, actions);
             }
             return;
@@ -566,8 +632,6 @@ impl Session {
             return self.too_low(&message, seq, now_ms, app, actions);
         }
         // Accepted.
-        self.last_received_ms = now_ms;
-        self.test_requests = 0;
         if self.resend_range.is_some_and(|(_, end)| seq >= end) {
             self.resend_range = None;
         }
@@ -601,6 +665,12 @@ impl Session {
                 } else {
                     self.drop_connection("a second Logon without ResetSeqNumFlag".into(), app, actions);
                 }
+            }
+            // After our Logout the session is ending: what it asks is not
+            // done (a message held behind a gap included), and it hears so.
+            _ if self.logout_sent_ms.is_some() => {
+                let invalid = Invalid { reason: RejectReason::Other, tag: None };
+                self.reject_saying(&message, invalid, "Not processed: the session is logging out", now_ms, actions);
             }
             _ => {
                 self.next_in += 1;
@@ -721,11 +791,16 @@ impl Session {
 
     fn drain_queue(&mut self, now_ms: i64, app: &mut dyn Application, actions: &mut Vec<Action>) {
         while self.state == State::LoggedOn {
-            while self.queue.first_key_value().is_some_and(|(&seq, _)| seq < self.next_in) {
-                self.queue.pop_first();
+            while let Some(seq) = self.queue.first_key_value().map(|(&seq, _)| seq).filter(|&seq| seq < self.next_in) {
+                self.take_held(seq);
             }
-            let Some(message) = self.queue.remove(&self.next_in) else {
-                break;
+            let message = match self.take_held(self.next_in) {
+                None => break,
+                Some(Held::Rejected) => {
+                    self.next_in += 1;
+                    continue;
+                }
+                Some(Held::Message(message)) => message,
             };
             let msg_type = message.msg_type();
             if msg_type == b"A" || msg_type == b"2" {
@@ -773,6 +848,7 @@ impl Application for EchoApplication {
                 outbox.echo(message, shape);
             }
             b"d" => outbox.echo(message, shape),
+            b"j" => {}
             _ => outbox.business_reject(message, 3, "Unsupported Message Type"),
         }
     }

@@ -766,3 +766,72 @@ fn a_session_that_ends_cancels_its_accounts_orders_when_the_account_asks() {
     drop((alice, bob));
     assert!(server.terminate().success());
 }
+
+/// A message ahead of a gap is held, and held messages are done in order
+/// as the gap fills; one rejected as it came uses up its number in its
+/// turn (it is not asked for again); once the venue has sent its Logout
+/// (a wrong BeginString, here, which uses up no number but its own) a
+/// held order is not done; a BusinessMessageReject is never answered
+/// with another.
+#[test]
+fn held_messages_are_done_in_order_and_never_after_the_venues_logout() {
+    let dir = temp_dir("held");
+    let server = start_default(&dir);
+    let mut alice = FixClient::connect(&server.fix_address, "ALICE");
+    alice.logon(1, "demo-key-1");
+    // Alice's 2 is "lost": 3 (an order) and 4 (a Reject-worthy message:
+    // a tag twice) come first.
+    alice.writer().next_out = 3;
+    send_owned(&mut alice, "D", &order("H3", "2", "100", "1"));
+    expect(&alice.next(), &[(35, "2"), (7, "2"), (16, "0")]);
+    alice.send("1", &[(112, "a"), (112, "b")]);
+    expect(&alice.next(), &[(35, "3"), (45, "4"), (373, "13")]);
+    // 2 is resent (a TestRequest): it, then the held order, are done; 4
+    // is not asked for again, so 5 follows on without a gap.
+    alice.writer().next_out = 2;
+    alice.send("1", &[(112, "two")]);
+    let before = until_heartbeat(&mut alice, "two");
+    assert!(before.is_empty(), "{before:?}");
+    expect(&alice.next(), &[(35, "8"), (150, "0"), (11, "H3")]);
+    alice.writer().next_out = 5;
+    alice.send("j", &[(45, "1"), (372, "D"), (380, "0")]);
+    alice.send("1", &[(112, "after-j")]);
+    let before = until_heartbeat(&mut alice, "after-j");
+    // No BusinessMessageReject in answer to hers, and no ResendRequest:
+    // the rejected 4 was used up in its turn.
+    assert!(before.iter().all(|m| m.get(35) != Some(b"j".as_slice()) && m.get(35) != Some(b"2".as_slice())), "{before:?}");
+    // Another gap (7 missing): 8, an order, is held; then a message with
+    // a wrong BeginString. The venue logs out; the held order is never
+    // done, even when 7 arrives.
+    alice.writer().next_out = 8;
+    send_owned(&mut alice, "D", &order("H8", "2", "100", "1"));
+    expect(&alice.next(), &[(35, "2"), (7, "7"), (16, "0")]);
+    let mut wrong = crossbook_fix::wire::Builder::new();
+    wrong.str(35, "1").num(34, 9).str(49, "ALICE").str(52, &crossbook_fix::time::format_timestamp(wall_ms())).str(56, "CROSSBOOK").str(112, "x");
+    alice.send_bytes(&wrong.finish("FIX.4.2")).expect("send");
+    expect(&alice.next(), &[(35, "5"), (58, "Incorrect BeginString")]);
+    alice.writer().next_out = 7;
+    alice.send("0", &[]);
+    let after = alice.next();
+    expect(&after, &[(35, "3"), (45, "8"), (58, "Not processed: the session is logging out")]);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The wall clock in milliseconds (a SendingTime written by hand).
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Reads up to the Heartbeat answering TestRequest `id`; returns what came
+/// before it (panics if it does not come).
+fn until_heartbeat(client: &mut FixClient, id: &str) -> Vec<crossbook_fix::wire::Message> {
+    let mut before = Vec::new();
+    loop {
+        let message = client.recv().unwrap_or_else(|| panic!("no Heartbeat {id}; before it: {before:?}"));
+        if message.get(35) == Some(b"0".as_slice()) && message.get(112) == Some(id.as_bytes()) {
+            return before;
+        }
+        before.push(message);
+    }
+}
