@@ -835,3 +835,41 @@ fn until_heartbeat(client: &mut FixClient, id: &str) -> Vec<crossbook_fix::wire:
         before.push(message);
     }
 }
+
+/// Messages held ahead of a gap are bounded in bytes too (16 MiB a
+/// session): past that they are not kept, and asked for again when the
+/// gap is filled; the session goes on.
+#[test]
+fn held_messages_are_bounded_in_bytes() {
+    let dir = temp_dir("held-bytes");
+    let server = start_default(&dir);
+    let mut alice = FixClient::connect(&server.fix_address, "ALICE");
+    alice.logon(1, "demo-key-1");
+    // 2 is missing; 3 .. 402 are TestRequests of about 60 KB each (24 MB).
+    let padding = "p".repeat(60_000);
+    alice.writer().next_out = 3;
+    for n in 3..=402u64 {
+        alice.send("1", &[(112, &format!("{n}-{padding}"))]);
+    }
+    expect(&alice.next(), &[(35, "2"), (7, "2"), (16, "0")]);
+    alice.writer().next_out = 2;
+    alice.send("1", &[(112, "2")]);
+    // The kept ones are answered in order (2 and those kept after it),
+    // then nothing: the rest were not kept.
+    alice.0.set_timeout(Duration::from_secs(3));
+    let mut answered = 0u64;
+    while let Some(message) = alice.recv() {
+        expect(&message, &[(35, "0")]);
+        answered += 1;
+    }
+    let first_not_kept = 2 + answered;
+    assert!((250..=300).contains(&first_not_kept), "kept up to about 16 MiB: {first_not_kept}");
+    // The next message shows the gap, which is asked for from the first
+    // not kept.
+    alice.writer().next_out = 403;
+    alice.send("1", &[(112, "403")]);
+    alice.0.set_timeout(Duration::from_secs(10));
+    expect(&alice.next(), &[(35, "2"), (7, &first_not_kept.to_string()), (16, "0")]);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
