@@ -429,7 +429,19 @@ impl Session {
         self.next_in = 1;
         self.outbound.next_out = 1;
         self.outbound.stored.clear();
+        // What was held, and the gap asked for, belong to the old numbers.
+        self.queue.clear();
+        self.queued_bytes = 0;
+        self.resend_range = None;
         actions.push(Action::Store(StoreOp::Reset));
+    }
+
+    /// Whether a message numbered `seq`, ahead of the expected one, shows
+    /// a gap not asked for yet: none is, or the one asked for began after
+    /// it, or was filled without reaching as far as it said (a GapFill
+    /// past its end). After our Logout nothing is asked for.
+    fn gap_to_ask(&self, seq: u64) -> bool {
+        self.logout_sent_ms.is_none() && self.resend_range.is_none_or(|(begin, end)| seq < begin || self.next_in > end)
     }
 
     fn on_logon(&mut self, message: Message, now_ms: i64, app: &mut dyn Application, actions: &mut Vec<Action>) {
@@ -529,10 +541,14 @@ impl Session {
             // rejected message is not asked for again), and the gap
             // asked for as any message past it would.
             Some(seq) if seq > self.next_in && self.state == State::LoggedOn => {
-                if self.queue.len() < MAX_QUEUED {
-                    self.queue.insert(seq, Held::Rejected);
+                // (A message already held under the number stays: the
+                // first to arrive is the one done.)
+                if self.queue.len() < MAX_QUEUED
+                    && let std::collections::btree_map::Entry::Vacant(vacant) = self.queue.entry(seq)
+                {
+                    vacant.insert(Held::Rejected);
                 }
-                if self.resend_range.is_none_or(|(begin, _)| seq < begin) {
+                if self.gap_to_ask(seq) {
                     self.request_resend(seq, now_ms, actions);
                 }
             }
@@ -544,11 +560,11 @@ impl Session {
     /// within [`MAX_QUEUED`] messages and [`MAX_QUEUED_BYTES`]: past them
     /// it is not kept, and is asked for again with the gap.
     fn hold(&mut self, seq: u64, message: Message) {
-        let bytes = message.raw().len();
+        let bytes = message.footprint();
         if self.queue.len() < MAX_QUEUED && self.queued_bytes + bytes <= MAX_QUEUED_BYTES {
             self.queued_bytes += bytes;
             if let Some(Held::Message(old)) = self.queue.insert(seq, Held::Message(message)) {
-                self.queued_bytes -= old.raw().len();
+                self.queued_bytes -= old.footprint();
             }
         }
     }
@@ -557,12 +573,17 @@ impl Session {
     fn take_held(&mut self, seq: u64) -> Option<Held> {
         let held = self.queue.remove(&seq)?;
         if let Held::Message(message) = &held {
-            self.queued_bytes -= message.raw().len();
+            self.queued_bytes -= message.footprint();
         }
         Some(held)
     }
 
+    /// Our Logout, once: another reason to log out does not send a
+    /// second one, nor give the counterparty more time to answer.
     fn logout(&mut self, text: Option<String>, now_ms: i64, actions: &mut Vec<Action>) {
+        if self.logout_sent_ms.is_some() {
+            return;
+        }
         let body = text.map(|t| vec![(tag::TEXT, t.into_bytes())]).unwrap_or_default();
         self.outbound.admin("5", body, now_ms, actions);
         self.logout_sent_ms = Some(now_ms);
@@ -621,7 +642,7 @@ impl Session {
             _ => true,
         };
         if checked && seq > self.next_in {
-            let asked = self.resend_range.is_none_or(|(begin, _)| seq < begin);
+            let asked = self.gap_to_ask(seq);
             self.hold(seq, message);
             if asked {
                 self.request_resend(seq, now_ms, actions);
@@ -667,10 +688,12 @@ impl Session {
                 }
             }
             // After our Logout the session is ending: what it asks is not
-            // done (a message held behind a gap included), and it hears so.
+            // done (a message held behind a gap included). FIX 4.4 has us
+            // send nothing more but what a ResendRequest asks: its number
+            // is used up, and the log says so.
             _ if self.logout_sent_ms.is_some() => {
-                let invalid = Invalid { reason: RejectReason::Other, tag: None };
-                self.reject_saying(&message, invalid, "Not processed: the session is logging out", now_ms, actions);
+                self.next_in += 1;
+                actions.push(Action::Log(format!("not processed (after our Logout): MsgType {} MsgSeqNum {seq}", text_of(&msg_type))));
             }
             _ => {
                 self.next_in += 1;

@@ -233,6 +233,11 @@ impl Message {
         &self.raw
     }
 
+    /// The bytes it holds: its text and its field index.
+    pub fn footprint(&self) -> usize {
+        self.raw.len() + self.fields.len() * std::mem::size_of::<Field>()
+    }
+
     pub fn fields(&self) -> &[Field] {
         &self.fields
     }

@@ -951,8 +951,8 @@ impl Application for VenueApp<'_> {
             b"D" => self.new_order(message, outbox),
             b"F" | b"G" => self.cancel_or_replace(message, outbox),
             b"q" => self.mass_cancel(message, outbox),
-            // A BusinessMessageReject is noted, never answered with one
-            // (two sides that did would answer each other for ever).
+            // A BusinessMessageReject is never answered with one (two
+            // sides that did would answer each other for ever).
             b"j" => {}
             _ => outbox.business_reject(message, 3, "Unsupported Message Type"),
         }
