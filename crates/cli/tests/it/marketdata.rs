@@ -537,26 +537,9 @@ fn a_candle_is_sent_closed_when_its_minute_ends() {
 #[test]
 fn http_connections_are_bounded_in_number_and_in_time() {
     let dir = TempDir::new("md-http-bounds");
-    let base = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../crossbook.toml")).expect("crossbook.toml");
-    let text = base.replace("max_http_connections = 1024 ", "max_http_connections = 4 ").replace("header_timeout_s = 30 ", "header_timeout_s = 3 ");
-    assert!(text.contains("max_http_connections = 4 ") && text.contains("header_timeout_s = 3 "), "crossbook.toml's [market_data] lines changed");
-    let config = dir.0.join("bounds.toml");
-    std::fs::write(&config, text).expect("config");
+    let config = edited_config(&dir.0, "bounds.toml", &[("max_http_connections = 1024 ", "max_http_connections = 4 "), ("header_timeout_s = 30 ", "header_timeout_s = 3 ")]);
     let server = start(&dir.0, Some(&config));
     let market = server.market_address.clone();
-    // Whether the server closed the connection (read gives 0) within `within`.
-    let closed_within = |stream: &mut TcpStream, within: Duration| {
-        stream.set_read_timeout(Some(within)).expect("timeout");
-        let mut buffer = [0u8; 4096];
-        loop {
-            match stream.read(&mut buffer) {
-                Ok(0) => return true,
-                Ok(_) => {}
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => return false,
-                Err(_) => return true,
-            }
-        }
-    };
     let mut idle: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&market).expect("connect")).collect();
     std::thread::sleep(Duration::from_millis(200));
     let mut fifth = TcpStream::connect(&market).expect("connect");
@@ -895,25 +878,10 @@ fn connect_from(source: &str, address: &str) -> TcpStream {
 #[test]
 fn one_client_address_cannot_take_every_connection() {
     let dir = TempDir::new("md-per-address");
-    let base = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../crossbook.toml")).expect("crossbook.toml");
-    let text = base.replace("max_http_connections_per_address = 256 ", "max_http_connections_per_address = 2 ").replace("max_connections_per_address = 256 ", "max_connections_per_address = 2 ");
-    assert!(text.contains("max_http_connections_per_address = 2 ") && text.contains("max_connections_per_address = 2 "), "crossbook.toml's [market_data] lines changed");
-    let config = dir.0.join("per-address.toml");
-    std::fs::write(&config, text).expect("config");
+    let edits = [("max_http_connections_per_address = 256 ", "max_http_connections_per_address = 2 "), ("max_connections_per_address = 256 ", "max_connections_per_address = 2 ")];
+    let config = edited_config(&dir.0, "per-address.toml", &edits);
     let server = start(&dir.0, Some(&config));
     let market = server.market_address.clone();
-    let closed_within = |stream: &mut TcpStream, within: Duration| {
-        stream.set_read_timeout(Some(within)).expect("timeout");
-        let mut buffer = [0u8; 256];
-        loop {
-            match stream.read(&mut buffer) {
-                Ok(0) => return true,
-                Ok(_) => {}
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => return false,
-                Err(_) => return true,
-            }
-        }
-    };
     // HTTP: two idle connections from 127.0.0.3 hold its share.
     let idle: Vec<TcpStream> = (0..2).map(|_| connect_from("127.0.0.3", &market)).collect();
     std::thread::sleep(Duration::from_millis(200));
@@ -971,6 +939,35 @@ fn one_client_address_cannot_take_every_connection() {
                 std::thread::sleep(Duration::from_millis(50));
             }
             Err(e) => panic!("the address's place was not given back: {e:?}"),
+        }
+    }
+}
+
+/// The repository's `crossbook.toml` with each `(line start, instead)`
+/// replaced, written as `name` in `dir` (a line that is not there any
+/// more fails the test: the file changed).
+fn edited_config(dir: &Path, name: &str, edits: &[(&str, &str)]) -> std::path::PathBuf {
+    let mut text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../crossbook.toml")).expect("crossbook.toml");
+    for (line, instead) in edits {
+        assert!(text.contains(line), "crossbook.toml's [market_data] lines changed: no {line:?}");
+        text = text.replacen(line, instead, 1);
+    }
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("config");
+    path
+}
+
+/// Whether the server closed `stream` (a read gives 0, or fails) within
+/// `within`.
+fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    stream.set_read_timeout(Some(within)).expect("timeout");
+    let mut buffer = [0u8; 4096];
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => return false,
+            Err(_) => return true,
         }
     }
 }
