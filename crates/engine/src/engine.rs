@@ -405,7 +405,22 @@ impl Engine {
         let (Some(base), Some(quote)) = (self.asset_index.get(spec.base.into()), self.asset_index.get(spec.quote.into())) else {
             return Err(RejectReason::UnknownAsset);
         };
-        if spec.invalid_because().is_some() {
+        let max_notional = i128::from(spec.max_price) * i128::from(spec.max_qty) * i128::from(spec.tick_size);
+        let max_base = i128::from(spec.max_qty) * i128::from(spec.lot_size);
+        let invalid = spec.base == spec.quote
+            || spec.tick_size == 0
+            || spec.lot_size == 0
+            || spec.min_qty == 0
+            || spec.min_qty > spec.max_qty
+            || spec.min_price < 1
+            || spec.min_price > spec.max_price
+            || spec.taker_bps < 0
+            || spec.taker_bps > 10_000
+            || spec.maker_bps > spec.taker_bps
+            || spec.maker_bps + spec.taker_bps < 0
+            || max_notional > i128::from(MAX_SUPPLY)
+            || max_base > i128::from(MAX_SUPPLY);
+        if invalid {
             return Err(RejectReason::InvalidInstrument);
         }
         let index = self.instruments.len() as u32;
@@ -1314,6 +1329,65 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::{MAX_SUPPLY, fee};
+    use crate::{Command, Engine, EventKind, InstrumentSpec, RejectReason, Symbol};
+
+    /// `InstrumentSpec::invalid_because` (what a configuration's error
+    /// names) refuses exactly what the engine refuses as
+    /// `invalid_instrument`: each rule broken alone, and each at its edge.
+    #[test]
+    fn invalid_because_names_exactly_what_the_engine_refuses() {
+        let base = InstrumentSpec {
+            id: 1,
+            symbol: Symbol::new("BTC-USD").expect("symbol"),
+            base: 1,
+            quote: 2,
+            tick_size: 10,
+            lot_size: 1,
+            min_qty: 1,
+            max_qty: 1_000,
+            min_price: 1,
+            max_price: 1_000_000,
+            maker_bps: -2,
+            taker_bps: 5,
+        };
+        let edits: [fn(&mut InstrumentSpec); 22] = [
+            |_| {},
+            |s| s.quote = 1,
+            |s| s.tick_size = 0,
+            |s| s.lot_size = 0,
+            |s| s.min_qty = 0,
+            |s| s.min_qty = 1_001,
+            |s| s.min_qty = 1_000,
+            |s| s.min_price = 0,
+            |s| s.min_price = -5,
+            |s| s.min_price = 1_000_001,
+            |s| s.min_price = 1_000_000,
+            |s| s.taker_bps = -1,
+            |s| s.taker_bps = 10_001,
+            |s| s.taker_bps = 10_000,
+            |s| s.maker_bps = 6,
+            |s| s.maker_bps = 5,
+            |s| s.maker_bps = -6,
+            |s| s.maker_bps = -5,
+            |s| (s.max_price, s.max_qty) = (i64::MAX, u64::MAX),
+            |s| (s.max_qty, s.lot_size) = (MAX_SUPPLY, 2),
+            |s| (s.max_qty, s.lot_size, s.max_price, s.tick_size) = (MAX_SUPPLY, 1, 1, 1),
+            |s| (s.max_price, s.max_qty, s.tick_size) = (i64::MAX, 1, 1),
+        ];
+        for (n, edit) in edits.iter().enumerate() {
+            let mut spec = base;
+            edit(&mut spec);
+            let mut engine = Engine::new();
+            let mut out = Vec::new();
+            for (id, name) in [(1, "BTC"), (2, "USD")] {
+                engine.apply(&Command::AddAsset { id, name: Symbol::new(name).expect("name") }, &mut out);
+            }
+            out.clear();
+            engine.apply(&Command::AddInstrument(spec), &mut out);
+            let refused = out.iter().any(|e| e.kind == EventKind::Rejected { reason: RejectReason::InvalidInstrument });
+            assert_eq!(refused, spec.invalid_because().is_some(), "edit {n}: {spec:?} ({:?})", spec.invalid_because());
+        }
+    }
 
     /// `ceil(notional * bps / 10000)` in 128-bit arithmetic.
     fn exact(notional: u64, bps: i64) -> i64 {
