@@ -508,11 +508,6 @@ impl Session {
     /// number when that was the one expected (not for a Logon or a
     /// SequenceReset).
     fn reject(&mut self, message: &Message, invalid: Invalid, now_ms: i64, actions: &mut Vec<Action>) {
-        self.reject_saying(message, invalid, invalid.reason.text(), now_ms, actions);
-    }
-
-    /// [`Session::reject`] with `text` for its Text (58).
-    fn reject_saying(&mut self, message: &Message, invalid: Invalid, text: &str, now_ms: i64, actions: &mut Vec<Action>) {
         let mut header = Vec::new();
         for (from, to) in REVERSE_ROUTE {
             if let Some(value) = message.get(from).filter(|v| !v.is_empty()) {
@@ -524,7 +519,7 @@ impl Session {
         if let Some(seq) = message.number(tag::MSG_SEQ_NUM) {
             body.push((tag::REF_SEQ_NUM, seq.to_string().into_bytes()));
         }
-        body.push((tag::TEXT, text.as_bytes().to_vec()));
+        body.push((tag::TEXT, invalid.reason.text().as_bytes().to_vec()));
         if let Some(field) = invalid.tag {
             body.push((tag::REF_TAG_ID, field.to_string().into_bytes()));
         }
