@@ -16,7 +16,7 @@
 //! `Transfers::encode`); then (version 4) the halted instruments: count
 //! u32 and their ids u32. Version 3 is still read (nothing halted).
 
-use crate::candles::{Candle, INTERVALS};
+use crate::candles::{Candle, KEPT};
 use crate::{Live, MarketData, Trade};
 use crossbook_engine::Side;
 
@@ -124,7 +124,7 @@ pub fn restore(market: &mut MarketData, bytes: &[u8]) -> Result<(), CodecError> 
             let buyer_is_maker = r.u8()? == 1;
             data.trades.push_back(Trade { id, price, qty, time_ms, buyer_is_maker, seq: r.u64()? });
         }
-        for index in 0..INTERVALS.len() {
+        for index in 0..KEPT {
             let candles = r.count(false, 112)?;
             let series = &mut data.candles.series[index];
             series.clear();

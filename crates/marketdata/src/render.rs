@@ -4,7 +4,7 @@
 //! lots times its quantity unit, with exactly the unit's decimals.
 
 use crate::accounts::{AccountTrade, OrderRecord, OrderStatus};
-use crate::candles::{Candle, INTERVALS};
+use crate::candles::{Candle, INTERVALS, close_of};
 use crate::{DepthDiff, InstrumentData, MarketData, Ticker, Trade, Unit};
 use serde_json::{Value, json};
 
@@ -148,7 +148,7 @@ pub fn agg_trade(data: &InstrumentData, t: &Trade) -> Value {
 }
 
 fn close_ms(interval: usize, candle: &Candle) -> u64 {
-    candle.open_ms + INTERVALS[interval].1 - 1
+    close_of(interval, candle.open_ms)
 }
 
 /// `GET /api/v3/klines`: one array per candle.
@@ -387,7 +387,7 @@ pub fn book_ticker_update(market: &MarketData, data: &InstrumentData) -> Value {
 /// while it was open), oldest first. A candle is closed (`x`) when a newer
 /// one follows it or when `now_ms` is past its end.
 pub fn kline_updates(data: &InstrumentData, interval: usize, first_trade: u64, from_open_ms: Option<u64>, time_ms: u64, now_ms: u64) -> Vec<Value> {
-    let series = &data.candles.series[interval];
+    let series = data.candles.series(interval);
     let traded = if first_trade == 0 { 0 } else { series.iter().rev().take_while(|c| c.last_trade >= first_trade).count() };
     let left_open = from_open_ms.map_or(0, |open| series.iter().rev().take_while(|c| c.open_ms >= open).count());
     let from = series.len() - traded.max(left_open);

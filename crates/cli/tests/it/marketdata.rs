@@ -318,6 +318,7 @@ fn a_local_book_kept_from_the_feed_equals_rest_and_the_engine_and_so_do_trades_a
     assert!(connections >= 3, "the client reconnected ({connections} connections)");
     let klines = json_get(&market, "/api/v3/klines?symbol=BTCUSD&interval=1m&limit=1000");
     assert_eq!(json_get(&market, "/api/v3/uiKlines?symbol=BTCUSD&interval=1m&limit=1000"), klines, "uiKlines are klines");
+    let longer: Vec<(&str, serde_json::Value)> = ["1h", "1d", "3d", "1w", "1M"].into_iter().map(|i| (i, json_get(&market, &format!("/api/v3/klines?symbol=BTCUSD&interval={i}")))).collect();
     let ticker = json_get(&market, "/api/v3/ticker/24hr?symbol=BTCUSD");
     let price = json_get(&market, "/api/v3/ticker/price?symbol=BTCUSD");
     assert_eq!((&price["symbol"], &price["price"]), (&ticker["symbol"], &ticker["lastPrice"]), "ticker/price is the 24 h ticker's last price");
@@ -332,24 +333,61 @@ fn a_local_book_kept_from_the_feed_equals_rest_and_the_engine_and_so_do_trades_a
     assert_eq!(seen, engine_trades, "the feed's trades and the engine's");
     assert_eq!(aggregates, trades, "@aggTrade (with GET /api/v3/aggTrades) and @trade (with GET /api/v3/trades)");
 
-    // One-minute candles and the ticker, from the engine's trades.
-    let mut candles: BTreeMap<u64, (i64, i64, i64, i64, i64, u64)> = BTreeMap::new();
-    for t in &engine_trades {
-        let minute = t.time - t.time % 60_000;
-        let c = candles.entry(minute).or_insert((t.price, t.price, t.price, t.price, 0, 0));
-        c.1 = c.1.max(t.price);
-        c.2 = c.2.min(t.price);
-        c.3 = t.price;
-        c.4 += t.qty;
-        c.5 += 1;
+    // Candles of every length and the ticker, from the engine's trades:
+    // each candle's open and close time, prices, volume and count.
+    type Candles = BTreeMap<(u64, u64), (i64, i64, i64, i64, i64, u64)>;
+    let candles_of = |period: &dyn Fn(u64) -> (u64, u64)| {
+        let mut candles = Candles::new();
+        for t in &engine_trades {
+            let c = candles.entry(period(t.time)).or_insert((t.price, t.price, t.price, t.price, 0, 0));
+            c.1 = c.1.max(t.price);
+            c.2 = c.2.min(t.price);
+            c.3 = t.price;
+            c.4 += t.qty;
+            c.5 += 1;
+        }
+        candles
+    };
+    let served = |klines: &serde_json::Value| -> Candles {
+        klines
+            .as_array()
+            .expect("klines")
+            .iter()
+            .map(|k| {
+                let times = (k[0].as_u64().expect("open time"), k[6].as_u64().expect("close time"));
+                (times, (number(&k[1]), number(&k[2]), number(&k[3]), number(&k[4]), number(&k[5]), k[8].as_u64().expect("count")))
+            })
+            .collect()
+    };
+    let aligned = |length: u64| move |time: u64| (time - time % length, time - time % length + length - 1);
+    const DAY: u64 = 86_400_000;
+    assert_eq!(served(&klines), candles_of(&aligned(60_000)), "GET /api/v3/klines and the candles of the engine's trades");
+    for (interval, klines) in &longer {
+        let period: Box<dyn Fn(u64) -> (u64, u64)> = match *interval {
+            "1h" => Box::new(aligned(3_600_000)),
+            "1d" => Box::new(aligned(DAY)),
+            "3d" => Box::new(aligned(3 * DAY)),
+            // Monday to Sunday: 1970-01-05 was the first Monday.
+            "1w" => Box::new(|time: u64| {
+                let open = (time - 4 * DAY) / (7 * DAY) * (7 * DAY) + 4 * DAY;
+                (open, open + 7 * DAY - 1)
+            }),
+            // Calendar months, counted from 1970.
+            _ => Box::new(|time: u64| {
+                let (mut open, mut year, mut month) = (0u64, 1970u64, 0usize);
+                loop {
+                    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+                    let days = [31, if leap { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31][month];
+                    if time < open + days * DAY {
+                        return (open, open + days * DAY - 1);
+                    }
+                    open += days * DAY;
+                    (year, month) = if month == 11 { (year + 1, 0) } else { (year, month + 1) };
+                }
+            }),
+        };
+        assert_eq!(served(klines), candles_of(&*period), "GET /api/v3/klines?interval={interval} and the engine's trades");
     }
-    let served: BTreeMap<u64, (i64, i64, i64, i64, i64, u64)> = klines
-        .as_array()
-        .expect("klines")
-        .iter()
-        .map(|k| (k[0].as_u64().expect("open time"), (number(&k[1]), number(&k[2]), number(&k[3]), number(&k[4]), number(&k[5]), k[8].as_u64().expect("count"))))
-        .collect();
-    assert_eq!(served, candles, "GET /api/v3/klines and the candles of the engine's trades");
     assert_eq!(ticker["count"].as_u64(), Some(engine_trades.len() as u64));
     assert_eq!(number(&ticker["volume"]), engine_trades.iter().map(|t| t.qty).sum::<i64>());
     assert_eq!(number(&ticker["lastPrice"]), engine_trades.last().expect("a trade").price);
@@ -833,9 +871,10 @@ fn the_feeds_carry_on_after_a_restart() {
             json_get(market, "/api/v3/trades?symbol=BTCUSD&limit=1000"),
             json_get(market, "/api/v3/klines?symbol=BTCUSD&interval=1m&limit=1000"),
             json_get(market, "/api/v3/klines?symbol=BTCUSD&interval=1h&limit=1000"),
+            json_get(market, "/api/v3/klines?symbol=BTCUSD&interval=1M&limit=1000"),
         )
     };
-    let (depth, trades, minutes, hours) = views(&market);
+    let (depth, trades, minutes, hours, months) = views(&market);
     let ticker = json_get(&market, "/api/v3/ticker/24hr?symbol=BTCUSD");
     server.kill();
 
@@ -843,10 +882,10 @@ fn the_feeds_carry_on_after_a_restart() {
     let line = server.startup.iter().find(|l| l.starts_with("rebuilt ")).expect("a rebuilt line").clone();
     assert!(line.contains("from the gateways' checkpoints at seq "), "{line}");
     let market = server.market_address.clone();
-    let (depth_after, trades_after, minutes_after, hours_after) = views(&market);
+    let (depth_after, trades_after, minutes_after, hours_after, months_after) = views(&market);
     assert_eq!((&depth_after["bids"], &depth_after["asks"]), (&depth["bids"], &depth["asks"]), "the book");
     assert_eq!(trades_after, trades, "the last 1,000 trades, ids and times");
-    assert_eq!((minutes_after, hours_after), (minutes, hours), "the candles");
+    assert_eq!((minutes_after, hours_after, months_after), (minutes, hours, months), "the candles");
     // The window ends at the last command's journal time: the same.
     assert_eq!(json_get(&market, "/api/v3/ticker/24hr?symbol=BTCUSD"), ticker, "the 24-hour ticker");
     let last_id = trades.as_array().and_then(|t| t.last()).and_then(|t| t["id"].as_u64()).expect("a trade");

@@ -7,7 +7,7 @@
 
 const LEVELS = 15;
 const TRADES = 40;
-const INTERVALS = ['1m', '5m', '15m', '1h', '4h', '1d'];
+const INTERVALS = ['1m', '5m', '15m', '1h', '4h', '1d', '1w'];
 // The connection is asked for an answer (LIST_SUBSCRIPTIONS) this often;
 // one that has not come after STALLED_MS shows the page as stalled (a
 // frozen server, a stuck network: nothing would say so otherwise), and
