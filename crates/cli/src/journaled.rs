@@ -182,5 +182,8 @@ pub fn inspect(dir: &Path) -> Result<()> {
     if let Some(torn) = end.torn {
         eprintln!("warning: torn tail at {} offset {} (seq {}): {}", torn.file.display(), torn.offset, torn.seq, torn.what);
     }
+    if end.segments == 0 {
+        bail!("{} holds no journal (no segment-*.xbj file)", dir.display());
+    }
     Ok(())
 }

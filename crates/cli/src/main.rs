@@ -28,7 +28,7 @@ enum Cmd {
     Gen {
         #[arg(long)]
         workload: String,
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
         seed: u64,
         #[arg(long, default_value_t = 20_000)]
         commands: usize,
@@ -139,22 +139,22 @@ enum Cmd {
         workload: String,
         /// Stop after this many orders in all (and at the latest after
         /// --duration).
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         count: Option<u64>,
-        #[arg(long, default_value_t = 4)]
+        #[arg(long, default_value_t = 4, allow_negative_numbers = true)]
         connections: u64,
         /// The first session's account (the others follow): runs that
         /// should not meet each other's orders use different accounts.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
         first_account: u64,
         /// Seconds of sending.
-        #[arg(long, default_value_t = 10.0)]
+        #[arg(long, default_value_t = 10.0, allow_negative_numbers = true)]
         duration: f64,
         /// Orders per second over all sessions (open loop); without it,
         /// closed loop with --window orders outstanding per session.
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         rate: Option<f64>,
-        #[arg(long, default_value_t = 64)]
+        #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
         window: u64,
         /// One JSON object on standard output.
         #[arg(long)]
@@ -177,13 +177,13 @@ enum Cmd {
         /// Streams each connection subscribes to, comma-separated.
         #[arg(long, default_value = "btcusd@depth,btcusd@trade")]
         streams: String,
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
         connections: usize,
         /// Seconds of watching.
-        #[arg(long, default_value_t = 10.0)]
+        #[arg(long, default_value_t = 10.0, allow_negative_numbers = true)]
         duration: f64,
         /// Clients asking GET /api/v3/depth?limit=100 in a loop meanwhile.
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
         depth_clients: usize,
         /// The symbol they ask for.
         #[arg(long, default_value = "BTCUSD")]
@@ -210,10 +210,10 @@ enum Cmd {
         #[arg(long, global = true)]
         last_seen: Option<u64>,
         /// Seconds to wait for the server's answer.
-        #[arg(long, global = true, default_value_t = 5.0)]
+        #[arg(long, global = true, default_value_t = 5.0, allow_negative_numbers = true)]
         timeout: f64,
         /// Seconds to go on printing after the answer.
-        #[arg(long, global = true, default_value_t = 0.2)]
+        #[arg(long, global = true, default_value_t = 0.2, allow_negative_numbers = true)]
         linger: f64,
         #[command(subcommand)]
         action: OrderAction,
@@ -229,9 +229,9 @@ enum Cmd {
         workload: String,
         /// Commands, set-up included (default 1,000,000; for
         /// exchange-core-single, the whole flow or its first N commands).
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         commands: Option<usize>,
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
         seed: u64,
         /// Skip the per-command latency pass (for instruction counting).
         #[arg(long)]
@@ -254,7 +254,7 @@ enum Cmd {
         compare: Option<PathBuf>,
         /// Percent by which a gated figure may get worse before --compare
         /// calls it a regression.
-        #[arg(long, default_value_t = 10.0)]
+        #[arg(long, default_value_t = 10.0, allow_negative_numbers = true)]
         threshold: f64,
         /// Test hook: busy-wait this many nanoseconds per command.
         #[arg(long, default_value_t = 0, hide = true)]
@@ -276,7 +276,7 @@ enum OrderAction {
     Place {
         #[arg(long)]
         side: String,
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         qty: u64,
         /// Limit price (not for --type market); a negative one is taken
         /// as written (`--price -1`) and refused by the server.
@@ -300,10 +300,10 @@ enum OrderAction {
         /// In quote units, at least 1: a market buy's most to spend (fees
         /// included), or a FOK market sell's least proceeds (fees
         /// deducted). Without it: no budget.
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         budget: Option<u64>,
         /// The client order id (default: the clock in microseconds).
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         cid: Option<u64>,
     },
     /// Cancel an open order by the engine's order id.
@@ -317,7 +317,7 @@ enum OrderAction {
         order: u64,
         #[arg(long, allow_negative_numbers = true)]
         price: i64,
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         qty: u64,
     },
     /// Cancel every open order (of one instrument).
@@ -334,7 +334,7 @@ enum OrderAction {
     },
     /// Print reports as they come (for --duration seconds, or until Ctrl-C).
     Watch {
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         duration: Option<f64>,
     },
 }
@@ -412,20 +412,25 @@ fn seconds(flag: &str, value: f64) -> Result<Duration> {
 /// number): anything else is a command line that cannot work, not a
 /// server that did not answer.
 fn host_and_port(flag: &str, text: String) -> Result<String> {
+    host_and_port_like(flag, text, None)
+}
+
+/// [`host_and_port`], with the example the message gives (the port the
+/// flag's default has).
+fn host_and_port_like(flag: &str, text: String, example: Option<&str>) -> Result<String> {
     match text.rsplit_once(':') {
         Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|port| port > 0) => Ok(text),
-        _ => usage!("{flag} must be host:port (127.0.0.1:7700, say), not {text:?}"),
+        _ => usage!("{flag} must be host:port ({}, say), not {text:?}", example.unwrap_or("127.0.0.1:7700")),
     }
 }
 
 /// A time that must not be zero (a wait that could never succeed, a run
 /// with no time to measure).
 fn positive_seconds(flag: &str, value: f64) -> Result<Duration> {
-    let duration = seconds(flag, value)?;
-    if duration.is_zero() {
-        usage!("{flag} must be more than 0 seconds");
+    if value.is_nan() || value <= 0.0 {
+        usage!("{flag} must be a number of seconds more than 0, at most 31536000 (a year), not {value}");
     }
-    Ok(duration)
+    seconds(flag, value)
 }
 
 fn main() {
@@ -458,8 +463,9 @@ fn real_main() -> Result<()> {
                 "async" => Durability::Async { interval: Duration::from_millis(10) },
                 other => usage!("--durability must be sync or async, not {other:?}"),
             };
-            if segment_bytes < crossbook_server::config::MIN_SEGMENT_BYTES {
-                usage!("--segment-bytes must be at least {}, not {segment_bytes}", crossbook_server::config::MIN_SEGMENT_BYTES);
+            let (least, most) = (crossbook_server::config::MIN_SEGMENT_BYTES, crossbook_server::config::MAX_SEGMENT_BYTES);
+            if !(least..=most).contains(&segment_bytes) {
+                usage!("--segment-bytes must be {least} to {most}, not {segment_bytes}");
             }
             let config = JournalConfig { durability, segment_bytes, ..JournalConfig::default() };
             journaled::run(&commands, &dir, config, snapshot_every, keep_snapshots)
@@ -475,13 +481,20 @@ fn real_main() -> Result<()> {
             Ok(())
         }),
         Cmd::Watch { address, streams, connections, duration, depth_clients, depth_symbol, json } => crossbook_load::watch::run(crossbook_load::watch::WatchOptions {
-            address: host_and_port("--address", address)?,
+            address: host_and_port_like("--address", address, Some("127.0.0.1:7702"))?,
             streams: match streams.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect::<Vec<_>>() {
                 none if none.is_empty() && connections > 0 => usage!("--streams names no stream (a comma-separated list, as btcusd@depth,btcusd@trade)"),
                 streams => streams,
             },
             connections: match (connections, depth_clients) {
                 (0, 0) => usage!("--connections and --depth-clients are both 0: nothing to watch"),
+                // A thread each.
+                (connections, _) if connections > crossbook_load::watch::MAX_CONNECTIONS => {
+                    usage!("--connections must be 0 to {}, not {connections}", crossbook_load::watch::MAX_CONNECTIONS)
+                }
+                (_, clients) if clients > crossbook_load::watch::MAX_DEPTH_CLIENTS => {
+                    usage!("--depth-clients must be 0 to {}, not {clients}", crossbook_load::watch::MAX_DEPTH_CLIENTS)
+                }
                 (connections, _) => connections,
             },
             duration: positive_seconds("--duration", duration)?,
@@ -511,16 +524,20 @@ fn real_main() -> Result<()> {
                 if first_account == 0 {
                     usage!("--first-account must be at least 1 (account 0 is the venue's fee account)");
                 }
+                let accounts = crossbook_server::config::DEMO_ACCOUNTS;
+                if first_account.saturating_add(connections - 1) > accounts {
+                    usage!("--first-account plus --connections must stay within accounts 1 to {accounts} (one account each): --connections must be 1 to {}, not {connections}", (accounts + 1).saturating_sub(first_account));
+                }
                 count
             },
-            address: host_and_port(
-                "--address",
-                address.unwrap_or_else(|| match protocol.as_str() {
-                    "fix" => "127.0.0.1:7701".into(),
-                    "rest" | "ws-api" => "127.0.0.1:7702".into(),
-                    _ => "127.0.0.1:7700".into(),
-                }),
-            )?,
+            address: {
+                let default = match protocol.as_str() {
+                    "fix" => "127.0.0.1:7701",
+                    "rest" | "ws-api" => "127.0.0.1:7702",
+                    _ => "127.0.0.1:7700",
+                };
+                host_and_port_like("--address", address.unwrap_or_else(|| default.into()), Some(default))?
+            },
             connections,
             keys: (1..=crossbook_server::config::DEMO_ACCOUNTS).map(crossbook_server::config::demo_key).collect(),
             secrets: (1..=crossbook_server::config::DEMO_ACCOUNTS).map(crossbook_server::config::demo_secret).collect(),

@@ -147,12 +147,12 @@ pub fn describe(message: &ServerMessage) -> String {
         ServerMessage::ExecutionReport(r) => {
             let kind = match r.kind {
                 ReportKind::Accepted => "accepted",
-                ReportKind::PartialFill => "partial-fill",
+                ReportKind::PartialFill => "partial_fill",
                 ReportKind::Fill => "fill",
                 ReportKind::Cancelled => "cancelled",
                 ReportKind::Replaced => "replaced",
                 ReportKind::Rejected => "rejected",
-                ReportKind::CancelAllDone => "cancel-all-done",
+                ReportKind::CancelAllDone => "cancel_all_done",
             };
             let reason = match (r.refusal(), r.cancel_reason()) {
                 (Some(refusal), _) => format!(" reason={}", refusal.name()),

@@ -193,6 +193,7 @@ impl std::error::Error for JournalError {}
 #[derive(Debug)]
 pub struct DirLock {
     _file: File,
+    _dir: File,
 }
 
 /// Takes `dir` (created if missing) for this process, or says who has it:
@@ -203,6 +204,18 @@ pub fn lock_dir(dir: &Path) -> Result<DirLock, JournalError> {
         return Err(io(format!("using {} as a data directory", dir.display()))(std::io::Error::new(std::io::ErrorKind::NotADirectory, "it is not a directory")));
     }
     std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+    // The directory itself is locked too: a lock on the LOCK file alone
+    // is lost for the next process if someone deletes the file while it
+    // is held (the next one makes a new file and locks that), and two
+    // writers would then mix their records in one journal. The LOCK file
+    // stays for its holder's process id (and for a crossbook that locks
+    // only the file).
+    let directory = File::open(dir).map_err(io(format!("opening {}", dir.display())))?;
+    let dir_held = match directory.try_lock() {
+        Ok(()) => false,
+        Err(std::fs::TryLockError::WouldBlock) => true,
+        Err(std::fs::TryLockError::Error(e)) => return Err(io(format!("locking {}", dir.display()))(e)),
+    };
     let path = dir.join("LOCK");
     // Read-only where it cannot be written (a copy or backup, another
     // user's file): flock needs no more.
@@ -217,7 +230,11 @@ pub fn lock_dir(dir: &Path) -> Result<DirLock, JournalError> {
         .or_else(|first| File::open(&path).map_err(|_| first))
         .map_err(io(format!("opening {}", path.display())))?;
     match file.try_lock() {
-        Ok(()) => {}
+        Ok(()) if !dir_held => {}
+        Ok(()) => {
+            let _ = file.unlock();
+            return Err(JournalError::InUse { dir: dir.to_path_buf(), holder: "a process that holds the directory (its LOCK file was removed while it ran)".into() });
+        }
         Err(std::fs::TryLockError::WouldBlock) => {
             let mut holder = String::new();
             let _ = std::io::Read::read_to_string(&mut file, &mut holder);
@@ -234,7 +251,7 @@ pub fn lock_dir(dir: &Path) -> Result<DirLock, JournalError> {
     if file.set_len(0).is_ok() {
         let _ = std::io::Write::write_all(&mut file, format!("{}\n", std::process::id()).as_bytes());
     }
-    Ok(DirLock { _file: file })
+    Ok(DirLock { _file: file, _dir: directory })
 }
 
 pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> JournalError {

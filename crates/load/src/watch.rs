@@ -138,6 +138,11 @@ fn asking_depth(address: &str, symbol: &str, stop: &AtomicBool) -> Result<u64> {
     Ok(answered)
 }
 
+/// Connections a watch opens at most (a thread each), and clients asking
+/// for the depth.
+pub const MAX_CONNECTIONS: usize = 10_000;
+pub const MAX_DEPTH_CLIENTS: usize = 1_000;
+
 pub fn run(options: WatchOptions) -> Result<()> {
     let path = format!("/stream?streams={}", options.streams.join("/"));
     let until = Instant::now() + options.duration;

@@ -433,11 +433,6 @@ pub enum ConfigError {
     BadLoginKey { account: AccountId },
     /// `durability` is neither `sync` nor `async`.
     BadDurability(String),
-    /// `limits.max_frame` is below the longest message of the binary
-    /// protocol.
-    FrameTooSmall { max_frame: usize, longest: usize },
-    /// `segment_bytes` is below `MIN_SEGMENT_BYTES`.
-    SegmentTooSmall(u64),
     /// `fix.application` is neither `venue` nor `echo`.
     BadFixApplication(String),
     /// An instrument's `fix_price_unit` or `fix_qty_unit` is not a
@@ -483,7 +478,7 @@ pub enum ConfigError {
     BadFixSession(String),
     /// A number outside what it can be (`market_data.orders_kept` 1 to
     /// 1,000,000, `market_data.ping_interval_s` 1 to 3,600, ...).
-    OutOfRange { key: &'static str, value: u64, least: u64, most: u64 },
+    OutOfRange { key: std::borrow::Cow<'static, str>, value: u64, least: u64, most: u64 },
     /// `data_dir = ""`.
     EmptyDataDir,
     /// A file that lists no assets or no instruments (and does not ask
@@ -493,19 +488,21 @@ pub enum ConfigError {
 
 /// The smallest `segment_bytes` accepted.
 pub const MIN_SEGMENT_BYTES: u64 = 4096;
+pub const MAX_SEGMENT_BYTES: u64 = 1 << 40;
+
+/// An asset's name, at most (`docs/formats.md`: an instrument's symbol may
+/// be longer and hold a `/`).
+pub const ASSET_NAME_BYTES: usize = 16;
 
 impl std::fmt::Display for ConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ConfigError::Parse(e) => write!(f, "{e}"),
+            ConfigError::BadName { what: what @ "asset name", name } => write!(f, "bad {what} {name:?} (1 to {ASSET_NAME_BYTES} of A-Z a-z 0-9 _ . -)"),
             ConfigError::BadName { what, name } => write!(f, "bad {what} {name:?} (1 to 32 of A-Z a-z 0-9 _ . - /)"),
             ConfigError::BadApiKey { account } => write!(f, "account {account}: the API key must be 1 to 32 visible ASCII characters (! to ~)"),
             ConfigError::BadLoginKey { account } => write!(f, "account {account}: login_key must be 1 to 32 visible ASCII characters (! to ~), or \"\" for the API key"),
             ConfigError::BadDurability(other) => write!(f, "durability must be sync or async, not {other:?}"),
-            ConfigError::FrameTooSmall { max_frame, longest } => {
-                write!(f, "limits.max_frame must be at least {longest} (the longest message of the binary protocol), not {max_frame}")
-            }
-            ConfigError::SegmentTooSmall(bytes) => write!(f, "segment_bytes must be at least {MIN_SEGMENT_BYTES}, not {bytes}"),
             ConfigError::BadFixApplication(other) => write!(f, "fix.application must be venue or echo, not {other:?}"),
             ConfigError::BadFixUnit { symbol, what, value } => write!(f, "instrument {symbol}: {what} {value:?} is not a positive decimal of at most {} digits whose digits, the point left out, make at most {}", crossbook_fix::decimal::MAX_DIGITS, u64::MAX),
             ConfigError::SymbolClash { symbol, binance } => write!(f, "instrument {symbol}: another instrument's symbol is also written {binance} (letters and digits only), as market data names it"),
@@ -603,12 +600,6 @@ impl Config {
         if self.instruments.is_empty() {
             return Err(ConfigError::NothingListed("[[instruments]]"));
         }
-        if self.limits.max_frame < crossbook_protocol::LONGEST_FRAME {
-            return Err(ConfigError::FrameTooSmall { max_frame: self.limits.max_frame, longest: crossbook_protocol::LONGEST_FRAME });
-        }
-        if self.segment_bytes < MIN_SEGMENT_BYTES {
-            return Err(ConfigError::SegmentTooSmall(self.segment_bytes));
-        }
         if !(0..=19).contains(&self.market_data.nice) {
             return Err(ConfigError::BadNice(self.market_data.nice));
         }
@@ -639,9 +630,9 @@ impl Config {
         for (key, value, least, most) in self
             .assets
             .iter()
-            .flat_map(|a| [("assets.id", u64::from(a.id), 1, u64::from(u32::MAX)), ("assets.decimals", u64::from(a.decimals), 0, 18)])
-            .chain(self.instruments.iter().map(|i| ("instruments.id", u64::from(i.id), 1, u64::from(u32::MAX))))
-            .chain([("history_commands", self.history_commands, 1, u64::MAX)])
+            .flat_map(|a| [(std::borrow::Cow::from("assets.id"), u64::from(a.id), 1, u64::from(u32::MAX)), (format!("assets.decimals (of asset {} {:?})", a.id, a.name).into(), u64::from(a.decimals), 0, 18)])
+            .chain(self.instruments.iter().map(|i| ("instruments.id".into(), u64::from(i.id), 1, u64::from(u32::MAX))))
+            .chain([("history_commands".into(), self.history_commands, 1, u64::MAX)])
         {
             if !(least..=most).contains(&value) {
                 return Err(ConfigError::OutOfRange { key, value, least, most });
@@ -687,7 +678,9 @@ impl Config {
             ("limits.max_connections", self.limits.max_connections as u64, 1, 1_000_000),
             ("limits.max_unauthenticated", self.limits.max_unauthenticated as u64, 1, 1_000_000),
             ("limits.login_timeout_s", self.limits.login_timeout_s, 1, 3_600),
+            // At least the longest message of the binary protocol.
             ("limits.max_frame", self.limits.max_frame as u64, crossbook_protocol::LONGEST_FRAME as u64, 1 << 24),
+            ("segment_bytes", self.segment_bytes, MIN_SEGMENT_BYTES, MAX_SEGMENT_BYTES),
             ("limits.queue", self.limits.queue as u64, 1, 1_000_000),
             ("limits.in_flight", u64::from(self.limits.in_flight), 1, 1_000_000),
             ("limits.open_orders", self.limits.open_orders as u64, 1, 100_000_000),
@@ -702,7 +695,7 @@ impl Config {
             ("market_data.answer_timeout_ms", market.answer_timeout_ms, 1, 3_600_000),
         ] {
             if !(least..=most).contains(&value) {
-                return Err(ConfigError::OutOfRange { key, value, least, most });
+                return Err(ConfigError::OutOfRange { key: key.into(), value, least, most });
             }
         }
         if !matches!(self.fix.application.as_str(), "venue" | "echo") {
@@ -760,7 +753,7 @@ impl Config {
                 ("replication.connect_timeout_s", replication.connect_timeout_s, 1, 3_600),
             ] {
                 if !(least..=most).contains(&value) {
-                    return Err(ConfigError::OutOfRange { key, value, least, most });
+                    return Err(ConfigError::OutOfRange { key: key.into(), value, least, most });
                 }
             }
         }
@@ -778,7 +771,11 @@ impl Config {
     pub fn setup_commands(&self) -> Result<Vec<Command>, ConfigError> {
         let mut commands = Vec::new();
         for asset in &self.assets {
-            let name = Symbol::new(&asset.name).ok_or_else(|| ConfigError::BadName { what: "asset name", name: asset.name.clone() })?;
+            // The command files' rule for an asset's name (docs/formats.md),
+            // so that a journal's commands can be written out and read back.
+            let name = Symbol::new(&asset.name)
+                .filter(|_| asset.name.len() <= ASSET_NAME_BYTES && !asset.name.contains('/'))
+                .ok_or_else(|| ConfigError::BadName { what: "asset name", name: asset.name.clone() })?;
             commands.push(Command::AddAsset { id: asset.id, name });
         }
         for i in &self.instruments {
@@ -921,6 +918,18 @@ mod tests {
             assert!(text.contains(edit), "{edit}");
             let refused = Config::from_toml(&text.replacen(edit, said, 1)).unwrap().check().expect_err("refused").to_string();
             assert!(refused.contains("must be"), "{said}: {refused}");
+        }
+        // Which asset, and every range in one form (audit, 2026-11-27).
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../crossbook.toml")).unwrap();
+        let refused = |edit: &str, to: &str| Config::from_toml(&text.replacen(edit, to, 1)).unwrap().check().map_err(|e| e.to_string());
+        assert_eq!(refused("decimals = 0", "decimals = 19"), Err("assets.decimals (of asset 1 \"BTC\") must be 0 to 18, not 19".into()));
+        assert_eq!(refused("segment_bytes = 67108864", "segment_bytes = 0"), Err("segment_bytes must be 4096 to 1099511627776, not 0".into()));
+        // An asset's name as command files write it (docs/formats.md): 16
+        // at most, no `/` (an instrument's symbol may have both).
+        let named = |name: &str| refused("name = \"USD\"", &format!("name = \"{name}\"")).and_then(|()| Config::from_toml(&text.replacen("name = \"USD\"", &format!("name = \"{name}\""), 1)).unwrap().setup_commands().map(drop).map_err(|e| e.to_string()));
+        assert!(named(&"U".repeat(16)).is_ok());
+        for name in ["US/D", &"U".repeat(17)] {
+            assert_eq!(named(name), Err(format!("bad asset name {name:?} (1 to 16 of A-Z a-z 0-9 _ . -)")), "{name}");
         }
         let replicated = |extra: &str| checked(&format!("[fix]\nlisten = \"\"\n\n[replication]\nnats = [\"nats://127.0.0.1:4222\"]\nstream = \"S\"\nnode = \"a\"\n{extra}"));
         assert!(replicated("").is_ok());

@@ -209,10 +209,11 @@ fn a_cancel_or_replace_sent_before_the_orders_report_acts_on_it() {
     expect(&alice.next(), &[(35, "9"), (11, "X2"), (41, "X1"), (102, "1"), (434, "1"), (37, "NONE")]);
 
     // A binary order of the same account holding the engine client id the
-    // gateway gives its next order (FIX's count up from 2^63: the next is
-    // the resting R order's plus two, X1 having taken one): that order is
-    // refused as a duplicate, and the cancel behind it acts on no order,
-    // not on the binary one.
+    // gateway would give its next order (FIX's count up from 2^63: the
+    // next is the resting R order's plus two, X1 having taken one): the
+    // gateway passes over it, so the order is taken under the number
+    // after it, and the cancel behind it acts on that order, not on the
+    // binary one.
     let (binary, _) = crossbook_client::binary::Client::login(&server.address, 1, "demo-key-1", u64::MAX).expect("a binary session");
     let mut binary = crate::serve::Client(binary);
     binary.send(&crossbook_protocol::ClientMessage::QueryOpenOrders { request: 1, instrument: None });
@@ -233,8 +234,11 @@ fn a_cancel_or_replace_sent_before_the_orders_report_acts_on_it() {
     expect(&alice.next(), &[(150, "0"), (11, &taken.to_string())]);
     send_owned(&mut alice, "D", &order("Y1", "2", "150", "3"));
     send_owned(&mut alice, "F", &cancel("Y2", "Y1"));
-    expect(&alice.next(), &[(150, "8"), (11, "Y1"), (58, "duplicate_client_order_id")]);
-    expect(&alice.next(), &[(35, "9"), (11, "Y2"), (41, "Y1"), (102, "1")]);
+    expect(&alice.next(), &[(150, "0"), (11, "Y1")]);
+    expect(&alice.next(), &[(150, "4"), (39, "4"), (11, "Y2"), (41, "Y1")]);
+    let (placed, cancelled) = (binary.report(), binary.report());
+    assert_eq!((placed.kind, placed.cid), (crossbook_protocol::ReportKind::Accepted, taken + 1), "Y1 under the number after the binary order's");
+    assert_eq!((cancelled.kind, cancelled.cid), (crossbook_protocol::ReportKind::Cancelled, taken + 1));
     let (status, body) = crate::marketdata::http_get(&server.market_address, "/api/v3/depth?symbol=BTCUSD&limit=100");
     assert!(status == 200 && body.contains(r#"["170","1"]"#), "the binary order still rests: {body}");
 }

@@ -266,6 +266,9 @@ fn the_tools_refuse_what_they_cannot_use_with_a_message() {
     std::fs::write(flow.join("commands.csv.gz"), b"x").unwrap();
     let flow = flow.to_str().unwrap().to_string();
     let journal = dir.0.join("journal").to_str().unwrap().to_string();
+    let empty = dir.0.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let empty = empty.to_str().unwrap().to_string();
     let cases: Vec<(Vec<&str>, &str, i32)> = vec![
         (vec!["load", "--rate", "inf", "--duration", "1"], "--rate must be", 2),
         (vec!["load", "--rate", "0", "--duration", "1"], "--rate must be", 2),
@@ -282,7 +285,8 @@ fn the_tools_refuse_what_they_cannot_use_with_a_message() {
         (vec!["watch", "--duration", "NaN"], "--duration must be", 2),
         (vec!["order", "--timeout", "inf", "balances"], "--timeout must be", 2),
         (vec!["order", "--linger", "1e30", "balances"], "--linger must be", 2),
-        (vec!["order", "--timeout", "0", "balances"], "--timeout must be more than 0", 2),
+        (vec!["order", "--timeout", "0", "balances"], "--timeout must be a number of seconds more than 0", 2),
+        (vec!["order", "--timeout", "-1", "balances"], "--timeout must be a number of seconds more than 0", 2),
         // A budget of 0 would go out as "no budget" (0 on the wire).
         (vec!["order", "place", "--side", "buy", "--type", "market", "--qty", "1", "--budget", "0"], "--budget must be at least 1", 2),
         // A key past the Login's 32 bytes would be cut, not refused.
@@ -292,7 +296,14 @@ fn the_tools_refuse_what_they_cannot_use_with_a_message() {
         (vec!["order", "place", "--side", "buy", "--price", "1", "--qty", "1", "--stp", "bogus"], "--stp must be", 2),
         (vec!["order", "--address", "nonsense", "balances"], "--address must be host:port", 2),
         (vec!["order", "--address", "127.0.0.1:1", "balances"], "logging in to 127.0.0.1:1", 1),
-        (vec!["load", "--duration", "0"], "--duration must be more than 0", 2),
+        (vec!["load", "--duration", "0"], "--duration must be a number of seconds more than 0", 2),
+        (vec!["load", "--connections", "17"], "--connections must be 1 to 16, not 17", 2),
+        (vec!["load", "--first-account", "15", "--connections", "4"], "--connections must be 1 to 2, not 4", 2),
+        (vec!["load", "--protocol", "rest", "--address", "bad"], "(127.0.0.1:7702, say)", 2),
+        (vec!["watch", "--connections", "100000"], "--connections must be 0 to 10000, not 100000", 2),
+        (vec!["watch", "--connections", "0", "--depth-clients", "100000"], "--depth-clients must be 0 to 1000, not 100000", 2),
+        (vec!["watch", "--duration", "-1"], "--duration must be a number of seconds more than 0", 2),
+        (vec!["journal", "inspect", &empty], "holds no journal", 1),
         (vec!["load", "--connections", "0"], "--connections must be at least 1", 2),
         (vec!["load", "--protocol", "fix", "--last-seen-out", &journal], "--last-seen-out is for the binary protocol", 1),
         (vec!["load", "--acked-out", "/nowhere/acked.txt"], "writing /nowhere/acked.txt", 1),
@@ -304,7 +315,7 @@ fn the_tools_refuse_what_they_cannot_use_with_a_message() {
         (vec!["run", "--commands", "/nowhere.txt", "--durability", "async"], "--journal", 2),
         (vec!["bench", "--workload", "steady-deep", "--flow", "/nowhere"], "--flow is for --workload exchange-core-single", 2),
         (vec!["compat", "exchange-core", &flow], "reading", 1),
-        (vec!["run", "--commands", "/nowhere.txt", "--journal", &journal, "--segment-bytes", "0"], "--segment-bytes must be at least 4096", 2),
+        (vec!["run", "--commands", "/nowhere.txt", "--journal", &journal, "--segment-bytes", "0"], "--segment-bytes must be 4096 to 1099511627776, not 0", 2),
         (vec!["serve", "--listen", "nonsense", "--data", &journal], "listen \"nonsense\" is not an address", 1),
         (vec!["serve", "--market-listen", "127.0.0.1:99999", "--data", &journal], "market_data.listen \"127.0.0.1:99999\" is not an address", 1),
     ];

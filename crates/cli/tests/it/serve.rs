@@ -386,6 +386,12 @@ fn a_data_directory_is_written_by_one_process_at_a_time() {
         let refused = crossbook(args);
         assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("is in use by another crossbook process"), "{args:?}");
     }
+    // Deleting the LOCK file (taken for stale) does not free the
+    // directory: a second writer would mix its records into the journal.
+    std::fs::remove_file(data.join("LOCK")).unwrap();
+    let second = crossbook(&["serve", "--listen", "127.0.0.1:0", "--fix-listen", "", "--market-listen", "", "--data", data_arg]);
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success() && said.contains("is in use by another crossbook process (a process that holds the directory"), "{said}");
     // The server was not disturbed.
     client.send(&limit(2, Side::Buy, 100, 1, TimeInForce::Gtc));
     assert_eq!(client.report().kind, ReportKind::Accepted);

@@ -339,7 +339,7 @@ impl Gateway {
             let (mut store, mut restored) = Store::open(&path)?;
             if restored.through_seq > journal_end {
                 log(&format!(
-                    "FIX store {}: reports up to command {} but the journal ends at {}: those commands were taken back (async durability, power cut); reporting goes on from {}",
+                    "FIX store {}: reports up to command {} but the journal ends at {}: those commands are not in the journal (taken back by a power cut in async durability; in sync durability, synced records lost, or a copy of the directory taken while the venue ran); reporting goes on from {}",
                     path.display(),
                     restored.through_seq,
                     journal_end,

@@ -339,6 +339,12 @@ impl FixBook {
         self.orders.insert(id, order);
     }
 
+    /// Whether one of the account's open orders placed elsewhere (known
+    /// by its client id in decimal) holds engine client id `cid`.
+    fn holds_cid(&self, account: AccountId, cid: u64) -> bool {
+        self.order_by_cl_ord_id(account, &cid.to_string()).is_some()
+    }
+
     fn order_by_cl_ord_id(&self, account: AccountId, cl_ord_id: &str) -> Option<OrderId> {
         self.by_cl_ord_id.get(&(account, cl_ord_id.to_owned())).copied()
     }
@@ -785,8 +791,14 @@ impl VenueApp<'_> {
             None if message.get(tag::CASH_ORDER_QTY).is_some() => return self.reject_order(message, "99", "CashOrderQty must be a whole number of quote units", outbox),
             None => None,
         };
-        let cid = self.book.next_cid;
-        self.book.next_cid += 1;
+        // Passing over a number a binary client gave one of the account's
+        // open orders (known here by it in decimal), which the engine
+        // would refuse as a duplicate.
+        let mut cid = self.book.next_cid;
+        while self.book.holds_cid(self.account, cid) {
+            cid += 1;
+        }
+        self.book.next_cid = cid + 1;
         let sent = FixOrder { account: self.account, cl_ord_id: cl_ord_id.clone(), instrument: instrument.id, side, order_type, tif, qty, price, notional: 0 };
         let placed = Placed::default();
         self.book.pending.insert(key, Pending::Order { placed: placed.clone(), order: sent });

@@ -944,23 +944,29 @@ fn numbered(trading: &Trading, market: &MarketData, mut order: NewOrder) -> NewO
     // After every REST order the log holds (a node that took the lead
     // in this run numbers on after its predecessor's).
     trading.next_cid.fetch_max(market.accounts.largest_gateway_cid + 1, Ordering::Relaxed);
-    order.place.cid = trading.next_cid.fetch_add(1, Ordering::Relaxed);
-    // Without one, the order is named after its engine client id (never
-    // made up before: the numbering goes on after the journal's), passing
-    // over a name the account gave one of its open orders itself.
-    if order.client_id.is_empty() {
-        loop {
-            let name = format!("crossbook-{}", order.place.cid - REST_CID_BASE);
-            let taken = market.accounts.open_by_client_id(order.place.account, &name).is_some()
-                || lock(&trading.waiting).client_ids.contains(&(order.place.account, name.clone()));
-            if !taken {
-                order.client_id = name;
-                break;
-            }
-            order.place.cid = trading.next_cid.fetch_add(1, Ordering::Relaxed);
+    let account = order.place.account;
+    loop {
+        order.place.cid = trading.next_cid.fetch_add(1, Ordering::Relaxed);
+        // Passing over a number a binary client gave one of the account's
+        // open orders (named by it in decimal), which the engine would
+        // refuse as a duplicate.
+        if market.accounts.open_by_client_id(account, &order.place.cid.to_string()).is_some_and(|o| o.cid == order.place.cid) {
+            continue;
+        }
+        if !order.client_id.is_empty() {
+            return order;
+        }
+        // Without one, the order is named after its engine client id
+        // (never made up before: the numbering goes on after the
+        // journal's), passing over a name the account gave one of its
+        // open orders itself.
+        let name = format!("crossbook-{}", order.place.cid - REST_CID_BASE);
+        let taken = market.accounts.open_by_client_id(account, &name).is_some() || lock(&trading.waiting).client_ids.contains(&(account, name.clone()));
+        if !taken {
+            order.client_id = name;
+            return order;
         }
     }
-    order
 }
 
 /// Sends a checked new order whose client id is reserved, and answers it
