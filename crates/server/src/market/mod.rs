@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
-use throttle::Throttle;
+use throttle::{Followed, Throttle};
 
 /// Batches waiting for the market-data thread. Past it the sequencer
 /// waits for that thread (which never waits for a client): bounded memory,
@@ -287,24 +287,32 @@ impl Hub {
         }
         let state = self.read();
         let mut outgoing = Outgoing::new();
+        let all_mini = subscribers.contains_key(throttle::ALL_MINI);
         for update in &updates.instruments {
             let data = &state.instruments[update.index];
-            let symbol = data.info.binance.to_ascii_lowercase();
-            let mut send = |name: &str, payloads: &dyn Fn() -> Vec<String>| fan_out(&subscribers, &mut outgoing, name, payloads);
+            let followed = Followed::of(&subscribers, &data.info.binance);
+            if followed.none() && !all_mini {
+                continue;
+            }
+            let mut send = |kind: usize, payloads: &dyn Fn() -> Vec<String>| {
+                if let Some(name) = followed.name(kind) {
+                    fan_out(&subscribers, &mut outgoing, name, payloads);
+                }
+            };
             if let Some(diff) = &update.depth {
-                send(&format!("{symbol}@depth"), &|| vec![render::depth_update_text(data, diff, updates.time_ms)]);
-                for levels in throttle::PARTIAL_LEVELS {
-                    send(&format!("{symbol}@depth{levels}"), &|| vec![render::partial_depth(&state, data, levels).to_string()]);
+                send(throttle::DEPTH, &|| vec![render::depth_update_text(data, diff, updates.time_ms)]);
+                for (level, levels) in throttle::PARTIAL_LEVELS.into_iter().enumerate() {
+                    send(throttle::PARTIAL + level, &|| vec![render::partial_depth(&state, data, levels).to_string()]);
                 }
             }
             if !update.trades.is_empty() {
-                send(&format!("{symbol}@trade"), &|| update.trades.iter().map(|t| render::trade_text(data, t, updates.time_ms)).collect());
-                send(&format!("{symbol}@aggTrade"), &|| update.trades.iter().map(|t| render::agg_trade_text(data, t, updates.time_ms)).collect());
+                send(throttle::TRADE, &|| update.trades.iter().map(|t| render::trade_text(data, t, updates.time_ms)).collect());
+                send(throttle::AGG_TRADE, &|| update.trades.iter().map(|t| render::agg_trade_text(data, t, updates.time_ms)).collect());
             }
             if update.top_changed {
-                send(&format!("{symbol}@bookTicker"), &|| vec![render::book_ticker_update(&state, data).to_string()]);
+                send(throttle::BOOK_TICKER, &|| vec![render::book_ticker_update(&state, data).to_string()]);
             }
-            throttle.changed(&subscribers, &symbol, update, updates.time_ms);
+            throttle.changed(&followed, all_mini, update, updates.time_ms);
         }
         drop(state);
         drop(subscribers);

@@ -27,6 +27,8 @@ use super::{Hub, Outgoing, Subscriber, fan_out};
 use crossbook_marketdata::candles::INTERVALS;
 use crossbook_marketdata::{DepthDiff, InstrumentUpdate, Trade, render};
 use std::collections::{BTreeMap, VecDeque};
+use std::ops::Bound;
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 /// The all-market mini ticker stream's name.
@@ -46,6 +48,67 @@ const TRADES_EVERY: Duration = Duration::from_millis(100);
 /// The most trades one `@trade@100ms` message lists (the newest; its `n`
 /// says how many the interval had).
 pub(crate) const TRADES_LISTED: usize = 100;
+
+/// Every stream of a symbol, by its name after `<symbol>@`, at its place
+/// in a [`Followed`]: `depth`, the partial books, the trades and the top
+/// of the book (sent every batch), then those sent on a clock.
+static SUFFIXES: LazyLock<Vec<String>> = LazyLock::new(|| {
+    let mut all = vec!["depth".to_string()];
+    all.extend(PARTIAL_LEVELS.map(|n| format!("depth{n}")));
+    all.extend(["trade", "aggTrade", "bookTicker"].map(String::from));
+    all.extend(SPEEDS.map(|(speed, _)| format!("depth{speed}")));
+    for (speed, _) in SPEEDS {
+        all.extend(PARTIAL_LEVELS.map(|n| format!("depth{n}{speed}")));
+    }
+    all.extend(["ticker", "miniTicker", "trade@100ms"].map(String::from));
+    all.extend(INTERVALS.map(|(interval, _)| format!("kline_{interval}")));
+    all
+});
+pub(crate) const DEPTH: usize = 0;
+/// `@depth5`, `@depth10`, `@depth20`: by their place in `PARTIAL_LEVELS`.
+pub(crate) const PARTIAL: usize = 1;
+pub(crate) const TRADE: usize = 4;
+pub(crate) const AGG_TRADE: usize = 5;
+pub(crate) const BOOK_TICKER: usize = 6;
+/// By speed.
+const DIFF: usize = 7;
+/// By speed, then by levels.
+const PARTIAL_SPEED: usize = 9;
+const TICKER: usize = 15;
+const MINI_TICKER: usize = 16;
+const TRADES: usize = 17;
+/// By interval.
+const KLINE: usize = 18;
+const KINDS: usize = KLINE + INTERVALS.len();
+
+/// The streams of one symbol that somebody follows: found with one look
+/// at the subscriptions (the names from `<symbol>@` on), where making each
+/// stream's name and looking it up cost some thirty allocations a batch
+/// per instrument while anybody at all was subscribed.
+pub(crate) struct Followed<'a>([Option<&'a str>; KINDS]);
+
+impl<'a> Followed<'a> {
+    pub(crate) fn of(subscribers: &'a BTreeMap<String, Vec<Subscriber>>, symbol: &str) -> Followed<'a> {
+        let prefix = format!("{}@", symbol.to_ascii_lowercase());
+        let mut names = [None; KINDS];
+        let from = subscribers.range::<str, _>((Bound::Included(prefix.as_str()), Bound::Unbounded));
+        for name in from.map(|(name, _)| name).take_while(|name| name.starts_with(&prefix)) {
+            if let Some(kind) = SUFFIXES.iter().position(|suffix| *suffix == name[prefix.len()..]) {
+                names[kind] = Some(name.as_str());
+            }
+        }
+        Followed(names)
+    }
+
+    /// The stream of `kind` (`DEPTH`, `TRADE`, ...), if followed.
+    pub(crate) fn name(&self, kind: usize) -> Option<&'a str> {
+        self.0[kind]
+    }
+
+    pub(crate) fn none(&self) -> bool {
+        self.0.iter().all(Option::is_none)
+    }
+}
 
 /// One throttled stream of an instrument.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -129,43 +192,43 @@ pub(crate) struct Throttle {
 impl Throttle {
     /// What a batch changed for an instrument, kept for the throttled
     /// streams somebody follows.
-    pub(crate) fn changed(&mut self, subscribers: &BTreeMap<String, Vec<Subscriber>>, symbol: &str, update: &InstrumentUpdate, time_ms: u64) {
-        let followed = |name: String| subscribers.contains_key(&name);
+    pub(crate) fn changed(&mut self, streams: &Followed, all_mini: bool, update: &InstrumentUpdate, time_ms: u64) {
+        let followed = |kind: usize| streams.name(kind).is_some();
         let index = update.index;
         if let Some(diff) = &update.depth {
-            for (speed, (suffix, _)) in SPEEDS.iter().enumerate() {
-                if followed(format!("{symbol}@depth{suffix}")) {
+            for speed in 0..SPEEDS.len() {
+                if followed(DIFF + speed) {
                     let slot = self.owe(index, time_ms, Stream::Diff(speed));
                     match slot.diff.as_mut() {
                         Some(pending) => pending.merge(diff),
                         None => slot.diff = Some(diff.clone()),
                     }
                 }
-                if PARTIAL_LEVELS.iter().any(|levels| followed(format!("{symbol}@depth{levels}{suffix}"))) {
+                if (0..PARTIAL_LEVELS.len()).any(|level| followed(PARTIAL_SPEED + speed * PARTIAL_LEVELS.len() + level)) {
                     self.owe(index, time_ms, Stream::Partial(speed));
                 }
             }
         }
         let Some(first) = update.trades.first() else { return };
-        if followed(format!("{symbol}@ticker")) {
+        if followed(TICKER) {
             self.owe(index, time_ms, Stream::Ticker);
         }
-        if followed(format!("{symbol}@miniTicker")) {
+        if followed(MINI_TICKER) {
             self.owe(index, time_ms, Stream::MiniTicker);
         }
-        if followed(ALL_MINI.to_string()) {
+        if all_mini {
             // One slot for all instruments (kept under index 0).
             self.owe(0, time_ms, Stream::AllMini).traded.insert(index);
         }
-        for (interval, (name, _)) in INTERVALS.iter().enumerate() {
-            if followed(format!("{symbol}@kline_{name}")) {
+        for interval in 0..INTERVALS.len() {
+            if followed(KLINE + interval) {
                 let slot = self.owe(index, time_ms, Stream::Kline(interval));
                 if slot.first_trade == 0 {
                     slot.first_trade = first.id;
                 }
             }
         }
-        if followed(format!("{symbol}@trade@100ms")) {
+        if followed(TRADES) {
             let slot = self.owe(index, time_ms, Stream::Trades);
             slot.count += update.trades.len() as u64;
             slot.trades.extend(update.trades.iter().copied());
@@ -270,5 +333,52 @@ impl Throttle {
         drop(state);
         drop(subscribers);
         hub.deliver_all(outgoing);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Connection, Wrap};
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn every_stream_of_a_symbol_has_its_place() {
+        assert_eq!(SUFFIXES.len(), KINDS);
+        for (kind, suffix) in [
+            (DEPTH, "depth"),
+            (PARTIAL, "depth5"),
+            (PARTIAL + 2, "depth20"),
+            (TRADE, "trade"),
+            (AGG_TRADE, "aggTrade"),
+            (BOOK_TICKER, "bookTicker"),
+            (DIFF, "depth@100ms"),
+            (DIFF + 1, "depth@1000ms"),
+            (PARTIAL_SPEED, "depth5@100ms"),
+            (PARTIAL_SPEED + 5, "depth20@1000ms"),
+            (TICKER, "ticker"),
+            (MINI_TICKER, "miniTicker"),
+            (TRADES, "trade@100ms"),
+            (KLINE, "kline_1m"),
+            (KINDS - 1, "kline_1M"),
+        ] {
+            assert_eq!(SUFFIXES[kind], suffix);
+        }
+    }
+
+    #[test]
+    fn a_symbols_followed_streams_are_its_own() {
+        let (out, _messages) = tokio::sync::mpsc::unbounded_channel();
+        let connection = Arc::new(Connection { id: 1, out, waiting: 0.into(), dropped: false.into(), wake: tokio::sync::Notify::new() });
+        let mut subscribers = BTreeMap::new();
+        for name in ["btcusd@trade", "btcusd@kline_1w", "btcusdt@depth", "btcusd@nonsense", ALL_MINI, "btcusc@depth"] {
+            subscribers.insert(name.to_string(), vec![Subscriber { connection: connection.clone(), wrap: Wrap::Raw }]);
+        }
+        let followed = Followed::of(&subscribers, "BTCUSD");
+        assert_eq!(followed.name(TRADE), Some("btcusd@trade"));
+        assert_eq!(followed.name(KLINE + crossbook_marketdata::candles::interval("1w").unwrap()), Some("btcusd@kline_1w"));
+        assert_eq!(followed.name(DEPTH), None, "another symbol's, whose name starts the same");
+        assert_eq!((0..KINDS).filter(|&kind| followed.name(kind).is_some()).count(), 2);
+        assert!(Followed::of(&subscribers, "ETHUSD").none());
     }
 }
