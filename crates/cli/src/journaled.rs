@@ -131,9 +131,9 @@ pub fn snapshot(dir: &Path, keep: usize) -> Result<()> {
     Ok(())
 }
 
-pub fn verify(dir: &Path) -> Result<()> {
+pub fn verify(dir: &Path, replay: bool) -> Result<()> {
     existing(dir)?;
-    let (end, problems) = crossbook_journal::verify(dir);
+    let (end, problems) = crossbook_journal::verify_with(dir, replay);
     if let Some(end) = &end {
         println!("{} records in {} segments, last seq {}", end.records, end.segments, end.last_seq);
     }

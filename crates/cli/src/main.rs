@@ -355,7 +355,13 @@ enum CompatEngine {
 #[derive(Subcommand)]
 enum JournalAction {
     /// Check every record and snapshot; report each problem with its place.
-    Verify { dir: PathBuf },
+    Verify {
+        dir: PathBuf,
+        /// Also replay every command from the start and compare each
+        /// snapshot's state with the journal's at its command.
+        #[arg(long)]
+        replay: bool,
+    },
     /// Print the journal's commands in the command-file text format.
     Inspect { dir: PathBuf },
     /// Rebuild the state and write a snapshot of it now (a running
@@ -570,7 +576,7 @@ fn real_main() -> Result<()> {
             action: order_action(action)?,
         }),
         Cmd::Compat { engine: CompatEngine::ExchangeCore { dir, flow } } => compat::run(&crossbook_compat::flow_dir(dir.or(flow))?),
-        Cmd::Journal { action: JournalAction::Verify { dir } } => journaled::verify(&dir),
+        Cmd::Journal { action: JournalAction::Verify { dir, replay } } => journaled::verify(&dir, replay),
         Cmd::Journal { action: JournalAction::Inspect { dir } } => journaled::inspect(&dir),
         Cmd::Journal { action: JournalAction::Snapshot { dir, keep } } => journaled::snapshot(&dir, keep),
         Cmd::Bench { workload: name, commands, seed, no_latency, journal, format, compare, threshold, slow_ns, flow, passes } => {

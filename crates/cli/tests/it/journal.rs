@@ -584,6 +584,42 @@ fn a_snapshot_ahead_of_the_journal_is_set_aside_and_never_used_later() {
     assert!(verify(&dir.0).1.is_empty());
 }
 
+/// A snapshot whose bytes and checksums hold, bound to the right record,
+/// but whose state is not what the journal's commands make (a bug in
+/// whatever wrote it): only a replay tells, and `journal verify --replay`
+/// does, naming it; without it, it passes.
+#[test]
+fn a_snapshot_of_the_wrong_state_is_found_by_a_replay() {
+    let ours = generate(Workload::Mixed, 53, 5_000);
+    let theirs = generate(Workload::Mixed, 54, 5_000);
+    let dir = TempDir::new("wrong-state");
+    journal_run(&dir.0, &ours, JournalConfig::default(), 1_000);
+    let name = crossbook_journal::format::snapshot_name(4_000);
+    let bytes = std::fs::read(dir.0.join(&name)).unwrap();
+    let header = crossbook_journal::format::decode_snapshot(&bytes).unwrap().header;
+    let mut other = Engine::new();
+    let mut events = Vec::new();
+    for command in &theirs[..4_000] {
+        events.clear();
+        other.apply(command, &mut events);
+    }
+    let mut state = Vec::new();
+    other.encode_state(&mut state);
+    std::fs::write(dir.0.join(&name), crossbook_journal::format::encode_snapshot(header, &state, &[])).unwrap();
+    assert!(verify(&dir.0).1.is_empty(), "its bytes are sound");
+    let (_, problems) = crossbook_journal::verify_with(&dir.0, true);
+    assert!(matches!(problems.as_slice(), [Problem::BadSnapshot { file, what }] if file.ends_with(&name) && what.contains("not the journal's replayed to seq 4000")), "{problems:?}");
+    let verified = |args: &[&str]| Process::new(env!("CARGO_BIN_EXE_crossbook")).args(args).output().unwrap();
+    let path = dir.0.to_str().unwrap();
+    assert!(verified(&["journal", "verify", path]).status.success());
+    let output = verified(&["journal", "verify", "--replay", path]);
+    assert!(!output.status.success() && String::from_utf8_lossy(&output.stdout).contains(&name), "{}", String::from_utf8_lossy(&output.stdout));
+    // The sound ones pass a replay.
+    let clean = TempDir::new("wrong-state-clean");
+    journal_run(&clean.0, &ours, JournalConfig::default(), 1_000);
+    assert!(crossbook_journal::verify_with(&clean.0, true).1.is_empty());
+}
+
 /// A snapshot at a sequence number the journal holds, but of another
 /// history (another journal's, copied in by mistake): its record's
 /// checksum is not the journal's, so it is set aside.
