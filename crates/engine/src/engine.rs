@@ -405,8 +405,11 @@ impl Engine {
         let (Some(base), Some(quote)) = (self.asset_index.get(spec.base.into()), self.asset_index.get(spec.quote.into())) else {
             return Err(RejectReason::UnknownAsset);
         };
-        let max_notional = i128::from(spec.max_price) * i128::from(spec.max_qty) * i128::from(spec.tick_size);
-        let max_base = i128::from(spec.max_qty) * i128::from(spec.lot_size);
+        // Three 64-bit factors can overflow even 128 bits (wrapping, the
+        // product could pass as small): one that does is past MAX_SUPPLY
+        // all the same.
+        let max_notional = i128::from(spec.max_price).checked_mul(i128::from(spec.max_qty)).and_then(|n| n.checked_mul(i128::from(spec.tick_size)));
+        let max_base = i128::from(spec.max_qty).checked_mul(i128::from(spec.lot_size));
         let invalid = spec.base == spec.quote
             || spec.tick_size == 0
             || spec.lot_size == 0
@@ -418,8 +421,8 @@ impl Engine {
             || spec.taker_bps > 10_000
             || spec.maker_bps > spec.taker_bps
             || spec.maker_bps + spec.taker_bps < 0
-            || max_notional > i128::from(MAX_SUPPLY)
-            || max_base > i128::from(MAX_SUPPLY);
+            || max_notional.is_none_or(|n| n > i128::from(MAX_SUPPLY))
+            || max_base.is_none_or(|b| b > i128::from(MAX_SUPPLY));
         if invalid {
             return Err(RejectReason::InvalidInstrument);
         }
@@ -1386,6 +1389,30 @@ mod tests {
             engine.apply(&Command::AddInstrument(spec), &mut out);
             let refused = out.iter().any(|e| e.kind == EventKind::Rejected { reason: RejectReason::InvalidInstrument });
             assert_eq!(refused, spec.invalid_because().is_some(), "edit {n}: {spec:?} ({:?})", spec.invalid_because());
+        }
+        // Limits whose product overflows 128 bits (audit, 2026-11-27: it
+        // wrapped to a small or negative number, and such an instrument
+        // was taken; a buy then broke the lock's bound, a trade settled
+        // for nothing): refused, by both.
+        let edits: [fn(&mut InstrumentSpec); 5] = [
+            |s| (s.max_price, s.max_qty, s.tick_size) = (1 << 62, 1 << 62, 8),
+            |s| (s.max_price, s.max_qty, s.tick_size) = (1 << 62, 1 << 62, 16),
+            |s| (s.max_price, s.max_qty, s.tick_size) = (1 << 62, 8, 1 << 63),
+            |s| (s.max_price, s.max_qty, s.tick_size) = (i64::MAX, u64::MAX, u64::MAX),
+            |s| (s.max_qty, s.lot_size) = (u64::MAX, u64::MAX),
+        ];
+        for (n, edit) in edits.iter().enumerate() {
+            let mut spec = base;
+            edit(&mut spec);
+            let mut engine = Engine::new();
+            let mut out = Vec::new();
+            for (id, name) in [(1, "BTC"), (2, "USD")] {
+                engine.apply(&Command::AddAsset { id, name: Symbol::new(name).expect("name") }, &mut out);
+            }
+            out.clear();
+            engine.apply(&Command::AddInstrument(spec), &mut out);
+            assert_eq!(out.iter().map(|e| e.kind).collect::<Vec<_>>(), vec![EventKind::Rejected { reason: RejectReason::InvalidInstrument }], "overflow {n}");
+            assert!(spec.invalid_because().is_some_and(|why| why.contains("past 2^62")), "overflow {n}: {:?}", spec.invalid_because());
         }
     }
 

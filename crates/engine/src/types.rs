@@ -121,9 +121,11 @@ impl InstrumentSpec {
     /// instructions a command on `steady-deep`); a test holds the two
     /// to the same rules.
     pub fn invalid_because(&self) -> Option<String> {
-        let max_notional = i128::from(self.max_price) * i128::from(self.max_qty) * i128::from(self.tick_size);
-        let max_base = i128::from(self.max_qty) * i128::from(self.lot_size);
+        // (As the engine's: a product past 128 bits is past 2^62.)
+        let max_notional = i128::from(self.max_price).checked_mul(i128::from(self.max_qty)).and_then(|n| n.checked_mul(i128::from(self.tick_size)));
+        let max_base = i128::from(self.max_qty).checked_mul(i128::from(self.lot_size));
         let supply = i128::from(MAX_SUPPLY);
+        let shown = |product: Option<i128>| product.map_or_else(|| "past 2^127".to_string(), |p| p.to_string());
         Some(if self.base == self.quote {
             format!("base and quote are both asset {}", self.base)
         } else if self.tick_size == 0 {
@@ -144,10 +146,10 @@ impl InstrumentSpec {
             format!("maker_bps {} is above taker_bps {}", self.maker_bps, self.taker_bps)
         } else if self.maker_bps + self.taker_bps < 0 {
             format!("maker_bps {} would pay more rebate than taker_bps {} takes", self.maker_bps, self.taker_bps)
-        } else if max_notional > supply {
-            format!("max_price x max_qty x tick_size ({max_notional}) is past 2^62")
-        } else if max_base > supply {
-            format!("max_qty x lot_size ({max_base}) is past 2^62")
+        } else if max_notional.is_none_or(|n| n > supply) {
+            format!("max_price x max_qty x tick_size ({}) is past 2^62", shown(max_notional))
+        } else if max_base.is_none_or(|b| b > supply) {
+            format!("max_qty x lot_size ({}) is past 2^62", shown(max_base))
         } else {
             return None;
         })
