@@ -1064,6 +1064,13 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     assert_eq!((rest["price"].as_str(), rest["origQty"].as_str()), (Some("5000"), Some("0.003")));
     let status = ws_api_answer(&mut socket, &signed_request(21, "order.status", &[("symbol", "BTCUSD"), ("orderId", &order_id)], "alice", "alice-secret"), 21, &mut events);
     assert_eq!(status["result"], rest, "order.status and GET /api/v3/order");
+    // `returnRateLimits`: a flag, as a boolean or its text.
+    for (id, flag, limits) in [(121u64, "false", false), (122, "true", true)] {
+        let answer = ws_api_answer(&mut socket, &signed_request(id, "order.status", &[("symbol", "BTCUSD"), ("orderId", &order_id), ("returnRateLimits", flag)], "alice", "alice-secret"), id, &mut events);
+        assert_eq!((answer["status"].as_u64(), answer.get("rateLimits").is_some()), (Some(200), limits), "{flag}: {answer}");
+    }
+    let odd = ws_api_answer(&mut socket, &signed_request(123, "order.status", &[("symbol", "BTCUSD"), ("orderId", &order_id), ("returnRateLimits", "abc")], "alice", "alice-secret"), 123, &mut events);
+    assert_eq!(error(&odd), (Some(400), Some(-1100)), "{odd}");
     let forged = signed_request(22, "order.place", &sell, "alice", "bob-secret");
     assert_eq!(error(&ws_api_answer(&mut socket, &forged, 22, &mut events)), (Some(400), Some(-1022)));
     let no_price = signed_request(23, "order.place", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.003")], "alice", "alice-secret");
@@ -1377,6 +1384,87 @@ fn rest_orders_sent_as_the_venue_stops_are_answered_or_never_placed() {
     for (cid, came) in &sent {
         assert_eq!(known.contains(cid.as_str()), *came == Came::Placed, "{cid}: {came:?}");
     }
+}
+
+/// The same over the WebSocket API, its requests pipelined (64 in flight
+/// on one connection): every order placed is answered before the
+/// connection closes with 1001, and every other request is answered -1001
+/// or was never applied (audit, 2026-11-27: the connection closed at
+/// once, and some forty orders a stop were placed without their answers).
+#[test]
+fn ws_api_orders_in_flight_as_the_venue_stops_are_answered_or_never_placed() {
+    let dir = TempDir::new("trading-ws-stop");
+    let config = dir.0.join("crossbook.toml");
+    std::fs::write(&config, CONFIG.replace("max_weight_per_minute = 400", "max_weight_per_minute = 100000").replace("max_orders_per_10s = 50", "max_orders_per_10s = 100000")).unwrap();
+    let start = || spawn_with(&["--config", config.to_str().unwrap(), "--data", dir.0.join("data").to_str().unwrap()], &[]);
+    let server = start();
+    let mut socket = listen(&server.market_address, "/ws-api/v3");
+    let (first_placed, placing) = std::sync::mpsc::channel::<()>();
+    let client = std::thread::spawn(move || {
+        let request = |id: usize| {
+            let params = [
+                ("apiKey", "alice".to_string()),
+                ("newClientOrderId", format!("ws-stop-{id}")),
+                ("price", "1000".into()),
+                ("quantity", "0.001".into()),
+                ("side", "BUY".into()),
+                ("symbol", "BTCUSD".into()),
+                ("timeInForce", "GTC".into()),
+                ("timestamp", now_ms().to_string()),
+                ("type", "LIMIT".into()),
+            ];
+            let payload = params.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&");
+            let mut object: serde_json::Map<String, Value> = params.iter().map(|(k, v)| (k.to_string(), Value::String(v.clone()))).collect();
+            object.insert("signature".into(), Value::String(hex_hmac("alice-secret", &payload)));
+            json!({"id": id, "method": "order.place", "params": object}).to_string()
+        };
+        // Each request's answer: Some(true) placed, Some(false) -1001.
+        let mut answered: BTreeMap<usize, bool> = BTreeMap::new();
+        let (mut sent, mut close) = (0usize, None);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while close.is_none() && Instant::now() < deadline {
+            while sent < 5_000 && sent - answered.len() < 64 {
+                if socket.send(tungstenite::Message::Text(request(sent).into())).is_err() {
+                    break;
+                }
+                sent += 1;
+            }
+            match socket.read() {
+                Ok(tungstenite::Message::Text(text)) => {
+                    let answer: Value = serde_json::from_str(&text).unwrap();
+                    let id = answer["id"].as_u64().unwrap_or_else(|| panic!("{answer}")) as usize;
+                    let placed = match (answer["status"].as_u64(), answer["error"]["code"].as_i64()) {
+                        (Some(200), None) => true,
+                        (Some(503), Some(-1001)) => false,
+                        other => panic!("{other:?}: {answer}"),
+                    };
+                    if placed {
+                        let _ = first_placed.send(());
+                    }
+                    answered.insert(id, placed);
+                }
+                Ok(tungstenite::Message::Close(frame)) => close = Some(frame.map(|f| u16::from(f.code))),
+                Ok(_) => {}
+                Err(tungstenite::Error::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(e) => panic!("the connection ended without a Close: {e} ({} answered of {sent})", answered.len()),
+            }
+        }
+        (answered, sent, close)
+    });
+    placing.recv_timeout(Duration::from_secs(20)).expect("an order placed");
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(server.terminate().success());
+    let (answered, sent, close) = client.join().unwrap();
+    assert_eq!(close, Some(Some(1001)), "closed as the server goes away");
+    let placed: std::collections::BTreeSet<String> = answered.iter().filter(|(_, placed)| **placed).map(|(id, _)| format!("ws-stop-{id}")).collect();
+    assert!(!placed.is_empty() && sent > placed.len(), "{} placed of {sent}: the stop met orders under way", placed.len());
+    let server = start();
+    // (Every one rests: all of them are open.)
+    let open = ok(alice(&server, "GET", "/api/v3/openOrders", &[("symbol", "BTCUSD")]));
+    let known: std::collections::BTreeSet<String> = open.as_array().unwrap().iter().filter_map(|o| o["clientOrderId"].as_str().map(String::from)).collect();
+    let unanswered: Vec<&String> = known.difference(&placed).collect();
+    let lost: Vec<&String> = placed.difference(&known).collect();
+    assert!(unanswered.is_empty() && lost.is_empty(), "placed without an answer: {unanswered:?}; answered as placed but not there: {lost:?} ({} answered of {sent} sent)", answered.len());
 }
 
 /// The operator's token of `operator_venue`.

@@ -24,7 +24,7 @@ pub(crate) const MAX_KLINES: usize = 1000;
 /// Parameters of a query string (or of a form body), at most.
 const MAX_PARAMS: usize = 64;
 /// How long a stopping server waits for its connections to close.
-const STOP_GRACE: Duration = Duration::from_secs(3);
+pub(crate) const STOP_GRACE: Duration = Duration::from_secs(3);
 
 /// The running server: its address and how to stop it.
 pub(crate) struct Running {

@@ -185,6 +185,9 @@ pub(crate) struct Hub {
     /// Every open WebSocket connection (to tell them the server stops).
     live: Mutex<std::collections::HashMap<u64, Arc<Connection>>>,
     pub(crate) stopping: AtomicBool,
+    /// When a stopping server's WebSocket API connections must have sent
+    /// the answers still due (set with `stopping`).
+    pub(crate) stop_at: std::sync::OnceLock<Instant>,
     /// The signed endpoints and user data streams (`market_data.trading`).
     pub(crate) trading: Option<Arc<Trading>>,
     /// Whether this node takes orders, and who leads (a replicated venue).
@@ -428,6 +431,7 @@ impl Market {
             slow_dropped: AtomicU64::new(0),
             live: Mutex::new(std::collections::HashMap::new()),
             stopping: AtomicBool::new(false),
+            stop_at: std::sync::OnceLock::new(),
             trading: config.market_data.trading.then(|| Arc::new(Trading::new(config, &listed, keys))),
             node,
             listing,

@@ -619,6 +619,10 @@ pub(crate) fn ws_params(params: &serde_json::Map<String, Value>, known: &[&str])
             Value::Array(list) if list.iter().all(Value::is_string) => Value::Array(list.clone()).to_string(),
             _ => return Err(ApiError::bad(-1100, format!("Illegal characters found in parameter '{name}'; a string, a number, a boolean or a list of strings is expected."))),
         };
+        // (A flag, as the other flags: `true` or `false`, or their text.)
+        if name == "returnRateLimits" && !matches!(text.as_str(), "true" | "false") {
+            return Err(ApiError::illegal("returnRateLimits", "true, false"));
+        }
         pairs.push((name.clone(), text));
     }
     pairs.sort_by(|a, b| a.0.cmp(&b.0));

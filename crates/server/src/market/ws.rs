@@ -144,6 +144,9 @@ impl Drop for Slot {
 
 /// Tells every connection the server is stopping.
 pub(crate) fn close_all(hub: &Hub) {
+    // The answers still due go out first, within the grace (less a
+    // moment for the Close).
+    let _ = hub.stop_at.set(Instant::now() + super::http::STOP_GRACE.saturating_sub(Duration::from_millis(500)));
     hub.stopping.store(true, Ordering::Release);
     for connection in hub.live().values() {
         connection.wake.notify_one();
@@ -177,12 +180,27 @@ where
         sent = feed_all => sent.map_err(|_| None),
         () = async {
             loop {
+                // A stopping server waits for the client to read what is
+                // due to it until its time is up.
+                if let Some(&at) = hub.stop_at.get() {
+                    tokio::time::sleep_until(at.into()).await;
+                    return;
+                }
                 connection.wake.notified().await;
-                if closing_reason(hub, connection).is_some() {
+                if connection.dropped.load(Ordering::Acquire) {
                     return;
                 }
             }
         } => Err(closing_reason(hub, connection)),
+    }
+}
+
+/// Until a stopping server's WebSocket API answers must be out (forever
+/// while it is not stopping).
+async fn stop_deadline(hub: &Hub) {
+    match hub.stop_at.get() {
+        Some(&at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -191,8 +209,9 @@ struct Session {
     connection: Arc<Connection>,
     streams: Vec<String>,
     combined: bool,
-    window_started: Instant,
-    window_messages: u32,
+    /// When the messages of the last second came (`max_messages_per_s`
+    /// of them at most: one more is one too many).
+    recent: std::collections::VecDeque<Instant>,
     /// A WebSocket API connection (`/ws-api/v3`): its user data stream
     /// subscriptions (id, account, the account's listen key), and the next
     /// id.
@@ -213,8 +232,7 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
         connection: connection.clone(),
         streams: Vec::new(),
         combined,
-        window_started: Instant::now(),
-        window_messages: 0,
+        recent: std::collections::VecDeque::new(),
         api,
         subscriptions: Vec::new(),
         next_subscription: 0,
@@ -322,6 +340,10 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                 if let Err(reason) = send_all(&mut sink, answers, hub, &connection).await {
                     break reason;
                 }
+                // Stopping: closed once every answer due is out.
+                if hub.stopping.load(Ordering::Acquire) && pending.is_empty() && held.is_none() {
+                    break closing_reason(hub, &connection);
+                }
             }
             messages = queued.recv() => match messages {
                 Some(first) => {
@@ -342,10 +364,16 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                 None => break None,
             },
             _ = connection.wake.notified() => {
-                if let Some(reason) = closing_reason(hub, &connection) {
-                    break Some(reason);
+                // A server that stops sends the WebSocket API's answers to
+                // the requests it took first (`docs/trading.md`, "When
+                // the venue stops"): their orders are placed.
+                let answers_due = !pending.is_empty() || held.is_some();
+                match closing_reason(hub, &connection) {
+                    Some(reason) if !answers_due || connection.dropped.load(Ordering::Acquire) => break Some(reason),
+                    _ => {}
                 }
             }
+            () = stop_deadline(hub), if hub.stopping.load(Ordering::Acquire) => break closing_reason(hub, &connection),
             _ = pings.tick() => {
                 // The listen keys behind the connection's subscriptions
                 // live as long as it does; one whose key was ended (closed
@@ -376,6 +404,14 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
         let _ = tokio::time::timeout(CLOSE_WAIT, async {
             let _ = sink.send(close).await;
             let _ = sink.close().await;
+            // Then the client's Close, reading (and leaving) what it sent
+            // meanwhile: a socket closed with bytes unread is reset, and a
+            // reset can cost the client what was sent to it last.
+            while let Some(Ok(message)) = incoming.next().await {
+                if matches!(message, Message::Close(_)) {
+                    break;
+                }
+            }
         })
         .await;
     }
@@ -500,7 +536,7 @@ impl Session {
                     None => std::mem::take(&mut self.subscriptions),
                     Some(wanted) => {
                         let Some(wanted) = wanted.as_u64().or_else(|| wanted.as_str().and_then(|s| s.parse().ok())) else {
-                            return api_error(id, &ApiError::illegal("subscriptionId", "0-65535"));
+                            return api_error(id, &ApiError::illegal("subscriptionId", &format!("0-{}", u64::MAX)));
                         };
                         let Some(at) = self.subscriptions.iter().position(|(s, _, _)| *s == wanted) else {
                             return api_error(id, &ApiError::bad(-2035, "User Data Stream subscription not active."));
@@ -543,12 +579,16 @@ impl Session {
     /// Counts a message against the per-second budget; the close reason if
     /// it is spent.
     fn count_message(&mut self, hub: &Hub) -> Option<(u16, String)> {
-        if self.window_started.elapsed() >= Duration::from_secs(1) {
-            self.window_started = Instant::now();
-            self.window_messages = 0;
+        // A sliding window: the messages of the second before this one.
+        let now = Instant::now();
+        while self.recent.front().is_some_and(|&at| now.duration_since(at) >= Duration::from_secs(1)) {
+            self.recent.pop_front();
         }
-        self.window_messages += 1;
-        (self.window_messages > hub.config.max_messages_per_s).then(|| (POLICY, format!("too many messages: more than {} a second", hub.config.max_messages_per_s)))
+        if self.recent.len() >= hub.config.max_messages_per_s as usize {
+            return Some((POLICY, format!("too many messages: more than {} a second", hub.config.max_messages_per_s)));
+        }
+        self.recent.push_back(now);
+        None
     }
 
     /// Answers one request.
@@ -711,7 +751,8 @@ fn start(mut later: Later, kind: Kind, pending: &mut FuturesOrdered<Later>, kind
 /// `rateLimits` added to a successful answer, unless `returnRateLimits`
 /// is `false`.
 fn with_limits(trading: &trading::Trading, params: &serde_json::Map<String, Value>, mut answer: Value, used: u32) -> Value {
-    if params.get("returnRateLimits") != Some(&Value::Bool(false)) {
+    let left_out = matches!(params.get("returnRateLimits"), Some(Value::Bool(false))) || params.get("returnRateLimits").and_then(Value::as_str) == Some("false");
+    if !left_out {
         answer["rateLimits"] = json!([{"rateLimitType": "REQUEST_WEIGHT", "interval": "MINUTE", "intervalNum": 1, "limit": trading.max_weight(), "count": used}]);
     }
     answer
