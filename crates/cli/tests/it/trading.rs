@@ -1324,9 +1324,7 @@ fn rest_numbering_passes_over_a_binary_orders_client_id() {
 #[test]
 fn rest_orders_sent_as_the_venue_stops_are_answered_or_never_placed() {
     let dir = TempDir::new("trading-rest-stop");
-    let config = dir.0.join("crossbook.toml");
-    std::fs::write(&config, CONFIG.replace("max_weight_per_minute = 400", "max_weight_per_minute = 100000").replace("max_orders_per_10s = 50", "max_orders_per_10s = 100000")).unwrap();
-    let start = || spawn_with(&["--config", config.to_str().unwrap(), "--data", dir.0.join("data").to_str().unwrap()], &[]);
+    let start = unlimited_venue(&dir);
     let server = start();
     let address = server.market_address.clone();
     // Each client's orders and what came back: 200, the -1001 of a
@@ -1394,9 +1392,7 @@ fn rest_orders_sent_as_the_venue_stops_are_answered_or_never_placed() {
 #[test]
 fn ws_api_orders_in_flight_as_the_venue_stops_are_answered_or_never_placed() {
     let dir = TempDir::new("trading-ws-stop");
-    let config = dir.0.join("crossbook.toml");
-    std::fs::write(&config, CONFIG.replace("max_weight_per_minute = 400", "max_weight_per_minute = 100000").replace("max_orders_per_10s = 50", "max_orders_per_10s = 100000")).unwrap();
-    let start = || spawn_with(&["--config", config.to_str().unwrap(), "--data", dir.0.join("data").to_str().unwrap()], &[]);
+    let start = unlimited_venue(&dir);
     let server = start();
     let mut socket = listen(&server.market_address, "/ws-api/v3");
     let (first_placed, placing) = std::sync::mpsc::channel::<()>();
@@ -1465,6 +1461,14 @@ fn ws_api_orders_in_flight_as_the_venue_stops_are_answered_or_never_placed() {
     let unanswered: Vec<&String> = known.difference(&placed).collect();
     let lost: Vec<&String> = placed.difference(&known).collect();
     assert!(unanswered.is_empty() && lost.is_empty(), "placed without an answer: {unanswered:?}; answered as placed but not there: {lost:?} ({} answered of {sent} sent)", answered.len());
+}
+
+/// The test venue without its request and order limits, in `dir`: how to
+/// start it (and start it again on the same data).
+fn unlimited_venue(dir: &TempDir) -> impl Fn() -> Server + '_ {
+    let config = dir.0.join("crossbook.toml");
+    std::fs::write(&config, CONFIG.replace("max_weight_per_minute = 400", "max_weight_per_minute = 100000").replace("max_orders_per_10s = 50", "max_orders_per_10s = 100000")).unwrap();
+    move || spawn_with(&["--config", config.to_str().unwrap(), "--data", dir.0.join("data").to_str().unwrap()], &[])
 }
 
 /// The operator's token of `operator_venue`.
