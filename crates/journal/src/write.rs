@@ -204,18 +204,6 @@ pub fn lock_dir(dir: &Path) -> Result<DirLock, JournalError> {
         return Err(io(format!("using {} as a data directory", dir.display()))(std::io::Error::new(std::io::ErrorKind::NotADirectory, "it is not a directory")));
     }
     std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
-    // The directory itself is locked too: a lock on the LOCK file alone
-    // is lost for the next process if someone deletes the file while it
-    // is held (the next one makes a new file and locks that), and two
-    // writers would then mix their records in one journal. The LOCK file
-    // stays for its holder's process id (and for a crossbook that locks
-    // only the file).
-    let directory = File::open(dir).map_err(io(format!("opening {}", dir.display())))?;
-    let dir_held = match directory.try_lock() {
-        Ok(()) => false,
-        Err(std::fs::TryLockError::WouldBlock) => true,
-        Err(std::fs::TryLockError::Error(e)) => return Err(io(format!("locking {}", dir.display()))(e)),
-    };
     let path = dir.join("LOCK");
     // Read-only where it cannot be written (a copy or backup, another
     // user's file): flock needs no more.
@@ -230,11 +218,7 @@ pub fn lock_dir(dir: &Path) -> Result<DirLock, JournalError> {
         .or_else(|first| File::open(&path).map_err(|_| first))
         .map_err(io(format!("opening {}", path.display())))?;
     match file.try_lock() {
-        Ok(()) if !dir_held => {}
-        Ok(()) => {
-            let _ = file.unlock();
-            return Err(JournalError::InUse { dir: dir.to_path_buf(), holder: "a process that holds the directory (its LOCK file was removed while it ran)".into() });
-        }
+        Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
             let mut holder = String::new();
             let _ = std::io::Read::read_to_string(&mut file, &mut holder);
@@ -245,6 +229,18 @@ pub fn lock_dir(dir: &Path) -> Result<DirLock, JournalError> {
             return Err(JournalError::InUse { dir: dir.to_path_buf(), holder });
         }
         Err(std::fs::TryLockError::Error(e)) => return Err(io(format!("locking {}", path.display()))(e)),
+    }
+    // Then the directory itself: a lock on the LOCK file alone is lost
+    // for the next process if someone deletes the file while it is held
+    // (the next one makes a new file and locks that), and two writers
+    // would then mix their records in one journal. (The file first, so
+    // that of two processes starting at once one gets both. Where a
+    // directory cannot be locked at all, a file system without flock on
+    // directories, the file's lock is what there is, as before.)
+    let directory = File::open(dir).map_err(io(format!("opening {}", dir.display())))?;
+    if let Err(std::fs::TryLockError::WouldBlock) = directory.try_lock() {
+        let _ = file.unlock();
+        return Err(JournalError::InUse { dir: dir.to_path_buf(), holder: "a process that holds the directory (its LOCK file was removed while it ran)".into() });
     }
     // Who holds it, for the message another process gets (if the file
     // can be written).

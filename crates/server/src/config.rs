@@ -771,11 +771,7 @@ impl Config {
     pub fn setup_commands(&self) -> Result<Vec<Command>, ConfigError> {
         let mut commands = Vec::new();
         for asset in &self.assets {
-            // The command files' rule for an asset's name (docs/formats.md),
-            // so that a journal's commands can be written out and read back.
-            let name = Symbol::new(&asset.name)
-                .filter(|_| asset.name.len() <= ASSET_NAME_BYTES && !asset.name.contains('/'))
-                .ok_or_else(|| ConfigError::BadName { what: "asset name", name: asset.name.clone() })?;
+            let name = Symbol::new(&asset.name).ok_or_else(|| ConfigError::BadName { what: "asset name", name: asset.name.clone() })?;
             commands.push(Command::AddAsset { id: asset.id, name });
         }
         for i in &self.instruments {
@@ -800,8 +796,24 @@ impl Config {
     /// log has them already is not checked again.)
     pub fn checked_setup_commands(&self) -> Result<Vec<Command>, ConfigError> {
         let commands = self.setup_commands()?;
+        Self::check_new_asset_names(&commands)?;
         Self::try_out(&commands)?;
         Ok(commands)
+    }
+
+    /// The assets `commands` add have names the command files can write
+    /// (`docs/formats.md`: 1 to 16, no `/`), so that a journal's commands
+    /// can be written out and read back. Only for assets a venue does not
+    /// have yet: one it has keeps the name it was added under.
+    pub fn check_new_asset_names(commands: &[Command]) -> Result<(), ConfigError> {
+        for command in commands {
+            if let Command::AddAsset { name, .. } = command
+                && (name.as_str().len() > ASSET_NAME_BYTES || name.as_str().contains('/'))
+            {
+                return Err(ConfigError::BadName { what: "asset name", name: name.as_str().to_string() });
+            }
+        }
+        Ok(())
     }
 
     /// Applies `commands` (set-up commands) to an engine of their own:
@@ -926,7 +938,7 @@ mod tests {
         assert_eq!(refused("segment_bytes = 67108864", "segment_bytes = 0"), Err("segment_bytes must be 4096 to 1099511627776, not 0".into()));
         // An asset's name as command files write it (docs/formats.md): 16
         // at most, no `/` (an instrument's symbol may have both).
-        let named = |name: &str| refused("name = \"USD\"", &format!("name = \"{name}\"")).and_then(|()| Config::from_toml(&text.replacen("name = \"USD\"", &format!("name = \"{name}\""), 1)).unwrap().setup_commands().map(drop).map_err(|e| e.to_string()));
+        let named = |name: &str| refused("name = \"USD\"", &format!("name = \"{name}\"")).and_then(|()| Config::from_toml(&text.replacen("name = \"USD\"", &format!("name = \"{name}\""), 1)).unwrap().checked_setup_commands().map(drop).map_err(|e| e.to_string()));
         assert!(named(&"U".repeat(16)).is_ok());
         for name in ["US/D", &"U".repeat(17)] {
             assert_eq!(named(name), Err(format!("bad asset name {name:?} (1 to 16 of A-Z a-z 0-9 _ . -)")), "{name}");

@@ -283,6 +283,7 @@ pub(crate) fn additions(config: &Config, engine: &Engine) -> Result<Vec<Command>
     if lacking.is_empty() {
         return Ok(lacking);
     }
+    Config::check_new_asset_names(&lacking)?;
     let opened: std::collections::HashSet<u64> = lacking.iter().filter_map(|c| if let Command::OpenAccount { account } = c { Some(*account) } else { None }).collect();
     let tried: Vec<Command> = setup.into_iter().filter(|c| !matches!(c, Command::OpenAccount { account } | Command::Deposit { account, .. } if !opened.contains(account))).collect();
     Config::try_out(&tried)?;

@@ -31,8 +31,10 @@ const GOING_AWAY: u16 = 1001;
 const PROTOCOL_ERROR: u16 = 1002;
 const INVALID_DATA: u16 = 1007;
 const TOO_BIG: u16 = 1009;
-/// How long a closing connection's last frame may take to leave.
+/// How long a closing connection's last frame may take to leave, and then
+/// how long the client's Close is waited for.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
+const CLIENT_CLOSE_WAIT: Duration = Duration::from_secs(1);
 /// Messages written to a connection with one flush, at most.
 const WRITE_BATCH: usize = 256;
 
@@ -166,7 +168,11 @@ fn closing_reason(hub: &Hub, connection: &Connection) -> Option<(u16, String)> {
 /// them, where there is room), unless the connection must close first: a
 /// client that does not read fills its socket, and the send must not wait
 /// for it past the moment its queue overflows (or the server stops).
-async fn send_all<S>(sink: &mut S, messages: Vec<Message>, hub: &Hub, connection: &Connection) -> Result<(), Option<(u16, String)>>
+///
+/// A WebSocket API connection (`api`) that is sending when the server
+/// stops goes on until the stop's time is up (its answers are due: their
+/// commands were applied); any other stops sending at once.
+async fn send_all<S>(sink: &mut S, messages: Vec<Message>, hub: &Hub, connection: &Connection, api: bool) -> Result<(), Option<(u16, String)>>
 where
     S: futures_util::Sink<Message> + Unpin,
 {
@@ -183,7 +189,9 @@ where
                 // A stopping server waits for the client to read what is
                 // due to it until its time is up.
                 if let Some(&at) = hub.stop_at.get() {
-                    tokio::time::sleep_until(at.into()).await;
+                    if api {
+                        tokio::time::sleep_until(at.into()).await;
+                    }
                     return;
                 }
                 connection.wake.notified().await;
@@ -253,7 +261,13 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
     let mut pending: FuturesOrdered<Later> = FuturesOrdered::new();
     let mut kinds: std::collections::VecDeque<Kind> = std::collections::VecDeque::new();
     let mut held: Option<(Later, Kind)> = None;
+    let api = session.api;
     let closing: Option<(u16, String)> = loop {
+        // Stopping, with no answer due (the stop's wake-up may have been
+        // taken by a send): closed now.
+        if hub.stopping.load(Ordering::Acquire) && pending.is_empty() && held.is_none() {
+            break closing_reason(hub, &connection);
+        }
         tokio::select! {
             message = incoming.next(), if pending.len() < MAX_IN_FLIGHT && held.is_none() => match message {
                 Some(Ok(Message::Text(text))) => {
@@ -287,7 +301,7 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                         }
                         session.request(hub, text.as_str())
                     };
-                    if let Err(reason) = send_all(&mut sink, vec![Message::Text(answer.to_string().into())], hub, &connection).await {
+                    if let Err(reason) = send_all(&mut sink, vec![Message::Text(answer.to_string().into())], hub, &connection, api).await {
                         break reason;
                     }
                 }
@@ -307,7 +321,7 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                         kinds.push_back(Kind::Answered);
                         continue;
                     }
-                    if let Err(reason) = send_all(&mut sink, vec![Message::Text(answer.to_string().into())], hub, &connection).await {
+                    if let Err(reason) = send_all(&mut sink, vec![Message::Text(answer.to_string().into())], hub, &connection, api).await {
                         break reason;
                     }
                 }
@@ -337,7 +351,7 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                         kinds.push_back(Kind::Answered);
                     }
                 }
-                if let Err(reason) = send_all(&mut sink, answers, hub, &connection).await {
+                if let Err(reason) = send_all(&mut sink, answers, hub, &connection, api).await {
                     break reason;
                 }
                 // Stopping: closed once every answer due is out.
@@ -356,7 +370,7 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                         }
                     }
                     let count = batch.len();
-                    if let Err(reason) = send_all(&mut sink, batch, hub, &connection).await {
+                    if let Err(reason) = send_all(&mut sink, batch, hub, &connection, api).await {
                         break reason;
                     }
                     connection.waiting.fetch_sub(count, Ordering::AcqRel);
@@ -384,7 +398,7 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                 if last_heard.elapsed() > every * 3 {
                     break Some((POLICY, format!("nothing heard for {} s (pong timeout)", (every * 3).as_secs())));
                 }
-                if let Err(reason) = send_all(&mut sink, vec![Message::Ping(Vec::new().into())], hub, &connection).await {
+                if let Err(reason) = send_all(&mut sink, vec![Message::Ping(Vec::new().into())], hub, &connection, api).await {
                     break reason;
                 }
             }
@@ -401,19 +415,24 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
         // The reason goes out if the client's socket has room for it (a
         // client that never reads may not: it is not waited for).
         let close = Message::Close(Some(CloseFrame { code, reason: reason.into() }));
-        let _ = tokio::time::timeout(CLOSE_WAIT, async {
+        let sent = tokio::time::timeout(CLOSE_WAIT, async {
             let _ = sink.send(close).await;
             let _ = sink.close().await;
-            // Then the client's Close, reading (and leaving) what it sent
-            // meanwhile: a socket closed with bytes unread is reset, and a
-            // reset can cost the client what was sent to it last.
-            while let Some(Ok(message)) = incoming.next().await {
-                if matches!(message, Message::Close(_)) {
-                    break;
-                }
-            }
         })
         .await;
+        // Then the client's Close, for a moment, reading (and leaving)
+        // what it sent meanwhile: a socket closed with bytes unread is
+        // reset, and a reset can cost the client what was sent to it last.
+        if sent.is_ok() {
+            let _ = tokio::time::timeout(CLIENT_CLOSE_WAIT, async {
+                while let Some(Ok(message)) = incoming.next().await {
+                    if matches!(message, Message::Close(_)) {
+                        break;
+                    }
+                }
+            })
+            .await;
+        }
     }
 }
 
