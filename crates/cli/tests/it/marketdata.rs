@@ -76,14 +76,16 @@ fn connect_when_free(address: &str, path: &str) -> Socket {
     }
 }
 
-/// The next text message, `None` on a read timeout; panics if closed.
+/// The next text message, `None` on a read timeout (or on a read a
+/// signal cut short: with a read timeout set, the kernel does not restart
+/// it); panics if closed.
 fn next_text(socket: &mut Socket) -> Option<Value> {
     loop {
         match socket.read() {
             Ok(Message::Text(text)) => return Some(serde_json::from_str(text.as_str()).expect("JSON")),
             Ok(Message::Close(frame)) => panic!("closed: {frame:?}"),
             Ok(_) => {}
-            Err(tungstenite::Error::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => return None,
+            Err(tungstenite::Error::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => return None,
             Err(e) => panic!("read: {e}"),
         }
     }
@@ -734,7 +736,7 @@ fn bad_input_at_the_market_data_port_costs_only_its_own_connection() {
     let _ = open[0].send(Message::Text(request.into()));
     let gone = (0..100).any(|_| match open[0].read() {
         Ok(Message::Close(_)) | Err(tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed | tungstenite::Error::Protocol(_)) => true,
-        Err(tungstenite::Error::Io(e)) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+        Err(tungstenite::Error::Io(e)) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted),
         _ => false,
     });
     assert!(gone, "a 60 KB request closes its connection");
@@ -1010,7 +1012,7 @@ fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
         match stream.read(&mut buffer) {
             Ok(0) => return true,
             Ok(_) => {}
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => return false,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => return false,
             Err(_) => return true,
         }
     }

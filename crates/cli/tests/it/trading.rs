@@ -852,7 +852,7 @@ fn messages(socket: &mut Socket, wait: Duration) -> Vec<Value> {
         match socket.read() {
             Ok(tungstenite::Message::Text(text)) => out.push(serde_json::from_str(text.as_str()).unwrap()),
             Ok(_) => {}
-            Err(tungstenite::Error::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(tungstenite::Error::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => {}
             Err(_) => break,
         }
     }
@@ -1175,7 +1175,7 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
         match pinger.read() {
             Ok(tungstenite::Message::Close(frame)) => closed = frame.map(|f| (u16::from(f.code), f.reason.to_string())),
             Ok(_) => {}
-            Err(tungstenite::Error::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(tungstenite::Error::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => {}
             Err(e) => panic!("{e:?}"),
         }
     }
@@ -1203,7 +1203,7 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
         match other.read() {
             Ok(_) => {}
             Err(tungstenite::Error::ConnectionClosed) => echoed = true,
-            Err(tungstenite::Error::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(tungstenite::Error::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => {}
             Err(e) => panic!("the close handshake did not complete: {e:?}"),
         }
     }
@@ -1441,7 +1441,7 @@ fn ws_api_orders_in_flight_as_the_venue_stops_are_answered_or_never_placed() {
                 }
                 Ok(tungstenite::Message::Close(frame)) => close = Some(frame.map(|f| u16::from(f.code))),
                 Ok(_) => {}
-                Err(tungstenite::Error::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(tungstenite::Error::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => {}
                 Err(e) => panic!("the connection ended without a Close: {e} ({} answered of {sent})", answered.len()),
             }
         }
