@@ -263,8 +263,10 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
     let mut held: Option<(Later, Kind)> = None;
     let api = session.api;
     let closing: Option<(u16, String)> = loop {
-        // Stopping, with no answer due (the stop's wake-up may have been
-        // taken by a send): closed now.
+        // Stopping, with no answer due (any more: a server that stops
+        // sends the WebSocket API's answers to the requests it took first,
+        // `docs/trading.md`, "When the venue stops"; and whether or not a
+        // send took the stop's wake-up): closed now.
         if hub.stopping.load(Ordering::Acquire) && pending.is_empty() && held.is_none() {
             break closing_reason(hub, &connection);
         }
@@ -354,10 +356,6 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                 if let Err(reason) = send_all(&mut sink, answers, hub, &connection, api).await {
                     break reason;
                 }
-                // Stopping: closed once every answer due is out.
-                if hub.stopping.load(Ordering::Acquire) && pending.is_empty() && held.is_none() {
-                    break closing_reason(hub, &connection);
-                }
             }
             messages = queued.recv() => match messages {
                 Some(first) => {
@@ -377,14 +375,10 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
                 }
                 None => break None,
             },
+            // Fell behind: closed now. (The stop: at the loop's top.)
             _ = connection.wake.notified() => {
-                // A server that stops sends the WebSocket API's answers to
-                // the requests it took first (`docs/trading.md`, "When
-                // the venue stops"): their orders are placed.
-                let answers_due = !pending.is_empty() || held.is_some();
-                match closing_reason(hub, &connection) {
-                    Some(reason) if !answers_due || connection.dropped.load(Ordering::Acquire) => break Some(reason),
-                    _ => {}
+                if connection.dropped.load(Ordering::Acquire) {
+                    break closing_reason(hub, &connection);
                 }
             }
             () = stop_deadline(hub), if hub.stopping.load(Ordering::Acquire) => break closing_reason(hub, &connection),
@@ -770,8 +764,7 @@ fn start(mut later: Later, kind: Kind, pending: &mut FuturesOrdered<Later>, kind
 /// `rateLimits` added to a successful answer, unless `returnRateLimits`
 /// is `false`.
 fn with_limits(trading: &trading::Trading, params: &serde_json::Map<String, Value>, mut answer: Value, used: u32) -> Value {
-    let left_out = matches!(params.get("returnRateLimits"), Some(Value::Bool(false))) || params.get("returnRateLimits").and_then(Value::as_str) == Some("false");
-    if !left_out {
+    if !params.get("returnRateLimits").is_some_and(|flag| *flag == false || *flag == "false") {
         answer["rateLimits"] = json!([{"rateLimitType": "REQUEST_WEIGHT", "interval": "MINUTE", "intervalNum": 1, "limit": trading.max_weight(), "count": used}]);
     }
     answer
