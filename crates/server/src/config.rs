@@ -149,6 +149,10 @@ pub struct MarketDataConfig {
     /// sequencer and the gateways go first where cores are short, and the
     /// feeds and the REST answers wait their turn.
     pub nice: i32,
+    /// Microseconds between two sends of the real-time streams (`@depth`,
+    /// `@trade`, ...) at most: what comes within them goes out together
+    /// when they are up (0: every batch as it comes; at most 1,000,000).
+    pub send_interval_us: u64,
     /// Ended orders and trades each account keeps for the signed
     /// endpoints (`allOrders`, `myTrades`, `GET /api/v3/order`): 1 to
     /// 1,000,000 each. Every node of a replicated venue must keep the
@@ -185,6 +189,7 @@ impl Default for MarketDataConfig {
             max_body: 8192,
             answer_timeout_ms: 10_000,
             nice: 0,
+            send_interval_us: 0,
             orders_kept: crossbook_marketdata::accounts::ORDERS_KEPT,
             trades_kept: crossbook_marketdata::accounts::TRADES_KEPT_PER_ACCOUNT,
             admin_token: String::new(),
@@ -668,6 +673,7 @@ impl Config {
             ("market_data.orders_kept", market.orders_kept as u64, 1, 1_000_000),
             ("market_data.trades_kept", market.trades_kept as u64, 1, 1_000_000),
             ("market_data.ping_interval_s", market.ping_interval_s, 1, 3_600),
+            ("market_data.send_interval_us", market.send_interval_us, 0, 1_000_000),
             ("market_data.header_timeout_s", market.header_timeout_s, 1, 3_600),
             ("market_data.max_http_connections", market.max_http_connections as u64, 1, 1_000_000),
             ("market_data.max_http_connections_per_address", market.max_http_connections_per_address as u64, 1, 1_000_000),
@@ -1079,6 +1085,7 @@ mod tests {
         for (section, key, value, range) in [
             ("market_data", "ping_interval_s", i64::MAX as u64, "1 to 3600"),
             ("market_data", "ping_interval_s", 0, "1 to 3600"),
+            ("market_data", "send_interval_us", 1_000_001, "0 to 1000000"),
             ("market_data", "header_timeout_s", 3_601, "1 to 3600"),
             ("market_data", "max_http_connections", 0, "1 to 1000000"),
             ("fix", "max_latency_s", 10_000_000_000_000_000, "1 to 315360000"),

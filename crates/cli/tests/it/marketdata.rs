@@ -288,8 +288,25 @@ fn load_with(address: &str, args: &[&str]) -> std::process::Child {
 
 #[test]
 fn a_local_book_kept_from_the_feed_equals_rest_and_the_engine_and_so_do_trades_and_candles() {
-    let dir = TempDir::new("md-feed");
-    let server = start(&dir.0, None);
+    feed_differential("md-feed", &[]);
+}
+
+/// The same with the real-time streams sent at most every 5 ms
+/// (`market_data.send_interval_us`): diffs that cover what came within
+/// an interval still follow each other without a gap.
+#[test]
+fn the_feed_differential_holds_with_a_send_interval() {
+    feed_differential("md-feed-interval", &[("send_interval_us = 0 ", "send_interval_us = 5000 ")]);
+}
+
+/// While `crossbook load` trades, a client keeps a local book from the
+/// feed by Binance's procedure (dropping its connection at random), then
+/// its book, trades, candles and ticker are compared with REST and the
+/// engine's, on the repository's configuration with `edits`.
+fn feed_differential(name: &str, edits: &[(&str, &str)]) {
+    let dir = TempDir::new(name);
+    let config = (!edits.is_empty()).then(|| edited_config(&dir.0, "edited.toml", edits));
+    let server = start(&dir.0, config.as_deref());
     let market = server.market_address.clone();
     assert!(!market.is_empty(), "{:?}", server.startup);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -903,6 +920,70 @@ fn the_feeds_carry_on_after_a_restart() {
     let ids: Vec<u64> = newer.as_array().expect("trades").iter().map(|t| t["id"].as_u64().expect("id")).collect();
     assert!(ids.contains(&(last_id + 1)), "new trades go on from id {}", last_id + 1);
     assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "ids without gaps");
+    assert!(server.terminate().success());
+}
+
+/// `market_data.send_interval_us` (`docs/marketdata.md`, "When messages
+/// go out"), here a second: a change after a quiet second goes out at
+/// once; the changes after it wait until the second is up and go out
+/// together, as one `@depth` diff that follows the previous one without a
+/// gap, each trade still its own `@trade` message; the book kept from the
+/// diffs is REST's.
+#[test]
+fn a_send_interval_holds_the_changes_within_it_and_sends_them_together() {
+    let dir = TempDir::new("md-interval");
+    let config = edited_config(&dir.0, "interval.toml", &[("send_interval_us = 0 ", "send_interval_us = 1000000 ")]);
+    let server = start(&dir.0, Some(&config));
+    let market = server.market_address.clone();
+    let mut socket = connect(&market, "/stream?streams=btcusd@depth/btcusd@trade");
+    let mut book = LocalBook::from_snapshot(&json_get(&market, "/api/v3/depth?symbol=BTCUSD&limit=100"));
+    let (mut buyer, _) = crate::serve::Client::login(&server.address, 1, "demo-key-1");
+    let (mut seller, _) = crate::serve::Client::login(&server.address, 2, "demo-key-2");
+    let place = |client: &mut crate::serve::Client, cid: u64, side: Side, price: i64, qty: u64| {
+        client.send(&crate::serve::limit(cid, side, price, qty, crossbook_engine::TimeInForce::Gtc));
+        let report = client.report();
+        assert_eq!(report.kind, crossbook_protocol::ReportKind::Accepted, "{report:?}");
+        report.order
+    };
+    // Everything the feed sends until `done` says it has all it waits
+    // for, each message with when it came.
+    type Seen = [(Instant, Value)];
+    let mut read_until = |done: &dyn Fn(&Seen) -> bool| {
+        let mut seen: Vec<(Instant, Value)> = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !done(&seen) {
+            assert!(Instant::now() < deadline, "the feed sent {seen:?} in 20 s");
+            if let Some(message) = next_text(&mut socket) {
+                seen.push((Instant::now(), message));
+            }
+        }
+        seen
+    };
+    let depth_until = |seq: u64| move |seen: &Seen| seen.iter().any(|(_, m)| m["data"]["e"] == "depthUpdate" && m["data"]["u"].as_u64() >= Some(seq));
+
+    let first = place(&mut buyer, 1, Side::Buy, 100, 2);
+    let sent_at_once = read_until(&depth_until(first));
+    let (at, _) = sent_at_once[0];
+    let (second, third) = (place(&mut buyer, 2, Side::Sell, 105, 1), place(&mut seller, 1, Side::Sell, 100, 1));
+    let placed_by = at.elapsed();
+    let sent_later = read_until(&|seen: &Seen| depth_until(third)(seen) && seen.iter().any(|(_, m)| m["data"]["e"] == "trade"));
+    let waited = sent_later[0].0 - at;
+    assert!(waited >= Duration::from_millis(500), "the next send came {waited:?} after the first, within the second");
+
+    let diffs: Vec<&Value> = sent_at_once.iter().chain(&sent_later).map(|(_, m)| &m["data"]).filter(|d| d["e"] == "depthUpdate").collect();
+    for diff in &diffs {
+        assert_eq!(book.apply(diff, false), Some(true), "{diff} follows the book at {}", book.last);
+    }
+    book.assert_matches(&LocalBook::from_snapshot(&json_get(&market, "/api/v3/depth?symbol=BTCUSD&limit=100")), "the book from the diffs and GET /api/v3/depth");
+    assert_eq!((book.bids.get(&100), book.asks.get(&105)), (Some(&1), Some(&1)), "{book:?}");
+    if placed_by < Duration::from_millis(300) {
+        // Both placed well within the second: one diff covers them.
+        let last = diffs.last().expect("a diff");
+        assert_eq!((last["U"].as_u64(), last["u"].as_u64()), (Some(second), Some(third)), "{diffs:?}");
+    }
+    let trades: Vec<&Value> = sent_later.iter().map(|(_, m)| &m["data"]).filter(|d| d["e"] == "trade").collect();
+    assert_eq!(trades.len(), 1, "{trades:?}");
+    assert_eq!((number(&trades[0]["p"]), number(&trades[0]["q"]), &trades[0]["m"]), (100, 1, &Value::Bool(true)), "{trades:?}");
     assert!(server.terminate().success());
 }
 

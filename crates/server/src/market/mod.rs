@@ -36,7 +36,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use throttle::{Followed, Throttle};
 
 /// Batches waiting for the market-data thread. Past it the sequencer
@@ -592,66 +592,95 @@ fn feed_loop(hub: &Hub, receiver: Receiver<Feed>) {
     if hub.config.nice > 0 {
         lower_priority(hub.config.nice);
     }
+    let interval = Duration::from_micros(hub.config.send_interval_us);
     let mut throttle = Throttle::default();
+    // Batches applied whose feeds have not gone out yet, and when the
+    // feeds last went out.
+    let mut unsent = 0usize;
+    let mut last_sent: Option<Instant> = None;
+    let mut next: Option<Feed> = None;
     loop {
-        // Waits for the next batch, or until the next `@100ms` or
-        // `@1000ms` message is due (no wake-ups while none is owed).
-        let feed = match throttle.next_due() {
-            None => receiver.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            Some(due) => receiver.recv_timeout(due.saturating_duration_since(Instant::now())),
+        // Waits for the next batch, or until the feeds of those applied
+        // are due (`send_interval_us` after the last send), or the next
+        // `@100ms` or `@1000ms` message is (no wake-ups while none is
+        // owed).
+        let send_due = (unsent > 0).then(|| last_sent.map_or_else(Instant::now, |at| at + interval));
+        let due = match (throttle.next_due(), send_due) {
+            (Some(one), Some(other)) => Some(one.min(other)),
+            (one, other) => one.or(other),
         };
-        let feed = match feed {
-            Ok(feed) => feed,
-            Err(RecvTimeoutError::Timeout) => {
-                throttle.flush(hub, Instant::now());
-                continue;
+        let feed = match next.take() {
+            Some(feed) => Ok(feed),
+            None => match due {
+                None => receiver.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(due) => receiver.recv_timeout(due.saturating_duration_since(Instant::now())),
+            },
+        };
+        match feed {
+            Ok(Feed::Batch(batch)) => {
+                apply_and_finish(hub, batch);
+                unsent += 1;
             }
-            Err(RecvTimeoutError::Disconnected) => break,
-        };
-        let mut next = Some(feed);
-        while let Some(feed) = next.take() {
-            match feed {
-                Feed::Batch(batch) => {
-                    // The batches already waiting behind it are applied
-                    // before the feeds go out, which then cover them all
-                    // (a depth diff from the first's `U` to the last's
-                    // `u`): behind, the thread writes to each connection
-                    // once for all of them, not once a batch, and
-                    // catches up; keeping up, it publishes every batch
-                    // as it comes.
-                    let mut coalesced = 1;
-                    let mut batch = batch;
-                    loop {
-                        let mut out = Vec::new();
-                        apply_batch(hub, &mut hub.write(), &batch, &mut out);
-                        finish_batch(hub, batch, out);
-                        if coalesced == COALESCED_BATCHES {
-                            break;
-                        }
-                        match receiver.try_recv() {
-                            Ok(Feed::Batch(waiting)) => {
-                                batch = waiting;
-                                coalesced += 1;
-                            }
-                            Ok(other) => {
-                                next = Some(other);
-                                break;
-                            }
-                            Err(_) => break,
-                        }
-                    }
-                    let updates = hub.write().take_updates();
-                    hub.publish(&updates, &mut throttle);
-                    // (A new leader takes orders once this has caught up.)
-                    hub.node.market_seq.store(hub.read().seq, Ordering::Release);
-                    throttle.flush(hub, Instant::now());
+            // A checkpoint is of a state whose feeds went out.
+            Ok(Feed::Checkpoint(answer)) => {
+                if unsent > 0 {
+                    send_feeds(hub, &mut throttle);
+                    (unsent, last_sent) = (0, Some(Instant::now()));
                 }
-                Feed::Checkpoint(answer) => {
-                    let _ = answer.send(codec::encode(&hub.read()));
+                let _ = answer.send(codec::encode(&hub.read()));
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                if unsent > 0 {
+                    send_feeds(hub, &mut throttle);
                 }
+                break;
             }
         }
+        let now = Instant::now();
+        if unsent > 0 && last_sent.is_none_or(|at| now >= at + interval) {
+            // The batches already waiting are applied before the feeds
+            // go out, which then cover them all (a depth diff from the
+            // first's `U` to the last's `u`): behind, the thread writes
+            // to each connection once for all of them, not once a batch,
+            // and catches up; keeping up, it sends what came within the
+            // interval together, and a batch after a quiet interval at
+            // once.
+            let mut coalesced = 1;
+            while coalesced < COALESCED_BATCHES {
+                match receiver.try_recv() {
+                    Ok(Feed::Batch(waiting)) => {
+                        apply_and_finish(hub, waiting);
+                        coalesced += 1;
+                    }
+                    Ok(other) => {
+                        next = Some(other);
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            send_feeds(hub, &mut throttle);
+            (unsent, last_sent) = (0, Some(Instant::now()));
+        }
+        throttle.flush(hub, Instant::now());
     }
+}
+
+/// Applies one batch, then answers and reports what it did (its feeds go
+/// out with [`send_feeds`]).
+fn apply_and_finish(hub: &Hub, batch: FeedBatch) {
+    let mut out = Vec::new();
+    apply_batch(hub, &mut hub.write(), &batch, &mut out);
+    finish_batch(hub, batch, out);
+}
+
+/// Sends the feeds of every batch applied since the last send.
+fn send_feeds(hub: &Hub, throttle: &mut Throttle) {
+    let updates = hub.write().take_updates();
+    hub.publish(&updates, throttle);
+    // (A new leader takes orders once this has caught up.)
+    hub.node.market_seq.store(hub.read().seq, Ordering::Release);
 }
 
 /// Batches applied together at most before the feeds go out (a thread
