@@ -133,7 +133,7 @@ pub struct AccountData {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Accounts {
     /// Open orders, and the ended ones each account still keeps.
-    pub orders: HashMap<OrderId, OrderRecord>,
+    pub orders: crate::ByOrderId<OrderRecord>,
     pub accounts: HashMap<AccountId, AccountData>,
     /// Every open order by (account, client id).
     open_client_ids: ClientIds,
@@ -154,7 +154,7 @@ pub struct Accounts {
 impl Default for Accounts {
     fn default() -> Accounts {
         Accounts {
-            orders: HashMap::default(),
+            orders: crate::ByOrderId::default(),
             accounts: HashMap::default(),
             open_client_ids: ClientIds::default(),
             largest_gateway_cid: 0,
@@ -532,7 +532,7 @@ struct ClientIds(hashbrown::HashTable<OrderId>);
 
 impl ClientIds {
     /// The open order of `account` with `client_id` (whose hash is `hash`).
-    fn find(&self, orders: &HashMap<OrderId, OrderRecord>, hash: u64, account: AccountId, client_id: &str) -> Option<OrderId> {
+    fn find(&self, orders: &crate::ByOrderId<OrderRecord>, hash: u64, account: AccountId, client_id: &str) -> Option<OrderId> {
         self.0.find(hash, |id| orders.get(id).is_some_and(|o| o.account == account && o.client_id == client_id)).copied()
     }
 
@@ -541,7 +541,7 @@ impl ClientIds {
     /// open orders are unique per account within one gateway; one of
     /// another gateway's with the same text keeps the first (the later is
     /// still found by its id).
-    fn insert_if_absent(&mut self, orders: &HashMap<OrderId, OrderRecord>, record: &OrderRecord) {
+    fn insert_if_absent(&mut self, orders: &crate::ByOrderId<OrderRecord>, record: &OrderRecord) {
         if self.find(orders, record.client_hash, record.account, &record.client_id).is_none() {
             // Every id filed is an open order's, in `orders` with its hash.
             self.0.insert_unique(record.client_hash, record.id, |id| orders.get(id).map_or(0, |o| o.client_hash));

@@ -140,6 +140,53 @@ pub struct Trade {
     pub seq: u64,
 }
 
+/// A map keyed by order id (`std`'s, with [`OrderIdHash`]).
+pub type ByOrderId<V> = std::collections::HashMap<OrderId, V, OrderIdHash>;
+
+/// The hash of the maps keyed by order id. An order's id is the number of
+/// the command that placed it, so ids only grow; this hash keeps an id's
+/// low bits as they are (where hashbrown puts an entry) and fills its top
+/// seven (hashbrown's tag, compared before the keys) from a multiply of
+/// the whole id. Orders placed one after another sit in neighbouring
+/// buckets: placing one, and forgetting the oldest ended one, touch memory
+/// touched a moment before, where foldhash scattered them over a table of
+/// tens of thousands of orders, a cache miss each (`docs/benchmarks.md`,
+/// "What market data costs a command"). The engine gives the ids: no
+/// client chooses them, so none can aim at collisions.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OrderIdHash;
+
+impl std::hash::BuildHasher for OrderIdHash {
+    type Hasher = OrderIdHasher;
+
+    fn build_hasher(&self) -> OrderIdHasher {
+        OrderIdHasher(0)
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OrderIdHasher(u64);
+
+/// The bits of an id kept as they are.
+const LOW_BITS: u64 = (1 << 57) - 1;
+
+impl std::hash::Hasher for OrderIdHasher {
+    fn finish(&self) -> u64 {
+        (self.0 & LOW_BITS) | (self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) & !LOW_BITS)
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        self.0 = id;
+    }
+
+    /// Keys other than one `u64` (none here) still hash, each byte mixed in.
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
+        }
+    }
+}
+
 /// One side's price levels: price (ticks) to lots.
 pub type Levels = BTreeMap<i64, u64>;
 
@@ -357,7 +404,7 @@ pub struct MarketData {
     pub instruments: Vec<InstrumentData>,
     by_id: HashMap<InstrumentId, u32>,
     by_symbol: HashMap<String, u32>,
-    pub orders: HashMap<OrderId, Live>,
+    pub orders: ByOrderId<Live>,
     /// Orders that took part in the command being applied as takers.
     takers: Vec<OrderId>,
     /// The last command applied, and its time.
@@ -383,7 +430,7 @@ impl MarketData {
             instruments: instruments.into_iter().map(|info| InstrumentData::new(info, start_seq)).collect(),
             by_id,
             by_symbol,
-            orders: HashMap::default(),
+            orders: ByOrderId::default(),
             takers: Vec::new(),
             seq: start_seq,
             time_ms: 0,

@@ -432,3 +432,20 @@ fn transfers_are_kept_by_reference_in_the_checkpoint() {
     assert!(many.get("0").is_none() && many.get("1").is_none(), "the oldest are forgotten");
     assert!(many.get("2").is_some() && many.get(&(TRANSFERS_KEPT as u64 + 1).to_string()).is_some());
 }
+
+/// Ids placed one after another hash to neighbouring buckets (their low
+/// bits are the id's) with tags that differ (the top seven bits), and the
+/// maps keyed by them find every id.
+#[test]
+fn order_ids_hash_in_order_with_varied_tags() {
+    use std::hash::BuildHasher;
+    let hash = |id: u64| OrderIdHash.hash_one(id);
+    for id in [1u64, 2, 1_000, 1 << 40] {
+        assert_eq!(hash(id) & LOW_BITS, id, "id {id}");
+    }
+    let tags: std::collections::BTreeSet<u64> = (1..=1_000u64).map(|id| hash(id) >> 57).collect();
+    assert!(tags.len() > 100, "{} tags among 1,000 ids", tags.len());
+    let mut map: ByOrderId<u64> = ByOrderId::default();
+    map.extend((1..=10_000u64).map(|id| (id * 3, id)));
+    assert!((1..=10_000u64).all(|id| map.get(&(id * 3)) == Some(&id)) && !map.contains_key(&1));
+}
