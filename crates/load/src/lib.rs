@@ -276,11 +276,13 @@ struct Client {
     /// order's wait for a counterparty is not the server's latency.
     pending: HashMap<u64, (Instant, bool)>,
     unfilled: HashMap<u64, Instant>,
-    /// Resting orders, oldest first, and those of them already gone
-    /// (filled or cancelled): past `MAX_RESTING` the oldest is cancelled,
-    /// so the book stays a fixed depth, as on a real venue.
+    /// Resting orders, oldest first, and those of them still live (not
+    /// filled or cancelled since): past `MAX_RESTING` the oldest is
+    /// cancelled if it is, so the book stays a fixed depth, as on a real
+    /// venue. Only resting orders are in `live` (a set of every order that
+    /// ended, IOCs included, grew by most of the orders sent).
     resting: VecDeque<(u64, u64)>,
-    gone: HashSet<u64>,
+    live: HashSet<u64>,
     buffer: Vec<u8>,
     /// Stopped (an error, or the server closed the connection).
     broken: bool,
@@ -299,7 +301,7 @@ impl Client {
             pending: HashMap::new(),
             unfilled: HashMap::new(),
             resting: VecDeque::new(),
-            gone: HashSet::new(),
+            live: HashSet::new(),
             buffer: Vec::with_capacity(2 * READ_BYTES),
             broken: false,
         }
@@ -343,7 +345,7 @@ impl Client {
         }
         while self.resting.len() > MAX_RESTING {
             let Some((oldest, cid)) = self.resting.pop_front() else { break };
-            if !self.gone.remove(&oldest) {
+            if self.live.remove(&oldest) {
                 self.wire.cancel(oldest, cid, out);
                 self.tally.cancels += 1;
             }
@@ -378,7 +380,7 @@ impl Client {
                 Ok(Some((reply, size))) => {
                     used += size;
                     if let Some(reply) = reply {
-                        let mut books = Books { pending: &mut self.pending, unfilled: &mut self.unfilled, resting: &mut self.resting, gone: &mut self.gone };
+                        let mut books = Books { pending: &mut self.pending, unfilled: &mut self.unfilled, resting: &mut self.resting, live: &mut self.live };
                         record(&mut self.tally, &mut books, keep, reply, now);
                     }
                 }
@@ -485,7 +487,7 @@ struct Books<'a> {
     pending: &'a mut HashMap<u64, (Instant, bool)>,
     unfilled: &'a mut HashMap<u64, Instant>,
     resting: &'a mut VecDeque<(u64, u64)>,
-    gone: &'a mut HashSet<u64>,
+    live: &'a mut HashSet<u64>,
 }
 
 fn record(tally: &mut Tally, books: &mut Books<'_>, keep: bool, report: Reply, now: Instant) {
@@ -499,6 +501,7 @@ fn record(tally: &mut Tally, books: &mut Books<'_>, keep: bool, report: Reply, n
                     tally.acked += 1;
                     if gtc {
                         books.resting.push_back((report.order, report.cid));
+                        books.live.insert(report.order);
                     }
                     if keep {
                         tally.accepted.push((report.order, report.cid.to_string()));
@@ -512,14 +515,14 @@ fn record(tally: &mut Tally, books: &mut Books<'_>, keep: bool, report: Reply, n
         ReportKind::PartialFill | ReportKind::Fill => {
             tally.fills += 1;
             if report.kind == ReportKind::Fill {
-                books.gone.insert(report.order);
+                books.live.remove(&report.order);
             }
             if let Some(sent) = books.unfilled.remove(&report.cid) {
                 tally.fill.saturating_record(nanos(sent));
             }
         }
         ReportKind::Cancelled => {
-            books.gone.insert(report.order);
+            books.live.remove(&report.order);
             books.unfilled.remove(&report.cid);
         }
         ReportKind::Replaced | ReportKind::CancelAllDone => {}
@@ -647,4 +650,40 @@ pub fn run(options: Options) -> Result<()> {
         bail!("{errors} session errors (the first: {}); the figures above are of what was answered", first_error.unwrap_or_default());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(kind: ReportKind, cid: u64, order: u64) -> Reply {
+        Reply { kind, cid, order, seq: 0 }
+    }
+
+    /// A session keeps only its resting orders that are still live: an
+    /// IOC that ends leaves nothing behind, a resting order that fills is
+    /// forgotten (and not cancelled when its turn comes).
+    #[test]
+    fn only_live_resting_orders_are_kept() {
+        let mut tally = Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, fills: 0, last_seq: 0, cancels: 0, errors: 0, first_error: None, unanswered: 0, accepted: Vec::new() };
+        let (mut pending, mut unfilled, mut resting, mut live) = (HashMap::new(), HashMap::new(), VecDeque::new(), HashSet::new());
+        let now = Instant::now();
+        pending.insert(1, (now, true));
+        pending.insert(2, (now, false));
+        pending.insert(3, (now, true));
+        let mut books = Books { pending: &mut pending, unfilled: &mut unfilled, resting: &mut resting, live: &mut live };
+        for report in [
+            reply(ReportKind::Accepted, 1, 101),
+            reply(ReportKind::Accepted, 2, 102),
+            reply(ReportKind::PartialFill, 2, 102),
+            reply(ReportKind::Cancelled, 2, 102),
+            reply(ReportKind::Accepted, 3, 103),
+            reply(ReportKind::Fill, 3, 103),
+        ] {
+            record(&mut tally, &mut books, false, report, now);
+        }
+        assert_eq!(resting, VecDeque::from([(101, 1), (103, 3)]), "the GTC orders, oldest first");
+        assert_eq!(live, HashSet::from([101]), "the one still resting");
+        assert_eq!((tally.acked, tally.fills), (3, 2));
+    }
 }
