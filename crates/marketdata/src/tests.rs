@@ -433,19 +433,26 @@ fn transfers_are_kept_by_reference_in_the_checkpoint() {
     assert!(many.get("2").is_some() && many.get(&(TRANSFERS_KEPT as u64 + 1).to_string()).is_some());
 }
 
-/// Ids placed one after another hash to neighbouring buckets (their low
-/// bits are the id's) with tags that differ (the top seven bits), and the
-/// maps keyed by them find every id.
+/// Ids placed one after another hash to neighbouring buckets, sixteen at
+/// a time (their low four bits are the id's, the rest of a block's place
+/// is shared), with tags that differ (the top seven bits); blocks land
+/// apart; the maps keyed by them find every id, a dense window of ids
+/// wider than the table included.
 #[test]
-fn order_ids_hash_in_order_with_varied_tags() {
+fn order_ids_hash_in_blocks_with_varied_tags() {
     use std::hash::BuildHasher;
     let hash = |id: u64| OrderIdHash.hash_one(id);
-    for id in [1u64, 2, 1_000, 1 << 40] {
-        assert_eq!(hash(id) & LOW_BITS, id, "id {id}");
+    for block in [0u64, 1, 62_500, 1 << 36] {
+        let place = hash(block * 16) & BELOW_TAG;
+        assert!((0..16).all(|i| hash(block * 16 + i) & BELOW_TAG == place + i), "block {block}");
     }
-    let tags: std::collections::BTreeSet<u64> = (1..=1_000u64).map(|id| hash(id) >> 57).collect();
-    assert!(tags.len() > 100, "{} tags among 1,000 ids", tags.len());
+    let tags: std::collections::BTreeSet<u64> = (0..16u64).map(|i| hash(1_600 + i) >> 57).collect();
+    assert!(tags.len() > 8, "{} tags among a block's 16 ids", tags.len());
+    let places: std::collections::BTreeSet<u64> = (0..1_000u64).map(|block| ((hash(block * 16) & BELOW_TAG) >> 4) & 0xFFF).collect();
+    assert!(places.len() > 700, "1,000 blocks in {} of 4,096 places", places.len());
     let mut map: ByOrderId<u64> = ByOrderId::default();
-    map.extend((1..=10_000u64).map(|id| (id * 3, id)));
-    assert!((1..=10_000u64).all(|id| map.get(&(id * 3)) == Some(&id)) && !map.contains_key(&1));
+    map.extend((1..=100_000u64).map(|id| (id * 3, id)));
+    map.retain(|key, _| key % 5 != 0);
+    map.extend((100_001..=300_000u64).map(|id| (id * 3, id)));
+    assert!((1..=300_000u64).all(|id| map.get(&(id * 3)) == (id * 3 % 5 != 0 || id > 100_000).then_some(&id)));
 }

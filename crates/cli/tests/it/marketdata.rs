@@ -924,11 +924,12 @@ fn the_feeds_carry_on_after_a_restart() {
 }
 
 /// `market_data.send_interval_us` (`docs/marketdata.md`, "When messages
-/// go out"), here a second: a change after a quiet second goes out at
-/// once; the changes after it wait until the second is up and go out
-/// together, as one `@depth` diff that follows the previous one without a
-/// gap, each trade still its own `@trade` message; the book kept from the
-/// diffs is REST's.
+/// go out"), here a second: after a send, the changes wait until the
+/// second is up (nothing comes sooner) and go out together, as one
+/// `@depth` diff that follows the previous one without a gap (checked
+/// where both orders were placed well within the second), each trade
+/// still its own `@trade` message; the book kept from the diffs is
+/// REST's.
 #[test]
 fn a_send_interval_holds_the_changes_within_it_and_sends_them_together() {
     let dir = TempDir::new("md-interval");
@@ -976,7 +977,7 @@ fn a_send_interval_holds_the_changes_within_it_and_sends_them_together() {
     }
     book.assert_matches(&LocalBook::from_snapshot(&json_get(&market, "/api/v3/depth?symbol=BTCUSD&limit=100")), "the book from the diffs and GET /api/v3/depth");
     assert_eq!((book.bids.get(&100), book.asks.get(&105)), (Some(&1), Some(&1)), "{book:?}");
-    if placed_by < Duration::from_millis(300) {
+    if placed_by < Duration::from_millis(200) {
         // Both placed well within the second: one diff covers them.
         let last = diffs.last().expect("a diff");
         assert_eq!((last["U"].as_u64(), last["u"].as_u64()), (Some(second), Some(third)), "{diffs:?}");

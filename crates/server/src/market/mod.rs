@@ -334,9 +334,8 @@ impl Hub {
         }
         let count = messages.len();
         // Behind by more than `queue` when the next messages come (one
-        // big publish alone, of one batch or of the up to
-        // `COALESCED_BATCHES` sent together, never drops a client that
-        // keeps up).
+        // big publish alone, of one batch or of all those sent together,
+        // never drops a client that keeps up).
         if connection.waiting.load(Ordering::Acquire) > self.config.queue {
             connection.dropped.store(true, Ordering::Release);
             connection.wake.notify_one();
@@ -671,16 +670,20 @@ fn feed_loop(hub: &Hub, receiver: Receiver<Feed>) {
 /// out with [`send_feeds`]).
 fn apply_and_finish(hub: &Hub, batch: FeedBatch) {
     let mut out = Vec::new();
-    apply_batch(hub, &mut hub.write(), &batch, &mut out);
+    let seq = {
+        let mut state = hub.write();
+        apply_batch(hub, &mut state, &batch, &mut out);
+        state.seq
+    };
     finish_batch(hub, batch, out);
+    // (A new leader takes orders once this has caught up.)
+    hub.node.market_seq.store(seq, Ordering::Release);
 }
 
 /// Sends the feeds of every batch applied since the last send.
 fn send_feeds(hub: &Hub, throttle: &mut Throttle) {
     let updates = hub.write().take_updates();
     hub.publish(&updates, throttle);
-    // (A new leader takes orders once this has caught up.)
-    hub.node.market_seq.store(hub.read().seq, Ordering::Release);
 }
 
 /// Batches applied together at most before the feeds go out (a thread
