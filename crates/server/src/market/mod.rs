@@ -686,9 +686,10 @@ fn send_feeds(hub: &Hub, throttle: &mut Throttle) {
     hub.publish(&updates, throttle);
 }
 
-/// Batches applied together at most before the feeds go out (a thread
-/// that has fallen behind catches up in rounds of this many, so the
-/// feeds still move while it does).
+/// Batches waiting in its queue that the thread applies, once a send is
+/// due, before it sends (a thread that has fallen behind catches up in
+/// rounds of this many, so the feeds still move while it does; within a
+/// `send_interval_us` any number go out together).
 const COALESCED_BATCHES: usize = 64;
 
 /// Gives the calling thread the nice value `nice` (Linux: a thread's own
