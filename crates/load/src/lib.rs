@@ -203,6 +203,11 @@ pub(crate) struct Tally {
 }
 
 impl Tally {
+    /// Nothing counted yet.
+    pub(crate) fn new() -> Tally {
+        Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, fills: 0, last_seq: 0, cancels: 0, errors: 0, first_error: None, unanswered: 0, accepted: Vec::new() }
+    }
+
     /// A session's connection failed (it ends): counted, the first kept.
     pub(crate) fn error(&mut self, why: impl FnOnce() -> String) {
         self.errors += 1;
@@ -294,7 +299,7 @@ impl Client {
             stream,
             wire,
             index,
-            tally: Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, fills: 0, last_seq: 0, cancels: 0, errors: 0, first_error: None, unanswered: 0, accepted: Vec::new() },
+            tally: Tally::new(),
             rng: crossbook_workload::Rng::new(0xC0FFEE + index),
             run: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64) & 0xF_FFFF,
             next: 0,
@@ -665,7 +670,7 @@ mod tests {
     /// forgotten (and not cancelled when its turn comes).
     #[test]
     fn only_live_resting_orders_are_kept() {
-        let mut tally = Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, fills: 0, last_seq: 0, cancels: 0, errors: 0, first_error: None, unanswered: 0, accepted: Vec::new() };
+        let mut tally = Tally::new();
         let (mut pending, mut unfilled, mut resting, mut live) = (HashMap::new(), HashMap::new(), VecDeque::new(), HashSet::new());
         let now = Instant::now();
         pending.insert(1, (now, true));

@@ -17,7 +17,7 @@
 //! request here costs one write and the reads of one answer, no pool, no
 //! allocation beyond the answer's bytes.
 
-use crate::{Options, Tally, histogram, order};
+use crate::{Options, Tally, order};
 use anyhow::{Context, Result, bail};
 use crossbook_engine::{Side, TimeInForce};
 use hmac::{Hmac, Mac};
@@ -204,7 +204,7 @@ impl Session {
 
 /// One session's run: its orders, until `end` or its quota.
 fn session(mut http: Session, index: u64, options: &Options, start: Instant, end: Instant, interval: Option<Duration>, quota: u64) -> Tally {
-    let mut tally = Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, fills: 0, last_seq: 0, cancels: 0, errors: 0, first_error: None, unanswered: 0, accepted: Vec::new() };
+    let mut tally = Tally::new();
     let mut rng = crossbook_workload::Rng::new(0xC0FFEE + index);
     let mut resting: VecDeque<u64> = VecDeque::new();
     let mut next = 0u64;
@@ -292,7 +292,7 @@ fn order_params(new_order: &crossbook_protocol::NewOrder) -> String {
 /// (the server answers them in order), orders sent when due (open loop)
 /// or as answers free the window (closed loop).
 fn ws_session(mut ws: Session, index: u64, options: &Options, start: Instant, end: Instant, interval: Option<Duration>, quota: u64) -> Tally {
-    let mut tally = Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, fills: 0, last_seq: 0, cancels: 0, errors: 0, first_error: None, unanswered: 0, accepted: Vec::new() };
+    let mut tally = Tally::new();
     let mut rng = crossbook_workload::Rng::new(0xC0FFEE + index);
     let mut resting: VecDeque<u64> = VecDeque::new();
     // In flight: id, and for an order its planned time and whether it is
