@@ -38,59 +38,195 @@ struct Seen {
     closed: Option<String>,
 }
 
+/// The key of every handshake (RFC 6455's own example: the server's
+/// answer to it is known, so it is checked without a SHA-1 here), and the
+/// mask of every frame the watcher sends. A measuring client has nothing
+/// to hide from a proxy; the server only requires that frames are masked.
+const HANDSHAKE_KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
+const HANDSHAKE_ACCEPT: &str = "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=";
+const MASK: [u8; 4] = [0x37, 0xfa, 0x21, 0x3d];
+/// The largest HTTP answer to the handshake, and the largest frame, a
+/// watcher takes.
+const MAX_HANDSHAKE: usize = 64 * 1024;
+const MAX_FRAME: usize = 64 * 1024 * 1024;
+/// Bytes read from the socket at a time (a batch for a busy subscriber
+/// is tens of KiB).
+const READ_CHUNK: usize = 256 * 1024;
+
+/// Sends the upgrade request and reads the answer; returns the bytes that
+/// came after it (the first frames).
+fn handshake(stream: &mut TcpStream, address: &str, path: &str) -> Result<Vec<u8>> {
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {HANDSHAKE_KEY}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes())?;
+    let mut answer = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 4096];
+    let end = loop {
+        if let Some(at) = answer.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        if answer.len() > MAX_HANDSHAKE {
+            bail!("the answer to the WebSocket handshake is over {MAX_HANDSHAKE} bytes without its end");
+        }
+        let read = stream.read(&mut chunk)?;
+        if read == 0 {
+            bail!("the server closed the connection during the WebSocket handshake");
+        }
+        answer.extend_from_slice(&chunk[..read]);
+    };
+    let head = String::from_utf8_lossy(&answer[..end]);
+    let status = head.lines().next().unwrap_or_default();
+    if status.split_whitespace().nth(1) != Some("101") {
+        // The body says why (`Invalid stream name`): what has come of it.
+        let body = String::from_utf8_lossy(&answer[end..]);
+        bail!("the server answered {status} {}", body.trim());
+    }
+    let accept = head.lines().find_map(|line| line.split_once(':').filter(|(name, _)| name.trim().eq_ignore_ascii_case("sec-websocket-accept")).map(|(_, value)| value.trim()));
+    if accept != Some(HANDSHAKE_ACCEPT) {
+        bail!("the server's Sec-WebSocket-Accept is {accept:?}, not {HANDSHAKE_ACCEPT:?}");
+    }
+    Ok(answer[end..].to_vec())
+}
+
+/// Writes a masked control frame (a Pong or a Close).
+fn send_control(stream: &mut TcpStream, opcode: u8, payload: &[u8]) -> std::io::Result<()> {
+    // Control frames carry 125 bytes at most.
+    let payload = &payload[..payload.len().min(125)];
+    let mut frame = Vec::with_capacity(6 + payload.len());
+    frame.push(0x80 | opcode);
+    frame.push(0x80 | payload.len() as u8);
+    frame.extend_from_slice(&MASK);
+    frame.extend(payload.iter().enumerate().map(|(i, b)| b ^ MASK[i % 4]));
+    stream.write_all(&frame)
+}
+
+/// One frame at the front of `bytes`: FIN, opcode, payload range; `None`
+/// if it has not all arrived.
+fn frame_at(bytes: &[u8]) -> Result<Option<(bool, u8, std::ops::Range<usize>)>> {
+    let [first, second, ..] = *bytes else { return Ok(None) };
+    if second & 0x80 != 0 {
+        bail!("the server sent a masked frame (RFC 6455 forbids it)");
+    }
+    let (length, header) = match second & 0x7f {
+        126 => match bytes.get(2..4) {
+            Some(b) => (u16::from_be_bytes([b[0], b[1]]) as u64, 4),
+            None => return Ok(None),
+        },
+        127 => match bytes.get(2..10) {
+            Some(b) => (u64::from_be_bytes(b.try_into().expect("8 bytes")), 10),
+            None => return Ok(None),
+        },
+        short => (short as u64, 2),
+    };
+    if length > MAX_FRAME as u64 {
+        bail!("the server sent a frame of {length} bytes (the watcher takes {MAX_FRAME} at most)");
+    }
+    let end = header + length as usize;
+    Ok((bytes.len() >= end).then_some((first & 0x80 != 0, first & 0x0f, header..end)))
+}
+
+/// Finds `needle` in `haystack`.
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    memchr::memmem::find(haystack, needle)
+}
+
 /// The `"T":<ms>` field of a trade message.
-fn trade_time(text: &str) -> Option<u64> {
-    let at = text.find("\"T\":")? + 4;
-    let digits: &str = &text[at..];
-    let end = digits.find(|c: char| !c.is_ascii_digit()).unwrap_or(digits.len());
-    digits[..end].parse().ok()
+fn trade_time(text: &[u8]) -> Option<u64> {
+    let at = find(text, b"\"T\":")? + 4;
+    let digits = &text[at..];
+    let end = digits.iter().position(|c| !c.is_ascii_digit()).unwrap_or(digits.len());
+    std::str::from_utf8(&digits[..end]).ok()?.parse().ok()
 }
 
 /// How long connecting and the WebSocket handshake may take, at least (a
 /// longer run gives them until its end).
 const HANDSHAKE: Duration = Duration::from_secs(10);
 
+/// One connection, read until `until`: a frame reader of its own rather
+/// than a WebSocket library's, because the subscribers share the machine
+/// with the venue they measure and what they spend counts against it
+/// (`docs/benchmarks.md`). It takes whatever the socket holds at each read
+/// (one clock reading for all of it), walks the frames' headers, answers
+/// pings, and looks into a text frame only for a trade's `"T"`.
 fn watch_one(address: &str, path: &str, until: Instant) -> Result<Seen> {
-    let url = format!("ws://{address}{path}");
     let patience = until.saturating_duration_since(Instant::now()).max(HANDSHAKE);
     let resolved = address.to_socket_addrs().with_context(|| format!("resolving {address}"))?.next().with_context(|| format!("{address} resolves to no address"))?;
-    let stream = TcpStream::connect_timeout(&resolved, patience).with_context(|| format!("connecting to {address}"))?;
+    let mut stream = TcpStream::connect_timeout(&resolved, patience).with_context(|| format!("connecting to {address}"))?;
     stream.set_read_timeout(Some(patience))?;
     stream.set_write_timeout(Some(patience))?;
-    let (mut socket, _) = match tungstenite::client(url.as_str(), stream) {
-        Ok(done) => done,
-        Err(tungstenite::HandshakeError::Interrupted(_)) => bail!("{url}: no WebSocket handshake from the server within {} s", patience.as_secs_f64()),
-        // Its text once (the error's sources repeat it): and the likely
-        // cause of an answer that is not HTTP.
-        Err(tungstenite::HandshakeError::Failure(e)) => bail!("WebSocket handshake with {url}: {e} (is {address} the market-data port?)"),
-    };
-    socket.get_ref().set_read_timeout(Some(Duration::from_millis(200)))?;
+    let url = format!("ws://{address}{path}");
+    let first = handshake(&mut stream, address, path).map_err(|e| match e.downcast_ref::<std::io::Error>().map(std::io::Error::kind) {
+        Some(std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => anyhow::anyhow!("{url}: no WebSocket handshake from the server within {} s", patience.as_secs_f64()),
+        // And the likely cause of an answer that is not a WebSocket's.
+        _ => e.context(format!("WebSocket handshake with {url} (is {address} the market-data port?)")),
+    })?;
+    stream.set_read_timeout(Some(Duration::from_millis(200)))?;
     let mut seen = Seen { messages: 0, bytes: 0, trade_latency_ms: hdrhistogram::Histogram::new(3)?, closed: None };
-    while Instant::now() < until {
-        match socket.read() {
-            Ok(tungstenite::Message::Text(text)) => {
-                let arrived = now_ms();
-                seen.messages += 1;
-                seen.bytes += text.len() as u64;
-                // The trade time, without parsing the whole message (the
-                // watcher's own cost would count against the venue's).
-                if let Some(time) = text.contains("\"e\":\"trade\"").then(|| trade_time(text.as_str())).flatten() {
-                    seen.trade_latency_ms.saturating_record(arrived.saturating_sub(time));
+    let mut buffer = vec![0u8; READ_CHUNK.max(first.len())];
+    buffer[..first.len()].copy_from_slice(&first);
+    let (mut start, mut filled) = (0, first.len());
+    let mut arrived = now_ms();
+    let mut closing = false;
+    'reading: loop {
+        while let Some((fin, opcode, payload)) = frame_at(&buffer[start..filled])? {
+            let body = &buffer[start + payload.start..start + payload.end];
+            match opcode {
+                // Text, binary, and a fragment of either: a message ends
+                // at its last frame.
+                0..=2 => {
+                    seen.bytes += body.len() as u64;
+                    seen.messages += u64::from(fin);
+                    if opcode == 1 && fin && find(body, b"\"e\":\"trade\"").is_some()
+                        && let Some(time) = trade_time(body)
+                    {
+                        seen.trade_latency_ms.saturating_record(arrived.saturating_sub(time));
+                    }
                 }
+                8 => {
+                    let reason = body.get(2..).map(String::from_utf8_lossy).unwrap_or_default();
+                    seen.closed = Some(reason.into_owned());
+                    // The Close echoed, as RFC 6455 asks.
+                    let _ = send_control(&mut stream, 8, body.get(..2).unwrap_or_default());
+                    closing = true;
+                    break 'reading;
+                }
+                9 => send_control(&mut stream, 10, body)?,
+                10 => {}
+                other => bail!("the server sent a frame with opcode {other}, which RFC 6455 does not define"),
             }
-            Ok(tungstenite::Message::Close(frame)) => {
-                seen.closed = Some(frame.map(|f| f.reason.to_string()).unwrap_or_default());
+            start += payload.end;
+        }
+        buffer.copy_within(start..filled, 0);
+        (start, filled) = (0, filled - start);
+        // A frame longer than the buffer: room for it.
+        if filled == buffer.len() {
+            buffer.resize(buffer.len() * 2, 0);
+        }
+        if Instant::now() >= until {
+            break;
+        }
+        match stream.read(&mut buffer[filled..]) {
+            Ok(0) => {
+                seen.closed = Some("the server closed the connection without a Close frame".to_string());
+                closing = true;
                 break;
             }
-            Ok(_) => {}
-            Err(tungstenite::Error::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Ok(read) => {
+                filled += read;
+                arrived = now_ms();
+            }
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => {}
             Err(e) => {
                 seen.closed = Some(e.to_string());
+                closing = true;
                 break;
             }
         }
     }
-    let _ = socket.close(None);
+    if !closing {
+        let _ = send_control(&mut stream, 8, &1000u16.to_be_bytes());
+    }
     Ok(seen)
 }
 

@@ -1099,3 +1099,46 @@ fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
         }
     }
 }
+
+/// `crossbook watch`, the feed's measuring client (`docs/benchmarks.md`),
+/// reads the WebSocket frames itself: each of its connections times every
+/// `@trade` message it was sent (the count is the venue's trades, times
+/// the connections), it answers the server's pings (here every second: a
+/// watch that did not would be closed for silence after 3 s), and it
+/// reports the server's Close with its reason.
+#[test]
+fn crossbook_watch_times_every_trade_answers_pings_and_reports_the_close() {
+    let dir = TempDir::new("md-watch");
+    let config = edited_config(&dir.0, "pings.toml", &[("ping_interval_s = 20 ", "ping_interval_s = 1 ")]);
+    let server = start(&dir.0, Some(&config));
+    let watch = std::process::Command::new(env!("CARGO_BIN_EXE_crossbook"))
+        .args(["watch", "--address", &server.market_address, "--connections", "3", "--duration", "60", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("crossbook watch");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while json_get(&server.market_address, "/crossbook/stats")["webSockets"].as_u64() != Some(3) {
+        assert!(Instant::now() < deadline, "the watch never had its 3 connections");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut trading = load_with(&server.address, &["--connections", "2", "--count", "2000", "--duration", "60"]);
+    assert!(trading.wait().expect("load").success());
+    market_data_has_caught_up(&server, 1);
+    // Several pings' time, answered.
+    std::thread::sleep(Duration::from_millis(4500));
+    let stats = json_get(&server.market_address, "/crossbook/stats");
+    let trades = stats["trades"].as_u64().expect("trades");
+    assert!(trades > 100, "the load traded: {stats}");
+    assert!(server.terminate().success());
+    let watched = watch.wait_with_output().expect("the watch ends with the server");
+    let (out, err) = (String::from_utf8_lossy(&watched.stdout), String::from_utf8_lossy(&watched.stderr));
+    assert!(watched.status.success(), "{out}{err}");
+    let report: Value = serde_json::from_str(&out).expect("the watch's JSON report");
+    assert_eq!(report["closed_by_server"], serde_json::json!(vec!["server shutting down"; 3]), "{report}");
+    assert_eq!(report["trades_timed"].as_u64(), Some(3 * trades), "{report}");
+    // And the depth diffs.
+    let messages = report["messages"].as_u64().expect("messages");
+    assert!(messages > 3 * trades, "{report}");
+    assert!(report["bytes"].as_u64().expect("bytes") > 100 * messages, "{report}");
+}
