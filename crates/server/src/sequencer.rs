@@ -482,7 +482,7 @@ impl<'a> Sequencer<'a> {
         let mut records = self.replication.as_ref().map(|r| Encoder::new(self.engine.seq() + 1, r.chain));
         // A batch's records in messages of at most about MESSAGE_BYTES.
         let mut full: Vec<Encoder> = Vec::new();
-        for item in batch.drain(..) {
+        for (arrived, item) in batch.drain(..).enumerate() {
             done.answered.push(item.in_flight);
             let (command, placed) = match item.request {
                 Request::Command(command) if leading => (command, None),
@@ -492,7 +492,7 @@ impl<'a> Sequencer<'a> {
                 // first; one that raced a lost lead is dropped).
                 Request::Command(_) | Request::Tracked { .. } | Request::ForOrder { .. } => continue,
                 Request::Query(query) => {
-                    done.answers.push(self.answer(item.source, query));
+                    done.answers.push(self.answer(item.source, query, arrived));
                     continue;
                 }
             };
@@ -504,7 +504,7 @@ impl<'a> Sequencer<'a> {
                 && self.builder.open_orders_of(place.account) >= self.settings.open_orders
             {
                 let report = Addressed { account: place.account, report: ExecutionReport::open_order_refusal(place) };
-                done.refused.push(Refusal { source: item.source, place: *place, annex: item.annex, report, after: self.engine.seq() });
+                done.refused.push(Refusal { source: item.source, place: *place, annex: item.annex, report, after: self.engine.seq(), arrived });
                 continue;
             }
             let seq = self.engine.seq() + 1;
@@ -762,13 +762,13 @@ impl<'a> Sequencer<'a> {
 
     /// A query's answer from the engine as it is now (after every command
     /// before the query).
-    fn answer(&self, source: Source, query: Query) -> Answer {
+    fn answer(&self, source: Source, query: Query, arrived: usize) -> Answer {
         let (balances, orders) = match query.kind {
             QueryKind::Balances => (self.engine.balances_of(query.account).unwrap_or_default(), Vec::new()),
             QueryKind::OpenOrders { instrument } => (Vec::new(), self.engine.open_orders_of(query.account, instrument)),
             QueryKind::Heartbeat | QueryKind::Logout => (Vec::new(), Vec::new()),
         };
-        Answer { source, query, seq: self.engine.seq(), balances, orders, known: self.engine.has_account(query.account) }
+        Answer { source, query, seq: self.engine.seq(), arrived, balances, orders, known: self.engine.has_account(query.account) }
     }
 
     /// Hands every batch the journal now holds to the sinks, oldest first.

@@ -110,14 +110,24 @@ impl ReportSink for Sessions {
         let mut elsewhere: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut refused = batch.refused().filter(|r| r.source == BINARY).peekable();
         let mut answers = batch.answers().filter(|a| a.source == BINARY).peekable();
-        let mut before = |upto: u64, sessions: &Sessions, outgoing: &mut HashMap<AccountId, Vec<u8>>| {
-            while let Some(refusal) = refused.next_if(|r| r.after < upto) {
-                let addressed = refusal.report;
+        // The refusals and answers that came before the command `upto`,
+        // in the order they came (those between the same two commands
+        // too).
+        let mut before = |upto: u64, sessions: &Sessions, outgoing: &mut HashMap<AccountId, Vec<u8>>| loop {
+            let refusal = refused.peek().filter(|r| r.after < upto).map(|r| r.arrived);
+            let answer = answers.peek().filter(|a| a.seq < upto).map(|a| a.arrived);
+            let refusal_first = match (refusal, answer) {
+                (None, None) => break,
+                (Some(refusal), Some(answer)) => refusal < answer,
+                (refusal, _) => refusal.is_some(),
+            };
+            if refusal_first {
+                let addressed = refused.next().expect("peeked").report;
                 if sessions.by_account.contains_key(&addressed.account) {
                     encode_server(&ServerMessage::ExecutionReport(addressed.report), outgoing.entry(addressed.account).or_default());
                 }
-            }
-            while let Some(answer) = answers.next_if(|a| a.seq < upto) {
+            } else {
+                let answer = answers.next().expect("peeked");
                 let frames = answer_frames(answer);
                 match sessions.by_account.get(&answer.query.account) {
                     Some(session) if session.connection == answer.query.token => outgoing.entry(answer.query.account).or_default().extend_from_slice(&frames),

@@ -69,6 +69,9 @@ pub struct Answer {
     pub query: Query,
     /// The last command it reflects.
     pub seq: u64,
+    /// Its place among the messages of its batch: what orders it against
+    /// an open-order refusal that came between the same two commands.
+    pub arrived: usize,
     /// `Balances`: (asset, available, locked), every asset of the venue;
     /// empty for an unknown account.
     pub balances: Vec<(AssetId, u64, u64)>,
@@ -107,6 +110,8 @@ pub struct Refused<'a> {
     pub report: &'a Addressed,
     /// The sequence number of the last command journaled before it.
     pub after: u64,
+    /// Its place among the messages of its batch (as [`Answer::arrived`]).
+    pub arrived: usize,
 }
 
 /// A command the sequencer applied, as it keeps it until it is durable.
@@ -130,6 +135,8 @@ pub(crate) struct Refusal {
     /// The sequence number of the last command journaled before it: it
     /// came between that command and the next.
     pub(crate) after: u64,
+    /// Its place among the messages of its batch.
+    pub(crate) arrived: usize,
 }
 
 /// A batch the journal has made durable, as the sinks see it.
@@ -170,7 +177,7 @@ impl<'a> Released<'a> {
 
     /// The orders refused while it was applied, in the order they came.
     pub fn refused(&self) -> impl Iterator<Item = Refused<'a>> + use<'a> {
-        self.refused.iter().map(|r| Refused { source: r.source, place: &r.place, annex: r.annex.as_deref(), report: &r.report, after: r.after })
+        self.refused.iter().map(|r| Refused { source: r.source, place: &r.place, annex: r.annex.as_deref(), report: &r.report, after: r.after, arrived: r.arrived })
     }
 }
 

@@ -690,6 +690,30 @@ fn limits_on_open_orders_and_connections() {
     alice.send(&limit(3, Side::Buy, 90, 1, TimeInForce::Gtc));
     let refused = alice.report();
     assert_eq!((refused.kind, refused.reason, refused.seq, refused.cid), (ReportKind::Rejected, 100, 0, 3));
+    // It goes out in its place: after the answer to a query sent ahead of
+    // it and before the answer to one sent behind it, though no command
+    // came between them (one packet).
+    let mut packet = Vec::new();
+    for message in [
+        ClientMessage::QueryBalances { request: 7 },
+        limit(5, Side::Buy, 90, 1, TimeInForce::Gtc),
+        ClientMessage::QueryOpenOrders { request: 8, instrument: None },
+    ] {
+        crossbook_protocol::encode_client(&message, &mut packet);
+    }
+    alice.send_bytes(&packet).unwrap();
+    let mut seen = Vec::new();
+    loop {
+        match alice.recv() {
+            Some(ServerMessage::ExecutionReport(r)) => seen.push(format!("{:?} {} {}", r.kind, r.cid, r.reason)),
+            Some(ServerMessage::Balance { .. }) => seen.push("Balance".into()),
+            Some(ServerMessage::OpenOrder(o)) => seen.push(format!("OpenOrder {}", o.cid)),
+            Some(ServerMessage::QueryDone { request: 7, .. }) => seen.push("QueryDone 7".into()),
+            Some(ServerMessage::QueryDone { request: 8, .. }) => break,
+            other => panic!("unexpected {other:?} after {seen:?}"),
+        }
+    }
+    assert_eq!(seen, ["Balance", "Balance", "QueryDone 7", "Rejected 5 100", "OpenOrder 1", "OpenOrder 2"], "in the order sent");
     // An order that cannot rest is not held to it: an IOC at the limit
     // reaches the engine (and, with nothing to meet, is cancelled).
     alice.send(&limit(4, Side::Sell, 200, 1, TimeInForce::Ioc));
