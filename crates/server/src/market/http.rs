@@ -409,12 +409,14 @@ async fn agg_trades(State(hub): State<Arc<Hub>>, RawQuery(query): RawQuery) -> A
 
 /// Whether a klines `timeZone` is UTC: `UTC` in any case, or a zero
 /// offset as Binance writes offsets (hours, or hours:minutes, either
-/// signed: `0`, `-0`, `+00:00`, `0:00`).
+/// signed: `0`, `-0`, `+00:00`, `0:00`). A `+` written as is in a URL
+/// arrives as a space (a query string decodes as a form does): a leading
+/// space is that plus.
 fn is_utc(zone: &str) -> bool {
     if zone.eq_ignore_ascii_case("utc") {
         return true;
     }
-    let unsigned = zone.strip_prefix(['+', '-']).unwrap_or(zone);
+    let unsigned = zone.strip_prefix(['+', '-', ' ']).unwrap_or(zone);
     let (hours, minutes) = unsigned.split_once(':').map_or((unsigned, None), |(h, m)| (h, Some(m)));
     let zeros = |digits: &str, lengths: std::ops::RangeInclusive<usize>| lengths.contains(&digits.len()) && digits.bytes().all(|b| b == b'0');
     zeros(hours, 1..=2) && minutes.is_none_or(|m| zeros(m, 2..=2))
@@ -902,10 +904,10 @@ mod tests {
 
     #[test]
     fn a_zero_offset_is_utc_however_written() {
-        for zone in ["0", "+0", "-0", "00", "0:00", "00:00", "+00:00", "-00:00", "UTC", "utc"] {
+        for zone in ["0", "+0", "-0", "00", "0:00", "00:00", "+00:00", "-00:00", " 00:00", " 0", "UTC", "utc"] {
             assert!(super::is_utc(zone), "{zone}");
         }
-        for zone in ["", "+", "1", "-1:00", "0:0", "0:000", "000", "00:30", "GMT", "0:00:00"] {
+        for zone in ["", "+", " ", "  0", "+ 0", "1", "-1:00", "0:0", "0:000", "000", "00:30", "GMT", "0:00:00"] {
             assert!(!super::is_utc(zone), "{zone}");
         }
     }
