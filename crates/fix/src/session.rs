@@ -344,9 +344,12 @@ impl Session {
 
     /// Sends an application message now (or, with no connection, stores
     /// it under the next sequence number so that a resend delivers it).
+    /// After our Logout it is only stored: FIX 4.4 has us send nothing
+    /// more but what a ResendRequest asks for (the next session's gap
+    /// brings it).
     pub fn send_app(&mut self, msg_type: &str, header: Vec<(u32, Vec<u8>)>, body: Vec<(u32, Vec<u8>)>, now_ms: i64, actions: &mut Vec<Action>) {
         let connected = self.outbound.connected;
-        self.outbound.connected = connected && self.state == State::LoggedOn;
+        self.outbound.connected = connected && self.state == State::LoggedOn && self.logout_sent_ms.is_none();
         self.outbound.send(msg_type, header, body, true, now_ms, actions);
         self.outbound.connected = connected;
     }
@@ -354,7 +357,8 @@ impl Session {
     /// Sends a Logout with `text` and drops the connection (a message too
     /// long to read, say).
     pub fn logout_and_drop(&mut self, text: &str, now_ms: i64, app: &mut dyn Application, actions: &mut Vec<Action>) {
-        if self.state == State::LoggedOn {
+        // One Logout: after ours, none more.
+        if self.state == State::LoggedOn && self.logout_sent_ms.is_none() {
             self.outbound.admin("5", vec![(tag::TEXT, text.as_bytes().to_vec())], now_ms, actions);
         }
         self.drop_connection(text.to_owned(), app, actions);
@@ -525,7 +529,11 @@ impl Session {
         }
         body.push((tag::REF_MSG_TYPE, message.msg_type().to_vec()));
         body.push((tag::SESSION_REJECT_REASON, invalid.reason.code().to_string().into_bytes()));
-        self.outbound.send("3", header, body, false, now_ms, actions);
+        // After our Logout nothing is sent but what a ResendRequest asks
+        // for; the number is used up all the same.
+        if self.logout_sent_ms.is_none() {
+            self.outbound.send("3", header, body, false, now_ms, actions);
+        }
         let msg_type = message.msg_type();
         if msg_type == b"A" || msg_type == b"4" {
             return;
@@ -654,8 +662,12 @@ impl Session {
         match msg_type.as_slice() {
             b"0" | b"3" => self.next_in += 1,
             b"1" => {
-                let id = message.get(tag::TEST_REQ_ID).unwrap_or(b"").to_vec();
-                self.outbound.admin("0", vec![(tag::TEST_REQ_ID, id)], now_ms, actions);
+                // Answered, unless we have logged out (then nothing is
+                // sent but what a ResendRequest asks for).
+                if self.logout_sent_ms.is_none() {
+                    let id = message.get(tag::TEST_REQ_ID).unwrap_or(b"").to_vec();
+                    self.outbound.admin("0", vec![(tag::TEST_REQ_ID, id)], now_ms, actions);
+                }
                 self.next_in += 1;
             }
             b"5" => {
@@ -670,6 +682,12 @@ impl Session {
                 if seq == self.next_in {
                     self.next_in += 1;
                 }
+            }
+            b"A" if self.logout_sent_ms.is_some() => {
+                if seq == self.next_in {
+                    self.next_in += 1;
+                }
+                actions.push(Action::Log(format!("not processed (after our Logout): MsgType A MsgSeqNum {seq}")));
             }
             b"A" => {
                 if message.get(tag::RESET_SEQ_NUM_FLAG) == Some(b"Y") {
@@ -701,7 +719,10 @@ impl Session {
     fn too_low(&mut self, message: &Message, seq: u64, now_ms: i64, app: &mut dyn Application, actions: &mut Vec<Action>) {
         if message.get(tag::POSS_DUP_FLAG) != Some(b"Y") {
             let text = format!("MsgSeqNum too low, expecting {} but received {seq}", self.next_in);
-            self.outbound.admin("5", vec![(tag::TEXT, text.clone().into_bytes())], now_ms, actions);
+            // One Logout: after ours, the connection just ends.
+            if self.logout_sent_ms.is_none() {
+                self.outbound.admin("5", vec![(tag::TEXT, text.clone().into_bytes())], now_ms, actions);
+            }
             return self.drop_connection(text, app, actions);
         }
         if message.msg_type() == b"4" {
@@ -735,6 +756,13 @@ impl Session {
         let _ = seq;
         if new_seq > self.next_in {
             self.next_in = new_seq;
+            // Filled short of the next message held: the gap that is left
+            // is asked for again by the next message past it (the rest of
+            // a resend still on its way comes first, in order, and asks
+            // nothing).
+            if self.queue.first_key_value().is_some_and(|(&held, _)| held > self.next_in) {
+                self.resend_range = None;
+            }
         } else if new_seq < self.next_in {
             self.reject(message, Invalid { reason: RejectReason::ValueIncorrect, tag: None }, now_ms, actions);
         }

@@ -817,8 +817,15 @@ fn held_messages_are_done_in_order_and_never_after_the_venues_logout() {
     alice.writer().next_out = 7;
     alice.send("0", &[]);
     server.expect_log("not processed (after our Logout): MsgType D MsgSeqNum 8");
+    // A TestRequest in its turn (9: the wrong BeginString did not use up
+    // a number it was not expected at) is not answered, and one too low
+    // gets no second Logout: the connection just ends.
+    alice.writer().next_out = 9;
+    alice.send("1", &[(112, "late")]);
+    alice.writer().next_out = 3;
+    alice.send("1", &[(112, "too-low")]);
     // Nothing more comes (FIX 4.4: after a Logout, only what a
-    // ResendRequest asks), and the connection is closed 2 s on.
+    // ResendRequest asks).
     if let Some(message) = alice.recv() {
         panic!("after the venue's Logout: {message:?}");
     }
@@ -912,6 +919,21 @@ fn a_gap_filled_short_is_asked_for_again() {
     alice.send("1", &[(112, "six")]);
     alice.send("1", &[(112, "seven")]);
     for id in ["six", "seven", "eight"] {
+        until_heartbeat(&mut alice, id);
+    }
+    // A GapFill that stops short of the message held: 11 shows the gap
+    // 9..10, a GapFill fills 9 only; 12 asks for 10 on.
+    alice.writer().next_out = 11;
+    alice.send("1", &[(112, "eleven")]);
+    expect(&alice.next(), &[(35, "2"), (7, "9"), (16, "0")]);
+    alice.writer().next_out = 9;
+    alice.send("4", &[(123, "Y"), (36, "10")]);
+    alice.writer().next_out = 12;
+    alice.send("1", &[(112, "twelve")]);
+    expect(&alice.next(), &[(35, "2"), (7, "10"), (16, "0")]);
+    alice.writer().next_out = 10;
+    alice.send("1", &[(112, "ten")]);
+    for id in ["ten", "eleven", "twelve"] {
         until_heartbeat(&mut alice, id);
     }
     drop(server);
