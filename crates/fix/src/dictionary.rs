@@ -151,10 +151,17 @@ fn err(what: impl Into<String>) -> DictionaryError {
 /// Components may nest; a bound on the depth keeps a cyclic file from
 /// looping.
 const MAX_COMPONENT_DEPTH: usize = 16;
+/// Elements the messages expand to at most, components in place: a file
+/// whose components each hold the next many times over would otherwise
+/// take for ever to load rather than be refused (FIX 4.4's own expands to
+/// some tens of thousands).
+const MAX_EXPANDED: usize = 4_000_000;
 
 struct Loader<'a, 'input> {
     by_name: HashMap<&'a str, u32>,
     components: HashMap<&'a str, roxmltree::Node<'a, 'input>>,
+    /// Elements expanded so far (of [`MAX_EXPANDED`]).
+    expanded: std::cell::Cell<usize>,
 }
 
 impl<'a, 'input> Loader<'a, 'input> {
@@ -168,6 +175,10 @@ impl<'a, 'input> Loader<'a, 'input> {
             return Err(err("components nest too deeply (a cycle?)"));
         }
         for child in node.children().filter(|n| n.is_element()) {
+            self.expanded.set(self.expanded.get() + 1);
+            if self.expanded.get() > MAX_EXPANDED {
+                return Err(err(format!("the messages expand to more than {MAX_EXPANDED} elements, components in place")));
+            }
             let name = child.attribute("name").ok_or_else(|| err("an element without a name"))?;
             let required = required_here && child.attribute("required") == Some("Y");
             match child.tag_name().name() {
@@ -222,7 +233,7 @@ impl Dictionary {
                 }
             }
         }
-        let loader = Loader { by_name, components };
+        let loader = Loader { by_name, components, expanded: std::cell::Cell::new(0) };
         if let Some(header) = section("header") {
             loader.fill(header, &mut dictionary.header, true, 0)?;
         }
@@ -331,5 +342,22 @@ mod tests {
         assert!(Dictionary::from_xml("<fix>").is_err());
         assert!(Dictionary::from_xml("<fox/>").is_err());
         assert!(Dictionary::from_xml(&SMALL.replace("<field number='55' name='Symbol' type='STRING'/>", "")).is_err());
+    }
+
+    /// Components that each hold the next ten times (10^15 elements once
+    /// expanded) are refused at once, not loaded for ever.
+    #[test]
+    fn components_that_expand_past_reason_are_refused() {
+        let mut components = String::new();
+        for level in 0..15 {
+            let inner = format!("<component name='C{}' required='N'/>", level + 1).repeat(10);
+            components.push_str(&format!("<component name='C{level}'>{inner}</component>"));
+        }
+        components.push_str("<component name='C15'><field name='Symbol' required='N'/></component>");
+        let xml = SMALL
+            .replace("<component name='Parties' required='N'/>", "<component name='Parties' required='N'/><component name='C0' required='N'/>")
+            .replace("<components>", &format!("<components>{components}"));
+        let Err(refused) = Dictionary::from_xml(&xml) else { panic!("loaded") };
+        assert!(refused.to_string().contains("expand to more than"), "{refused}");
     }
 }

@@ -49,8 +49,60 @@ const OWN_HEADER: [u32; 9] = [8, 9, 35, 34, 43, 49, 52, 56, 122];
 /// Header routing fields mirrored on a Reject (OnBehalfOf <-> DeliverTo).
 const REVERSE_ROUTE: [(u32, u32); 6] = [(115, 128), (116, 129), (144, 145), (128, 115), (129, 116), (145, 144)];
 
-/// Application messages kept for resending. Older ones are gap-filled.
+/// Application messages kept for resending, and their bytes, at most.
+/// Older ones are gap-filled. (A refusal quotes the ClOrdID it refuses:
+/// without the bound in bytes, messages of `max_message` each would keep
+/// gigabytes.)
 pub const MAX_STORED: usize = 100_000;
+pub const MAX_STORED_BYTES: usize = 64 << 20;
+
+/// The application messages a session keeps for resends: the newest, up
+/// to [`MAX_STORED`] of them and [`MAX_STORED_BYTES`].
+#[derive(Clone, Debug, Default)]
+pub struct Kept {
+    messages: BTreeMap<u64, Vec<u8>>,
+    bytes: usize,
+}
+
+impl Kept {
+    /// Keeps `message` under `seq`, letting the oldest go past the bounds.
+    pub fn insert(&mut self, seq: u64, message: Vec<u8>) {
+        self.bytes += message.len();
+        if let Some(old) = self.messages.insert(seq, message) {
+            self.bytes -= old.len();
+        }
+        while self.messages.len() > MAX_STORED || self.bytes > MAX_STORED_BYTES {
+            let Some((_, old)) = self.messages.pop_first() else { break };
+            self.bytes -= old.len();
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.messages.clear();
+        self.bytes = 0;
+    }
+
+    pub fn get(&self, seq: &u64) -> Option<&Vec<u8>> {
+        self.messages.get(seq)
+    }
+
+    pub fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
+    /// Oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = (&u64, &Vec<u8>)> {
+        self.messages.iter()
+    }
+
+    pub fn range(&self, range: std::ops::RangeInclusive<u64>) -> impl Iterator<Item = (&u64, &Vec<u8>)> {
+        self.messages.range(range)
+    }
+}
 /// Messages with a too-high sequence number kept until the gap is filled.
 pub const MAX_QUEUED: usize = 10_000;
 /// Bytes of the messages kept ahead of a gap, at most (a counterparty's
@@ -144,7 +196,7 @@ enum State {
 struct Outbound {
     config: SessionConfig,
     next_out: u64,
-    stored: BTreeMap<u64, Vec<u8>>,
+    stored: Kept,
     last_sent_ms: i64,
     connected: bool,
 }
@@ -225,9 +277,6 @@ impl Outbound {
         self.next_out += 1;
         let bytes = self.compose(msg_type, seq, header, &body, now_ms);
         if app {
-            if self.stored.len() >= MAX_STORED {
-                self.stored.pop_first();
-            }
             self.stored.insert(seq, bytes.clone());
         }
         actions.push(Action::Store(StoreOp::Sent { seq, app: app.then(|| bytes.clone()) }));
@@ -276,11 +325,11 @@ fn text_of(value: &[u8]) -> String {
 impl Session {
     /// A session with nothing sent or received yet.
     pub fn new(config: SessionConfig, dictionary: Arc<Dictionary>) -> Session {
-        Session::restore(config, dictionary, 1, 1, BTreeMap::new())
+        Session::restore(config, dictionary, 1, 1, Kept::default())
     }
 
     /// A session as its store left it.
-    pub fn restore(config: SessionConfig, dictionary: Arc<Dictionary>, next_in: u64, next_out: u64, stored: BTreeMap<u64, Vec<u8>>) -> Session {
+    pub fn restore(config: SessionConfig, dictionary: Arc<Dictionary>, next_in: u64, next_out: u64, stored: Kept) -> Session {
         Session {
             dictionary,
             outbound: Outbound { config, next_out, stored, last_sent_ms: 0, connected: false },
@@ -901,5 +950,30 @@ impl Application for EchoApplication {
 
     fn on_logout(&mut self) {
         self.seen.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kept messages are bounded in number and in bytes: the oldest
+    /// go first.
+    #[test]
+    fn kept_messages_are_bounded_in_number_and_bytes() {
+        let mut kept = Kept::default();
+        for seq in 1..=100u64 {
+            kept.insert(seq, vec![b'x'; 1 << 20]);
+        }
+        assert_eq!(kept.len(), MAX_STORED_BYTES >> 20);
+        assert_eq!(kept.iter().next().map(|(seq, _)| *seq), Some(100 - (MAX_STORED_BYTES >> 20) as u64 + 1));
+        assert!(kept.get(&100).is_some() && kept.get(&1).is_none());
+        let mut small = Kept::default();
+        for seq in 1..=(MAX_STORED as u64 + 5) {
+            small.insert(seq, b"8=FIX.4.4".to_vec());
+        }
+        assert_eq!((small.len(), small.iter().next().map(|(seq, _)| *seq)), (MAX_STORED, Some(6)));
+        small.clear();
+        assert!(small.is_empty());
     }
 }

@@ -61,7 +61,9 @@ impl Span {
     pub fn parse(seq: &str, previous: &str, chain: &str) -> Option<Span> {
         let (first, last) = seq.split_once('-')?;
         let (first, last): (u64, u64) = (first.parse().ok()?, last.parse().ok()?);
-        if last.checked_add(1)? < first {
+        // Commands are numbered from 1: a span from 0 is no span (and
+        // would take 1 from 0 where a message's records are counted).
+        if first == 0 || last.checked_add(1)? < first {
             return None;
         }
         Some(Span { first, last, previous: previous.parse().ok()?, chain: chain.parse().ok()? })
@@ -179,5 +181,8 @@ mod tests {
         assert!(marker.is_marker());
         assert_eq!(decode(&marker, &[]), Ok(Vec::new()));
         assert_eq!(Span::parse("5-3", "0", "0"), None);
+        assert_eq!(Span::parse("0-0", "0", "0"), None);
+        assert_eq!(Span::parse("0-5", "0", "0"), None);
+        assert!(Span::parse("1-0", "0", "0").is_some_and(|span| span.is_marker()), "a marker before the first command");
     }
 }

@@ -679,7 +679,10 @@ impl Config {
             ("market_data.max_http_connections_per_address", market.max_http_connections_per_address as u64, 1, 1_000_000),
             ("market_data.max_connections_per_address", market.max_connections_per_address as u64, 1, 1_000_000),
             ("fix.max_latency_s", self.fix.max_latency_s, 1, 315_360_000),
-            ("fix.max_message", self.fix.max_message as u64, 1_024, 1 << 30),
+            // Half a MiB at most: an answer that quotes a message's fields
+            // (a refusal names its ClOrdID and Symbol) must fit a FIX
+            // store record (1 MiB).
+            ("fix.max_message", self.fix.max_message as u64, 1_024, 1 << 19),
             // A zero in any of these would start a venue nobody can use.
             ("limits.max_connections", self.limits.max_connections as u64, 1, 1_000_000),
             ("limits.max_unauthenticated", self.limits.max_unauthenticated as u64, 1, 1_000_000),
@@ -885,7 +888,15 @@ impl Config {
                 warnings.push(format!("instrument {}: fix_qty_unit {} is not lot_size {} in units of 10^-{} (asset {}'s decimals)", i.symbol, i.fix_qty_unit, i.lot_size, decimals(i.base), i.base));
             }
             let tick = Decimal { mantissa: i128::from(i.tick_size), scale: decimals(i.quote) };
-            let notional = Decimal { mantissa: price.mantissa * qty.mantissa, scale: price.scale + qty.scale };
+            // Each mantissa is at most 2^64 - 1: their product can pass
+            // i128's range, and then it is no tick of any asset.
+            let notional = match price.mantissa.checked_mul(qty.mantissa) {
+                Some(mantissa) => Decimal { mantissa, scale: price.scale + qty.scale },
+                None => {
+                    warnings.push(format!("instrument {}: fix_price_unit x fix_qty_unit is past 2^127 in its last digit, no tick_size {} in units of 10^-{} (asset {}'s decimals)", i.symbol, i.tick_size, decimals(i.quote), i.quote));
+                    continue;
+                }
+            };
             if !same(notional, tick) {
                 warnings.push(format!("instrument {}: fix_price_unit x fix_qty_unit ({}) is not tick_size {} in units of 10^-{} (asset {}'s decimals)", i.symbol, notional.to_text(), i.tick_size, decimals(i.quote), i.quote));
             }
@@ -1047,6 +1058,12 @@ mod tests {
         assert_eq!(config.unit_warnings().len(), 1);
         config.instruments[0].fix_qty_unit = "0.01".into();
         assert_eq!(config.unit_warnings().len(), 2);
+        // The largest units: their product is past i128, named, not
+        // wrapped (nor a panic).
+        config.instruments[0].fix_price_unit = "18446744073709551615".into();
+        config.instruments[0].fix_qty_unit = "18446744073709551615".into();
+        let warnings = config.unit_warnings();
+        assert!(warnings.iter().any(|w| w.contains("past 2^127")), "{warnings:?}");
     }
 
     #[test]

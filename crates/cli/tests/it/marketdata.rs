@@ -1142,3 +1142,50 @@ fn crossbook_watch_times_every_trade_answers_pings_and_reports_the_close() {
     assert!(messages > 3 * trades, "{report}");
     assert!(report["bytes"].as_u64().expect("bytes") > 100 * messages, "{report}");
 }
+
+/// A client that sends requests and never reads their answers fills its
+/// socket; the server does not wait on it for ever (its connection slot
+/// would be held as long): past three ping intervals of a write waiting,
+/// it is closed (`not reading`), and its slot is given back.
+#[test]
+fn a_client_that_never_reads_its_answers_is_closed() {
+    let dir = TempDir::new("md-not-reading");
+    let config = edited_config(
+        &dir.0,
+        "not-reading.toml",
+        &[("ping_interval_s = 20 ", "ping_interval_s = 1 "), ("max_messages_per_s = 10 ", "max_messages_per_s = 1000000 ")],
+    );
+    let server = start(&dir.0, Some(&config));
+    let mut socket = connect(&server.market_address, "/ws");
+    // Streams enough that each LIST_SUBSCRIPTIONS answer is some 700
+    // bytes (none of them sends anything while nobody trades but the
+    // candles and tickers, now and then).
+    let intervals = ["1m", "3m", "5m", "15m", "30m", "1h", "2h", "4h", "6h", "8h", "12h", "1d", "3d", "1w", "1M"];
+    let mut streams: Vec<String> = intervals.iter().map(|name| format!("btcusd@kline_{name}")).collect();
+    streams.extend(["depth", "depth@100ms", "depth@1000ms", "trade", "aggTrade", "bookTicker", "depth5", "depth10", "depth20"].map(|kind| format!("btcusd@{kind}")));
+    socket.send(Message::Text(serde_json::json!({"method": "SUBSCRIBE", "params": streams, "id": 0}).to_string().into())).expect("subscribe");
+    let answer = loop {
+        if let Some(answer) = next_text(&mut socket) {
+            break answer;
+        }
+    };
+    assert_eq!(answer, serde_json::json!({"result": null, "id": 0}));
+    // Requests until the socket takes no more (the server stopped reading
+    // them, its answers waiting), never reading.
+    if let MaybeTlsStream::Plain(stream) = socket.get_ref() {
+        stream.set_write_timeout(Some(Duration::from_secs(2))).expect("timeout");
+    }
+    let mut sent = 0u64;
+    while sent < 1_000_000 && socket.send(Message::Text(format!(r#"{{"method":"LIST_SUBSCRIPTIONS","id":{sent}}}"#).into())).is_ok() {
+        sent += 1;
+    }
+    assert!(sent < 1_000_000, "the server read a million requests without a reader of its answers");
+    server.expect_log_within("closed: not reading: a write waited 3 s", Duration::from_secs(30));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while json_get(&server.market_address, "/crossbook/stats")["webSockets"].as_u64() != Some(0) {
+        assert!(Instant::now() < deadline, "the connection's slot was not given back");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(socket);
+    assert!(server.terminate().success());
+}

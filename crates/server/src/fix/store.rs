@@ -15,7 +15,6 @@
 //! first format (no header, unchained records) is converted on open.
 
 use crossbook_fix::session::StoreOp;
-use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -81,7 +80,7 @@ fn io(path: &Path, doing: &'static str) -> impl FnOnce(std::io::Error) -> StoreE
 pub struct Restored {
     pub next_in: u64,
     pub next_out: u64,
-    pub stored: BTreeMap<u64, Vec<u8>>,
+    pub stored: crossbook_fix::session::Kept,
     /// The account the session is bound to.
     pub account: Option<u64>,
     /// The last engine sequence number whose reports are in the store.
@@ -366,7 +365,7 @@ mod legacy {
                 store.bind(account, 0);
             }
             let mut last_sent = 0;
-            for (&seq, message) in &restored.stored {
+            for (&seq, message) in restored.stored.iter() {
                 store.record(&StoreOp::Sent { seq, app: Some(message.clone()) }, 0);
                 last_sent = seq;
             }
@@ -414,9 +413,6 @@ fn apply(restored: &mut Restored, kind: u8, body: &[u8]) -> Result<(), RecordFau
             restored.next_out = seq + 1;
             restored.through_seq = restored.through_seq.max(engine_seq);
             if body.len() > 16 {
-                if restored.stored.len() >= crossbook_fix::session::MAX_STORED {
-                    restored.stored.pop_first();
-                }
                 restored.stored.insert(seq, body[16..].to_vec());
             }
         }

@@ -182,8 +182,14 @@ where
         }
         sink.flush().await
     };
+    // A client that does not read (with or without subscriptions: the
+    // answers to its own requests fill its socket too) is not waited for
+    // past three ping intervals, the time it has to answer a ping: its
+    // connection's slot would be held for ever.
+    let patience = Duration::from_secs(hub.config.ping_interval_s.max(1) * 3);
     tokio::select! {
         sent = feed_all => sent.map_err(|_| None),
+        () = tokio::time::sleep(patience) => Err(Some((POLICY, format!("not reading: a write waited {} s", patience.as_secs())))),
         () = async {
             loop {
                 // A stopping server waits for the client to read what is
