@@ -1189,3 +1189,26 @@ fn a_client_that_never_reads_its_answers_is_closed() {
     drop(socket);
     assert!(server.terminate().success());
 }
+
+/// The same over plain HTTP: a client that pipelines requests and never
+/// reads the answers is closed once a write has waited three ping
+/// intervals (and a second), not kept with its connection's slot.
+#[test]
+fn an_http_client_that_never_reads_its_answers_is_closed() {
+    let dir = TempDir::new("md-http-not-reading");
+    let config = edited_config(&dir.0, "http-not-reading.toml", &[("ping_interval_s = 20 ", "ping_interval_s = 1 ")]);
+    let server = start(&dir.0, Some(&config));
+    let mut stream = TcpStream::connect(&server.market_address).expect("connect");
+    stream.set_write_timeout(Some(Duration::from_secs(2))).expect("timeout");
+    let request = format!("GET /api/v3/exchangeInfo HTTP/1.1\r\nHost: {}\r\n\r\n", server.market_address);
+    let mut sent = 0u64;
+    while sent < 1_000_000 && stream.write_all(request.as_bytes()).is_ok() {
+        sent += 1;
+    }
+    assert!(sent < 1_000_000, "the server read a million requests without a reader of its answers");
+    server.expect_log_within("closed: not reading (a write waited 4 s)", Duration::from_secs(30));
+    // Its slot is back: the server answers, and stops cleanly.
+    assert_eq!(http_get(&server.market_address, "/api/v3/ping").0, 200);
+    drop(stream);
+    assert!(server.terminate().success());
+}

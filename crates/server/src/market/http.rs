@@ -795,6 +795,11 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, hub: &Arc<H
         // the client's next segment acknowledges the last one (a
         // pipelining client waited a whole request interval).
         let _ = tcp.set_nodelay(true);
+        // A client that sends requests and never reads the answers (or a
+        // WebSocket's messages) fills its socket: not waited on past three
+        // ping intervals (and a second, so that a WebSocket's own limit,
+        // with its Close, comes first).
+        let tcp = Patient::new(tcp, Duration::from_secs(3 * hub.config.ping_interval_s.max(1) + 1), peer.ip());
         open.fetch_add(1, Ordering::AcqRel);
         let counted = Counted(open.clone());
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
@@ -818,6 +823,72 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, hub: &Arc<H
     let deadline = tokio::time::Instant::now() + STOP_GRACE;
     while (open.load(Ordering::Acquire) > 0 || hub.connections.load(Ordering::Acquire) > 0) && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A connection's socket whose writes wait `patience` at most: past it a
+/// write fails (`TimedOut`, logged), and the connection ends with it.
+struct Patient<T> {
+    inner: T,
+    patience: Duration,
+    peer: std::net::IpAddr,
+    /// Since the write now waiting began to wait.
+    waiting: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<T> Patient<T> {
+    fn new(inner: T, patience: Duration, peer: std::net::IpAddr) -> Patient<T> {
+        Patient { inner, patience, peer, waiting: None }
+    }
+
+    /// The inner socket's answer to a write, with the deadline.
+    fn deadline<R>(&mut self, cx: &mut std::task::Context<'_>, polled: std::task::Poll<std::io::Result<R>>) -> std::task::Poll<std::io::Result<R>> {
+        use std::future::Future;
+        use std::task::Poll;
+        if polled.is_ready() {
+            self.waiting = None;
+            return polled;
+        }
+        let patience = self.patience;
+        let sleep = self.waiting.get_or_insert_with(|| Box::pin(tokio::time::sleep(patience)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(()) => {
+                log(&format!("market data: HTTP connection from {} closed: not reading (a write waited {} s)", self.peer, patience.as_secs()));
+                Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the client does not read")))
+            }
+        }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Patient<T> {
+    fn poll_read(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Patient<T> {
+    fn poll_write(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &[u8]) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.deadline(cx, polled)
+    }
+
+    fn poll_write_vectored(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.deadline(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_flush(cx);
+        self.deadline(cx, polled)
+    }
+
+    fn poll_shutdown(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
