@@ -406,9 +406,8 @@ impl Session {
     /// Sends a Logout with `text` and drops the connection (a message too
     /// long to read, say).
     pub fn logout_and_drop(&mut self, text: &str, now_ms: i64, app: &mut dyn Application, actions: &mut Vec<Action>) {
-        // One Logout: after ours, none more.
-        if self.state == State::LoggedOn && self.logout_sent_ms.is_none() {
-            self.outbound.admin("5", vec![(tag::TEXT, text.as_bytes().to_vec())], now_ms, actions);
+        if self.state == State::LoggedOn {
+            self.logout(Some(text.to_owned()), now_ms, actions);
         }
         self.drop_connection(text.to_owned(), app, actions);
     }
@@ -768,10 +767,7 @@ impl Session {
     fn too_low(&mut self, message: &Message, seq: u64, now_ms: i64, app: &mut dyn Application, actions: &mut Vec<Action>) {
         if message.get(tag::POSS_DUP_FLAG) != Some(b"Y") {
             let text = format!("MsgSeqNum too low, expecting {} but received {seq}", self.next_in);
-            // One Logout: after ours, the connection just ends.
-            if self.logout_sent_ms.is_none() {
-                self.outbound.admin("5", vec![(tag::TEXT, text.clone().into_bytes())], now_ms, actions);
-            }
+            self.logout(Some(text.clone()), now_ms, actions);
             return self.drop_connection(text, app, actions);
         }
         if message.msg_type() == b"4" {
@@ -790,9 +786,7 @@ impl Session {
     }
 
     fn on_logout_message(&mut self, now_ms: i64, app: &mut dyn Application, actions: &mut Vec<Action>) {
-        if self.logout_sent_ms.is_none() {
-            self.outbound.admin("5", Vec::new(), now_ms, actions);
-        }
+        self.logout(None, now_ms, actions);
         self.drop_connection("logout".into(), app, actions);
     }
 

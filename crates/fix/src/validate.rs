@@ -252,7 +252,7 @@ fn check_level(dictionary: &Dictionary, message: &Message, layout: Option<&Layou
     if body {
         order.sort_by_key(|&i| fields[i].tag);
     }
-    // The level's tags in order, for telling a repeated one in log time
+    // The level's tags sorted, for telling a repeated one in log time
     // (a message of thousands of fields, each compared with every other,
     // cost seconds).
     let mut tags: Vec<i64> = level.fields.iter().map(|&i| fields[i].tag).collect();

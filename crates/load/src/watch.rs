@@ -126,14 +126,9 @@ fn frame_at(bytes: &[u8]) -> Result<Option<(bool, u8, std::ops::Range<usize>)>> 
     Ok((bytes.len() >= end).then_some((first & 0x80 != 0, first & 0x0f, header..end)))
 }
 
-/// Finds `needle` in `haystack`.
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    memchr::memmem::find(haystack, needle)
-}
-
 /// The `"T":<ms>` field of a trade message.
 fn trade_time(text: &[u8]) -> Option<u64> {
-    let at = find(text, b"\"T\":")? + 4;
+    let at = memchr::memmem::find(text, b"\"T\":")? + 4;
     let digits = &text[at..];
     let end = digits.iter().position(|c| !c.is_ascii_digit()).unwrap_or(digits.len());
     std::str::from_utf8(&digits[..end]).ok()?.parse().ok()
@@ -177,7 +172,7 @@ fn watch_one(address: &str, path: &str, until: Instant) -> Result<Seen> {
                 0..=2 => {
                     seen.bytes += body.len() as u64;
                     seen.messages += u64::from(fin);
-                    if opcode == 1 && fin && find(body, b"\"e\":\"trade\"").is_some()
+                    if opcode == 1 && fin && memchr::memmem::find(body, b"\"e\":\"trade\"").is_some()
                         && let Some(time) = trade_time(body)
                     {
                         seen.trade_latency_ms.saturating_record(arrived.saturating_sub(time));

@@ -1100,6 +1100,16 @@ fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
     }
 }
 
+/// Waits (20 s at most, else panics with `why`) until the server counts
+/// `count` WebSocket connections (`/crossbook/stats`).
+fn web_sockets_reach(server: &Server, count: u64, why: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while json_get(&server.market_address, "/crossbook/stats")["webSockets"].as_u64() != Some(count) {
+        assert!(Instant::now() < deadline, "{why}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// `crossbook watch`, the feed's measuring client (`docs/benchmarks.md`),
 /// reads the WebSocket frames itself: each of its connections times every
 /// `@trade` message it was sent (the count is the venue's trades, times
@@ -1117,11 +1127,7 @@ fn crossbook_watch_times_every_trade_answers_pings_and_reports_the_close() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("crossbook watch");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while json_get(&server.market_address, "/crossbook/stats")["webSockets"].as_u64() != Some(3) {
-        assert!(Instant::now() < deadline, "the watch never had its 3 connections");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    web_sockets_reach(&server, 3, "the watch never had its 3 connections");
     let mut trading = load_with(&server.address, &["--connections", "2", "--count", "2000", "--duration", "60"]);
     assert!(trading.wait().expect("load").success());
     market_data_has_caught_up(&server, 1);
@@ -1181,11 +1187,7 @@ fn a_client_that_never_reads_its_answers_is_closed() {
     }
     assert!(sent < 1_000_000, "the server read a million requests without a reader of its answers");
     server.expect_log_within("closed: not reading: a write waited 3 s", Duration::from_secs(30));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while json_get(&server.market_address, "/crossbook/stats")["webSockets"].as_u64() != Some(0) {
-        assert!(Instant::now() < deadline, "the connection's slot was not given back");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    web_sockets_reach(&server, 0, "the connection's slot was not given back");
     drop(socket);
     assert!(server.terminate().success());
 }
