@@ -13,6 +13,14 @@
 //! off and a bad record followed by good ones is corruption that stops the
 //! server, by the same rules as the journal (docs/fix.md). A store of the
 //! first format (no header, unchained records) is converted on open.
+//!
+//! Every message sent adds a record, so a store grows for as long as its
+//! session lives, while what it says (two numbers, the account, the kept
+//! messages) stays bounded. Once a store is past [`COMPACT_MIN`] bytes and
+//! twice its size when last written compactly, it is written again with
+//! only what it says (a new file, synced, renamed over the old one), on
+//! open and while its session runs: the disk it takes, and what a restart
+//! reads, stay bounded by what it keeps.
 
 use crossbook_fix::session::StoreOp;
 use std::fs::{File, OpenOptions};
@@ -87,9 +95,15 @@ pub struct Restored {
     pub through_seq: u64,
 }
 
+/// A store past this many bytes, and twice as large as when it was last
+/// written compactly, is written again with only what it says.
+const COMPACT_MIN: u64 = 32 << 20;
+
 pub struct Store {
     file: File,
     path: PathBuf,
+    /// Compacted when its length reaches this (see [`COMPACT_MIN`]).
+    compact_at: u64,
     /// Records not yet written (one write per batch of messages).
     pending: Vec<u8>,
     /// Written since the last sync.
@@ -196,12 +210,7 @@ impl Store {
         if version != VERSION {
             return Err(StoreError::UnknownFormat { path: path.to_path_buf(), version });
         }
-        let mut restored = Restored { next_in: 1, next_out: 1, ..Restored::default() };
-        let records = crossbook_journal::read_records(&bytes, HEADER_BYTES, 1, 0, MAX_PAYLOAD, true, |_, payload, _| {
-            let (&kind, body) = payload.split_first().ok_or("an empty record")?;
-            apply(&mut restored, kind, body).map_err(|fault| fault.to_string())
-        })
-        .map_err(|damage| StoreError::Damaged { path: path.to_path_buf(), offset: damage.offset, what: damage.what })?;
+        let (restored, records) = read_back(path, &bytes)?;
         if let Some(why) = &records.torn {
             // A torn write at the end: it was never acknowledged.
             crate::log(&format!(
@@ -214,9 +223,18 @@ impl Store {
             file.seek(SeekFrom::End(0)).map_err(io(path, "seeking"))?;
         }
         let length = file.metadata().map_err(io(path, "reading"))?.len();
+        drop(bytes);
+        let compact_at = COMPACT_MIN.max(2 * compact_size(&restored));
+        if length >= compact_at {
+            drop(file);
+            let store = rewrite(path, &restored, "compacting")?;
+            crate::log(&format!("FIX store {} compacted on open: {length} bytes to {}", path.display(), store.length));
+            return Ok((store, restored));
+        }
         let mut store = Store {
             file,
             path: path.to_path_buf(),
+            compact_at,
             pending: Vec::new(),
             dirty: false,
             length,
@@ -255,7 +273,33 @@ impl Store {
         }
         self.pending.clear();
         self.reserve();
-        result
+        result?;
+        if self.length >= self.compact_at {
+            self.compact();
+        }
+        Ok(())
+    }
+
+    /// Writes the store again with only what it says, in place of the old
+    /// file (a new one, synced, renamed over it). A failure is logged and
+    /// leaves the old file as it was, in use: compacting is housekeeping,
+    /// and the next try waits until the store has doubled again.
+    fn compact(&mut self) {
+        let before = self.length;
+        let compacted = std::fs::read(&self.path)
+            .map_err(io(&self.path, "reading (to compact)"))
+            .and_then(|bytes| read_back(&self.path, &bytes))
+            .and_then(|(restored, _)| rewrite(&self.path, &restored, "compacting"));
+        match compacted {
+            Ok(store) => {
+                crate::log(&format!("FIX store {} compacted: {before} bytes to {}", self.path.display(), store.length));
+                *self = store;
+            }
+            Err(e) => {
+                crate::log(&format!("FIX store {}: compacting failed, the store goes on as it is: {e}", self.path.display()));
+                self.compact_at = 2 * self.length;
+            }
+        }
     }
 
     /// Keeps `RESERVE_BYTES` reserved past the end once half of it is
@@ -314,6 +358,59 @@ impl Store {
     }
 }
 
+/// What a store's bytes (header included) say, and where its records end.
+fn read_back(path: &Path, bytes: &[u8]) -> Result<(Restored, crossbook_journal::Records), StoreError> {
+    let mut restored = Restored { next_in: 1, next_out: 1, ..Restored::default() };
+    let records = crossbook_journal::read_records(bytes, HEADER_BYTES, 1, 0, MAX_PAYLOAD, true, |_, payload, _| {
+        let (&kind, body) = payload.split_first().ok_or("an empty record")?;
+        apply(&mut restored, kind, body).map_err(|fault| fault.to_string())
+    })
+    .map_err(|damage| StoreError::Damaged { path: path.to_path_buf(), offset: damage.offset, what: damage.what })?;
+    Ok((restored, records))
+}
+
+/// Record framing: length, sequence number, kind byte, checksum.
+const RECORD_OVERHEAD: u64 = 4 + 8 + 1 + 4;
+
+/// The length of the store [`rewrite`] makes of `restored`.
+fn compact_size(restored: &Restored) -> u64 {
+    let kept: u64 = restored.stored.iter().map(|(_, message)| RECORD_OVERHEAD + 16 + message.len() as u64).sum();
+    // Header, binding, next outgoing number, next incoming, rewind.
+    HEADER_BYTES as u64 + kept + 4 * RECORD_OVERHEAD + 16 + 16 + 8 + 8
+}
+
+/// Writes what `restored` says as a new store in place of `path`'s (made
+/// beside it as `<name>.<what>`, synced, renamed over it, the directory
+/// synced) and returns it open at its end.
+fn rewrite(path: &Path, restored: &Restored, what: &str) -> Result<Store, StoreError> {
+    let beside = path.with_extension(what);
+    let _ = std::fs::remove_file(&beside);
+    let (mut store, _) = Store::open(&beside)?;
+    // Not compacted again while it is written (its kept messages may be
+    // past `COMPACT_MIN` on their own).
+    store.compact_at = u64::MAX;
+    if let Some(account) = restored.account {
+        store.bind(account, 0);
+    }
+    let mut last_sent = 0;
+    for (&seq, message) in restored.stored.iter() {
+        store.record(&StoreOp::Sent { seq, app: Some(message.clone()) }, 0);
+        last_sent = seq;
+    }
+    if restored.next_out > last_sent + 1 {
+        store.record(&StoreOp::Sent { seq: restored.next_out - 1, app: None }, 0);
+    }
+    store.record(&StoreOp::Received { next_in: restored.next_in }, 0);
+    // `rewind` sets how far the reports go (not a maximum) and syncs.
+    store.rewind(restored.through_seq)?;
+    std::fs::rename(&beside, path).map_err(io(path, "replacing (writing the store again)"))?;
+    store.path = path.to_path_buf();
+    store.compact_at = COMPACT_MIN.max(2 * store.length);
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir, "syncing"))?;
+    Ok(store)
+}
+
 /// The first format (before 2026-11-23): no header, records `len u32 |
 /// kind u8 | body | crc32c u32`, unchained. Read once, to convert.
 mod legacy {
@@ -357,27 +454,7 @@ mod legacy {
                 None => break,
             }
         }
-        let converting = path.with_extension("converting");
-        let _ = std::fs::remove_file(&converting);
-        {
-            let (mut store, _) = Store::open(&converting)?;
-            if let Some(account) = restored.account {
-                store.bind(account, 0);
-            }
-            let mut last_sent = 0;
-            for (&seq, message) in restored.stored.iter() {
-                store.record(&StoreOp::Sent { seq, app: Some(message.clone()) }, 0);
-                last_sent = seq;
-            }
-            if restored.next_out > last_sent + 1 {
-                store.record(&StoreOp::Sent { seq: restored.next_out - 1, app: None }, 0);
-            }
-            store.record(&StoreOp::Received { next_in: restored.next_in }, 0);
-            store.rewind(restored.through_seq)?;
-        }
-        std::fs::rename(&converting, path).map_err(io(path, "replacing (converting the store)"))?;
-        let dir = path.parent().unwrap_or(Path::new("."));
-        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir, "syncing"))?;
+        rewrite(path, &restored, "converting")?;
         crate::log(&format!("FIX store {} converted to format version {VERSION}", path.display()));
         Ok(())
     }
@@ -530,6 +607,89 @@ mod tests {
             assert_eq!((restored.next_in, restored.next_out, restored.account), (1, 1, None));
             assert_eq!(std::fs::read(&path).expect("read").len(), HEADER_BYTES);
         }
+    }
+
+    fn says(restored: &Restored) -> (u64, u64, Option<u64>, u64, Vec<(u64, Vec<u8>)>) {
+        let stored = restored.stored.iter().map(|(&seq, message)| (seq, message.clone())).collect();
+        (restored.next_in, restored.next_out, restored.account, restored.through_seq, stored)
+    }
+
+    /// A store that grows past its bound is written again with only what
+    /// it says, while in use (here with a small bound) and on open (past
+    /// `COMPACT_MIN`), and says exactly what a twin never compacted says,
+    /// across a reset and on through more records.
+    #[test]
+    fn a_compacted_store_says_what_it_said() {
+        let path = temp("compact");
+        let twin_path = path.with_file_name("twin.fixstore");
+        let (mut store, _) = Store::open(&path).expect("open");
+        let (mut twin, _) = Store::open(&twin_path).expect("open");
+        twin.compact_at = u64::MAX;
+        let bound = 16 << 10;
+        store.compact_at = bound;
+        let mut compactions = 0;
+        let mut engine_seq = 40;
+        let mut ops = vec![];
+        for (phase, last) in [(0, 2000u64), (1, 700)] {
+            if phase == 1 {
+                ops.push(StoreOp::Reset);
+            }
+            for seq in 1..=last {
+                engine_seq += 1;
+                let report = seq % 3 == 0;
+                let app = report.then(|| format!("8=FIX.4.4|35=8|report {engine_seq}").into_bytes());
+                ops.push(StoreOp::Sent { seq, app });
+                ops.push(StoreOp::Received { next_in: seq / 2 + 1 });
+            }
+        }
+        store.bind(7, 40);
+        twin.bind(7, 40);
+        for (i, op) in ops.iter().enumerate() {
+            let engine_seq = if let StoreOp::Sent { app: Some(_), .. } = op { 40 + i as u64 } else { 0 };
+            store.record(op, engine_seq);
+            twin.record(op, engine_seq);
+            if i % 7 == 0 {
+                let before = store.length;
+                store.flush().expect("flush");
+                if store.length < before {
+                    compactions += 1;
+                    assert_eq!(store.compact_at, COMPACT_MIN, "a compacted store is not compacted again until it doubles (or reaches the least)");
+                    store.compact_at = store.length + bound;
+                }
+            }
+        }
+        store.sync().expect("sync");
+        twin.sync().expect("sync");
+        assert!(compactions >= 3, "compacted {compactions} times");
+        assert!(!path.with_extension("compacting").exists(), "nothing left beside it");
+        let (_, compacted) = Store::open(&path).expect("open the compacted store");
+        let (_, whole) = Store::open(&twin_path).expect("open the twin");
+        assert_eq!(says(&compacted), says(&whole));
+        assert_eq!((whole.next_out, whole.account), (701, Some(7)));
+        assert_eq!(whole.stored.len(), 233, "the reports since the reset");
+        assert!(std::fs::metadata(&path).expect("stat").len() < std::fs::metadata(&twin_path).expect("stat").len() / 4);
+
+        // Past `COMPACT_MIN` of session messages: compacted on open.
+        let (mut twin, _) = Store::open(&twin_path).expect("open");
+        twin.compact_at = u64::MAX;
+        let mut seq = whole.next_out;
+        while twin.length + twin.pending.len() as u64 <= COMPACT_MIN {
+            twin.record(&StoreOp::Sent { seq, app: None }, 0);
+            seq += 1;
+        }
+        twin.sync().expect("sync");
+        drop(twin);
+        let grown = std::fs::metadata(&twin_path).expect("stat").len();
+        let (store, restored) = Store::open(&twin_path).expect("open, compacting");
+        assert!(store.length < 64 << 10, "{grown} bytes compacted to {}", store.length);
+        assert_eq!(std::fs::metadata(&twin_path).expect("stat").len(), store.length);
+        let (_, seq_out) = (restored.next_in, restored.next_out);
+        assert_eq!(seq_out, seq);
+        let mut want = says(&whole);
+        want.1 = seq;
+        assert_eq!(says(&restored), want);
+        drop(store);
+        assert_eq!(says(&Store::open(&twin_path).expect("reopen").1), want);
     }
 
     /// A store written in the first format (no header, unchained records)
