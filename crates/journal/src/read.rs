@@ -82,6 +82,45 @@ fn whole_record_chains_after(bytes: &[u8], at: usize, previous: u32, max_payload
     at + size < bytes.len() && decode_record_at_bounded(bytes, at + size, should_be, max_payload).is_ok()
 }
 
+/// Whether a whole record header is at `bytes[at..]` (its length sane and
+/// all its bytes there) whose sequence field is in `seqs`.
+fn whole_header_says(bytes: &[u8], at: usize, max_payload: usize, seqs: std::ops::RangeInclusive<u64>) -> bool {
+    let Some(rest) = bytes.get(at..) else { return false };
+    if rest.len() < RECORD_OVERHEAD {
+        return false;
+    }
+    let len = u32_at(rest, 0) as usize;
+    len > 0 && len <= max_payload && rest.len() >= RECORD_OVERHEAD + len && seqs.contains(&u64_at(rest, 4))
+}
+
+/// Whether the record due at `bytes[at..]` (numbered `expected`), which
+/// fails its checksum, has the next record's header after it: where its
+/// own length says it ends, a whole record numbered `expected + 1`; or,
+/// where the record due was zeroed (a lost sector), the first bytes that
+/// are not zero start a whole record numbered past `expected`. A torn
+/// write leaves only zeros after what it wrote (or, on a device that
+/// reorders sectors, parts of itself, which are refused the same), so the
+/// damaged record was history: damage to synced bytes, both its payload
+/// and its checksum field hit, with the journal's last record whole after
+/// it (the case no chained checksum can show, since the record after
+/// chains from the damaged field).
+fn next_header_after(bytes: &[u8], at: usize, expected: u64, max_payload: usize) -> bool {
+    let rest = &bytes[at..];
+    if rest.len() >= RECORD_OVERHEAD {
+        let len = u32_at(rest, 0) as usize;
+        if len > 0 && len <= max_payload && rest.len() >= RECORD_OVERHEAD + len && whole_header_says(bytes, at + RECORD_OVERHEAD + len, max_payload, expected + 1..=expected + 1) {
+            return true;
+        }
+    }
+    if rest.first() != Some(&0) {
+        return false;
+    }
+    let Some(first) = rest.iter().position(|&b| b != 0) else { return false };
+    // A length whose low bytes are zero starts with zeros: the header may
+    // begin up to three bytes before the first byte that is not.
+    (first.saturating_sub(3)..=first).any(|start| whole_header_says(bytes, at + start, max_payload, expected + 1..=expected.saturating_add(1 << 32)))
+}
+
 /// Where the chained records of a buffer stopped ([`read_records`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Records {
@@ -150,6 +189,7 @@ pub fn read_records(
                     len > 0 && len <= max_payload && rest.len() >= RECORD_OVERHEAD + len && u64_at(rest, 4) > expected
                 };
                 let chained_after = whole_record_chains_after(bytes, at, chain, max_payload);
+                let next_after = next_header_after(bytes, at, expected, max_payload);
                 // A whole record that verifies but whose length no writer
                 // gives: written, not torn.
                 let verifies_too_long = rest.len() >= 4 && {
@@ -159,7 +199,8 @@ pub fn read_records(
                         record_crc(chain, &rest[..size - 4]) == u32_at(rest, size - 4)
                     }
                 };
-                if may_be_torn && !out_of_order && !chained_after && !verifies_too_long && !valid_record_after(bytes, at, max_payload) {
+                let valid_after = || valid_record_after(bytes, at, max_payload);
+                if may_be_torn && !out_of_order && !chained_after && !next_after && !verifies_too_long && !valid_after() {
                     return Ok(Records { end: at, next_seq: expected, chain, count, torn: Some(error.to_string()) });
                 }
                 let what = if out_of_order {
@@ -168,6 +209,8 @@ pub fn read_records(
                     format!("{error} in a whole record whose checksum verifies (written so, not torn)")
                 } else if chained_after {
                     format!("{error} in a whole record followed by a whole record that chains from it: its checksum field is damaged")
+                } else if next_after && !valid_after() {
+                    format!("{error}, and a whole record numbered after it follows (damaged history, not a torn write)")
                 } else {
                     format!("{error}, and valid records follow")
                 };

@@ -151,6 +151,49 @@ fn a_whole_last_record_of_impossible_length_is_refused_not_dropped() {
     expect_refusal(&original.0, end, 301);
 }
 
+/// The record before the last damaged in both its payload and its
+/// checksum field (so the last record, which chains from that field,
+/// cannot show it), or zeroed whole (a lost sector), with the last record
+/// whole after it: history, refused, not dropped as a torn tail with the
+/// whole record after it (a torn write leaves only zeros after it).
+#[test]
+fn a_damaged_record_before_a_whole_last_one_is_refused_not_dropped() {
+    let original = TempDir::new("second-src");
+    let (_, segment, offsets) = one_segment(&original.0, 300);
+    let bytes = std::fs::read(&segment).unwrap();
+    let (record, last) = (offsets[298], offsets[299]);
+    let size = last - record;
+    let payload_and_checksum = |b: &mut Vec<u8>| {
+        b[record + 14] ^= 1;
+        b[last - 1] ^= 1;
+    };
+    let zeroed = |b: &mut Vec<u8>| b[record..last].fill(0);
+    let zeroed_but_header = |b: &mut Vec<u8>| b[record + 12..last].fill(0);
+    let zeroed_and_more = |b: &mut Vec<u8>| b[record..last + 1].fill(0);
+    let damages: [(&str, &dyn Fn(&mut Vec<u8>)); 3] = [("payload and checksum field", &payload_and_checksum), ("zeroed", &zeroed), ("zeroed but its header", &zeroed_but_header)];
+    for (name, damage) in damages {
+        let dir = TempDir::new("second");
+        copy_dir(&original.0, &dir.0);
+        let mut corrupt = bytes.clone();
+        damage(&mut corrupt);
+        std::fs::write(dir.0.join(segment.file_name().unwrap()), &corrupt).unwrap();
+        eprintln!("{name}: record of {size} bytes at {record}");
+        expect_refusal(&dir.0, record, 299);
+    }
+    // Zeros over the record and into the next one's length: nothing whole
+    // follows that says so (a torn write of both could look like this), so
+    // the records from there are the torn tail.
+    let dir = TempDir::new("second-torn");
+    copy_dir(&original.0, &dir.0);
+    let mut torn = bytes.clone();
+    zeroed_and_more(&mut torn);
+    let tail = &torn[last + 1..];
+    assert!(tail.iter().any(|&b| b != 0));
+    std::fs::write(dir.0.join(segment.file_name().unwrap()), &torn).unwrap();
+    let recovered = recover(&dir.0).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(recovered.engine.seq(), 298);
+}
+
 fn expect_refusal(dir: &Path, offset: usize, seq: u64) {
     match recover(dir) {
         Err(RecoveryError::Corruption(c)) => {

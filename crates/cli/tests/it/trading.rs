@@ -1071,6 +1071,9 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     }
     let odd = ws_api_answer(&mut socket, &signed_request(123, "order.status", &[("symbol", "BTCUSD"), ("orderId", &order_id), ("returnRateLimits", "abc")], "alice", "alice-secret"), 123, &mut events);
     assert_eq!(error(&odd), (Some(400), Some(-1100)), "{odd}");
+    // ... a value, checked after the key, signature and time, as values are.
+    let odd_forged = ws_api_answer(&mut socket, &signed_request(124, "order.status", &[("symbol", "BTCUSD"), ("orderId", &order_id), ("returnRateLimits", "abc")], "alice", "bob-secret"), 124, &mut events);
+    assert_eq!(error(&odd_forged), (Some(400), Some(-1022)), "{odd_forged}");
     let forged = signed_request(22, "order.place", &sell, "alice", "bob-secret");
     assert_eq!(error(&ws_api_answer(&mut socket, &forged, 22, &mut events)), (Some(400), Some(-1022)));
     let no_price = signed_request(23, "order.place", &[("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.003")], "alice", "alice-secret");

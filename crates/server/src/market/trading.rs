@@ -557,6 +557,7 @@ impl Trading {
             }
         };
         let used = self.spend(&key, weight(&params), order)?;
+        check_return_rate_limits(&params)?;
         Ok((credentials.account, params, used))
     }
 
@@ -619,24 +620,29 @@ pub(crate) fn ws_params(params: &serde_json::Map<String, Value>, known: &[&str])
             Value::Array(list) if list.iter().all(Value::is_string) => Value::Array(list.clone()).to_string(),
             _ => return Err(ApiError::bad(-1100, format!("Illegal characters found in parameter '{name}'; a string, a number, a boolean or a list of strings is expected."))),
         };
-        // (A flag, as the other flags: `true` or `false`, or their text.)
-        if name == "returnRateLimits" && !matches!(text.as_str(), "true" | "false") {
-            return Err(ApiError::illegal("returnRateLimits", "true, false"));
-        }
         pairs.push((name.clone(), text));
     }
     pairs.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(Params::from_pairs(pairs))
 }
 
+/// `returnRateLimits`, a flag as the other flags: `true` or `false`, or
+/// their text. A value, so checked after a signed request's key,
+/// signature and time (and charged its weight), as other values are.
+pub(crate) fn check_return_rate_limits(params: &Params) -> Result<(), ApiError> {
+    match params.get("returnRateLimits") {
+        Some(text) if !matches!(text, "true" | "false") => Err(ApiError::illegal("returnRateLimits", "true, false")),
+        _ => Ok(()),
+    }
+}
+
 /// A signed request's `timestamp` against `recvWindow` and our clock.
 fn check_time(params: &Params) -> Result<(), ApiError> {
     let timestamp = params.get("timestamp").ok_or_else(|| ApiError::mandatory("timestamp"))?;
     let timestamp: u64 = timestamp.parse().map_err(|_| ApiError::illegal("timestamp", "0-18446744073709551615"))?;
-    // Microseconds, as Binance also takes them.
-    let timestamp = if timestamp > 10_000_000_000_000 { timestamp / 1000 } else { timestamp };
-    let window = match params.optional("recvWindow", "0-60000")? {
-        None => DEFAULT_RECV_WINDOW_MS,
+    // In microseconds, as the window's decimals are.
+    let window_us = match params.optional("recvWindow", "0-60000")? {
+        None => DEFAULT_RECV_WINDOW_MS * 1000,
         Some(text) => {
             let value = Decimal::parse(text.as_bytes())
                 .filter(|d| d.mantissa >= 0)
@@ -645,14 +651,23 @@ fn check_time(params: &Params) -> Result<(), ApiError> {
             if !(0..=i128::from(MAX_RECV_WINDOW_MS) * 1000).contains(&value) {
                 return Err(ApiError::bad(-1131, "recvWindow must be less than 60000"));
             }
-            (value / 1000) as u64
+            value as u64
         }
     };
-    let now = now_ms();
-    if timestamp >= now + AHEAD_MS {
+    let now_us = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
+    // A timestamp in microseconds (as Binance also takes them) is
+    // compared to the microsecond; one in milliseconds to the
+    // millisecond, as Binance does.
+    let (ahead, behind_us) = if timestamp > 10_000_000_000_000 {
+        (timestamp >= now_us + AHEAD_MS * 1000, now_us.saturating_sub(timestamp))
+    } else {
+        let now_ms = now_us / 1000;
+        (timestamp >= now_ms + AHEAD_MS, now_ms.saturating_sub(timestamp).saturating_mul(1000))
+    };
+    if ahead {
         return Err(ApiError::bad(-1021, "Timestamp for this request was 1000ms ahead of the server's time."));
     }
-    if now.saturating_sub(timestamp) > window {
+    if behind_us > window_us {
         return Err(ApiError::bad(-1021, "Timestamp for this request is outside of the recvWindow."));
     }
     Ok(())
@@ -1530,4 +1545,40 @@ pub(crate) fn agg_trades_json(market: &MarketData, params: &Params) -> Result<Va
     let trades: Vec<&crossbook_marketdata::Trade> = data.trades.iter().filter(|t| from_id.is_none_or(|f| t.id >= f) && start.is_none_or(|s| t.time_ms >= s) && end.is_none_or(|e| t.time_ms <= e)).collect();
     let chosen = window(trades, from_id.is_some() || start.is_some(), limit);
     Ok(Value::Array(chosen.iter().map(|t| render::agg_trade(data, t)).collect()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(timestamp: u64, window: Option<&str>) -> Result<(), i32> {
+        let mut pairs = vec![("timestamp".to_string(), timestamp.to_string())];
+        if let Some(window) = window {
+            pairs.push(("recvWindow".to_string(), window.to_string()));
+        }
+        check_time(&Params::from_pairs(pairs)).map_err(|e| e.code)
+    }
+
+    fn now_us() -> u64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+    }
+
+    /// `recvWindow`'s decimals count: a microsecond timestamp 10.4 ms
+    /// behind is inside 10.999 ms and 10.5, outside 10 and 10.3; one in
+    /// milliseconds is compared in whole milliseconds.
+    #[test]
+    fn the_receive_window_counts_its_decimals() {
+        for (window, inside) in [("10", false), ("10.3", false), ("10.5", true), ("10.999", true), ("11", true)] {
+            assert_eq!(check(now_us() - 10_400, Some(window)).is_ok(), inside, "recvWindow {window}, 10.4 ms behind (us)");
+        }
+        let now_ms = now_us() / 1000;
+        assert_eq!(check(now_ms - 2_000, Some("1999.999")), Err(-1021), "2 s behind in ms, window under 2 s");
+        assert_eq!(check(now_ms - 2_000, Some("2000.5")), Ok(()));
+        assert_eq!(check(now_ms - 4_000, None), Ok(()), "the default window is 5 s");
+        assert_eq!(check(now_ms - 6_000, None), Err(-1021));
+        assert_eq!(check(now_ms + 2_000, None), Err(-1021), "ahead");
+        assert_eq!(check(now_us() + 2_000_000, None), Err(-1021), "ahead, in us");
+        assert_eq!(check(now_ms, Some("60000.001")), Err(-1131));
+        assert_eq!(check(now_ms, Some("-1")), Err(-1100));
+    }
 }

@@ -508,12 +508,17 @@ impl Session {
         // A subscription whose key was ended (it had its
         // eventStreamTerminated) is over: not listed, not active.
         self.end_terminated(hub, trading);
-        if matches!(method, "ping" | "time" | "session.subscriptions") && !params.is_empty() {
-            return api_error(id, &ApiError::bad(-1103, "An unknown parameter was sent."));
+        if matches!(method, "ping" | "time" | "session.subscriptions")
+            && let Some(name) = params.keys().next()
+        {
+            return api_error(id, &ApiError::bad(-1103, format!("An unknown parameter was sent: '{name}'.")));
         }
         // Market data, answered as its REST endpoint answers.
         if let Some(endpoint) = super::http::Public::of_method(method) {
-            return match trading::ws_params(params, endpoint.known()).and_then(|params| super::http::public(hub, endpoint, &params)) {
+            return match trading::ws_params(params, endpoint.known()).and_then(|params| {
+                trading::check_return_rate_limits(&params)?;
+                super::http::public(hub, endpoint, &params)
+            }) {
                 Ok(result) => json!({"id": id, "status": 200, "result": result}),
                 Err(e) => api_error(id, &e),
             };
@@ -548,8 +553,8 @@ impl Session {
                 with_limits(trading, params, json!({"id": id, "status": 200, "result": {"subscriptionId": subscription}}), used)
             }
             "userDataStream.unsubscribe" => {
-                if params.keys().any(|name| name != "subscriptionId") {
-                    return api_error(id, &ApiError::bad(-1103, "An unknown parameter was sent."));
+                if let Some(name) = params.keys().find(|name| *name != "subscriptionId") {
+                    return api_error(id, &ApiError::bad(-1103, format!("An unknown parameter was sent: '{name}'.")));
                 }
                 let ended: Vec<(u64, AccountId, String)> = match params.get("subscriptionId") {
                     None => std::mem::take(&mut self.subscriptions),
