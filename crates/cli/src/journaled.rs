@@ -47,7 +47,12 @@ pub fn run(commands: &PathBuf, dir: &Path, config: JournalConfig, snapshot_every
             // continues.
             journal.sync()?;
             let chain = journal.watch().chain_at(seq).context("the checksum of the last record written")?;
-            write_snapshot(dir, &engine, chain, keep)?;
+            // A snapshot is a shortcut for recovery, not history: one that
+            // cannot be written (a full disk) is said, and the run goes on
+            // with the older ones (docs/journal.md).
+            if let Err(e) = write_snapshot(dir, &engine, chain, keep) {
+                eprintln!("warning: snapshot at seq {seq} failed: {e}; the older snapshots stay, the next one is tried when due");
+            }
         }
         let acked = journal.acked();
         if acked > printed {

@@ -205,6 +205,9 @@ pub fn lock_dir(dir: &Path) -> Result<DirLock, JournalError> {
     }
     std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
     let path = dir.join("LOCK");
+    // Made here (none was there): removed again if the lock is refused, so
+    // that a refused process changes nothing.
+    let made = std::fs::OpenOptions::new().create_new(true).write(true).open(&path).is_ok();
     // Read-only where it cannot be written (a copy or backup, another
     // user's file): flock needs no more.
     let mut file = std::fs::OpenOptions::new()
@@ -240,6 +243,9 @@ pub fn lock_dir(dir: &Path) -> Result<DirLock, JournalError> {
     let directory = File::open(dir).map_err(io(format!("opening {}", dir.display())))?;
     if let Err(std::fs::TryLockError::WouldBlock) = directory.try_lock() {
         let _ = file.unlock();
+        if made {
+            let _ = std::fs::remove_file(&path);
+        }
         return Err(JournalError::InUse { dir: dir.to_path_buf(), holder: "a process that holds the directory (its LOCK file was removed while it ran)".into() });
     }
     // Who holds it, for the message another process gets (if the file

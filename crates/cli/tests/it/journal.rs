@@ -434,6 +434,57 @@ fn run_and_recover_binaries_print_the_same_state_hash() {
     }
 }
 
+/// `run --journal` whose snapshot cannot be written (here a directory put
+/// in the way of its temporary file once the run has started: recovery
+/// would clear it before) says so and goes on: every command acknowledged
+/// and journaled, the other snapshots written. The obstacle is put there
+/// when the first snapshot appears; a run that got past the second first
+/// is tried again.
+#[test]
+fn a_snapshot_that_cannot_be_written_is_said_and_the_run_goes_on() {
+    let binary = env!("CARGO_BIN_EXE_crossbook");
+    let every = 100_000u64;
+    let commands = generate(Workload::Mixed, 24, 3 * every as usize);
+    let text = commands_text(&commands);
+    for attempt in 1..=5 {
+        let dir = TempDir::new("run-snapshot-fails");
+        let file = dir.0.join("commands.txt");
+        std::fs::write(&file, &text).unwrap();
+        let journal = dir.0.join("journal");
+        let mut run = Process::new(binary)
+            .args(["run", "--commands", file.to_str().unwrap(), "--journal", journal.to_str().unwrap()])
+            .args(["--snapshot-every", &every.to_string(), "--keep-snapshots", "5", "--durability", "async"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let snapshot = |seq: u64| journal.join(crossbook_journal::format::snapshot_name(seq));
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !snapshot(every).exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let obstacle = snapshot(2 * every).with_extension("xbs.tmp");
+        let _ = std::fs::create_dir_all(&obstacle);
+        let output = run.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{stderr}");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(stdout.lines().last(), Some(format!("acked {}", 3 * every).as_str()), "{stdout}");
+        if snapshot(2 * every).exists() {
+            eprintln!("attempt {attempt}: the run wrote snapshot {} before the obstacle was there", 2 * every);
+            continue;
+        }
+        assert!(stderr.contains(&format!("warning: snapshot at seq {} failed", 2 * every)), "{stderr}");
+        assert!(snapshot(every).exists() && snapshot(3 * every).exists(), "the snapshots before and after");
+        std::fs::remove_dir(&obstacle).unwrap();
+        let recovered = recover(&journal).unwrap();
+        assert_eq!((recovered.engine.seq(), recovered.snapshot), (3 * every, Some(3 * every)));
+        assert_eq!(state_hash(&recovered.engine), live_hash(&commands));
+        return;
+    }
+    panic!("the run was always past its second snapshot before the obstacle was there");
+}
+
 /// A journal of 4,000 mixed commands in small segments; its segments, in
 /// order.
 fn small_segment_journal(dir: &Path) -> Vec<PathBuf> {

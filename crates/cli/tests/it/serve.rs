@@ -392,6 +392,7 @@ fn a_data_directory_is_written_by_one_process_at_a_time() {
     let second = crossbook(&["serve", "--listen", "127.0.0.1:0", "--fix-listen", "", "--market-listen", "", "--data", data_arg]);
     let said = String::from_utf8_lossy(&second.stderr);
     assert!(!second.status.success() && said.contains("is in use by another crossbook process (a process that holds the directory"), "{said}");
+    assert!(!data.join("LOCK").exists(), "a refused process changes nothing: no LOCK file of its own left");
     // The server was not disturbed.
     client.send(&limit(2, Side::Buy, 100, 1, TimeInForce::Gtc));
     assert_eq!(client.report().kind, ReportKind::Accepted);
