@@ -11,17 +11,31 @@ pub struct Decimal {
 }
 
 /// At most this many digits in a FIX decimal (enough for any price or
-/// quantity; more is refused rather than rounded).
+/// quantity; more is refused rather than rounded). A text with more whose
+/// leading zeros and zeros after the point past its last other digit
+/// leave few enough is read without them (its value, with fewer
+/// decimals): `0.1000000000000000000000000000000000` is `0.1`.
 pub const MAX_DIGITS: usize = 30;
 
 impl Decimal {
     /// Parses `[-]digits[.digits]` (the FIX float format; at least one
     /// digit, no exponent, no sign other than a leading minus).
     pub fn parse(text: &[u8]) -> Option<Decimal> {
-        let (negative, digits) = match text.first() {
+        let (negative, mut digits) = match text.first() {
             Some(b'-') => (true, &text[1..]),
             _ => (false, text),
         };
+        if digits.len() > MAX_DIGITS + 1 {
+            // Zeros that do not change the value (but leave one digit).
+            while digits.len() > 1 && digits[0] == b'0' && digits[1].is_ascii_digit() {
+                digits = &digits[1..];
+            }
+            if digits.contains(&b'.') {
+                while digits.len() > 1 && digits[digits.len() - 1] == b'0' && digits[digits.len() - 2] != b'.' {
+                    digits = &digits[..digits.len() - 1];
+                }
+            }
+        }
         let mut mantissa: i128 = 0;
         let mut scale = 0u32;
         let mut seen_point = false;
@@ -125,7 +139,10 @@ mod tests {
         assert_eq!(d("-0.5"), Decimal { mantissa: -5, scale: 1 });
         assert_eq!(d("7."), Decimal { mantissa: 7, scale: 0 });
         assert_eq!(d(".25"), Decimal { mantissa: 25, scale: 2 });
-        for bad in ["", "-", ".", "1e5", "1.2.3", "+1", "12a", " 1", "1234567890123456789012345678901"] {
+        // Past 30 digits, only zeros that do not change the value are left out.
+        assert_eq!(d("0.1000000000000000000000000000000000"), Decimal { mantissa: 1, scale: 1 });
+        assert_eq!(d("-00000000000000000000000000000002.50000000000"), Decimal { mantissa: -25, scale: 1 });
+        for bad in ["", "-", ".", "1e5", "1.2.3", "+1", "12a", " 1", "1234567890123456789012345678901", "1.00000000000000000000000000000000001", "1000000000000000000000000000000000.0"] {
             assert_eq!(Decimal::parse(bad.as_bytes()), None, "{bad}");
         }
     }

@@ -170,7 +170,8 @@ fn a_damaged_record_before_a_whole_last_one_is_refused_not_dropped() {
     let zeroed = |b: &mut Vec<u8>| b[record..last].fill(0);
     let zeroed_but_header = |b: &mut Vec<u8>| b[record + 12..last].fill(0);
     let zeroed_and_more = |b: &mut Vec<u8>| b[record..last + 1].fill(0);
-    let damages: [(&str, &dyn Fn(&mut Vec<u8>)); 3] = [("payload and checksum field", &payload_and_checksum), ("zeroed", &zeroed), ("zeroed but its header", &zeroed_but_header)];
+    type Damage<'a> = (&'a str, &'a dyn Fn(&mut Vec<u8>));
+    let damages: [Damage; 3] = [("payload and checksum field", &payload_and_checksum), ("zeroed", &zeroed), ("zeroed but its header", &zeroed_but_header)];
     for (name, damage) in damages {
         let dir = TempDir::new("second");
         copy_dir(&original.0, &dir.0);
@@ -451,7 +452,7 @@ fn a_snapshot_that_cannot_be_written_is_said_and_the_run_goes_on() {
         let file = dir.0.join("commands.txt");
         std::fs::write(&file, &text).unwrap();
         let journal = dir.0.join("journal");
-        let mut run = Process::new(binary)
+        let run = Process::new(binary)
             .args(["run", "--commands", file.to_str().unwrap(), "--journal", journal.to_str().unwrap()])
             .args(["--snapshot-every", &every.to_string(), "--keep-snapshots", "5", "--durability", "async"])
             .stdout(Stdio::piped())

@@ -609,7 +609,10 @@ mod tests {
         }
     }
 
-    fn says(restored: &Restored) -> (u64, u64, Option<u64>, u64, Vec<(u64, Vec<u8>)>) {
+    /// Next in, next out, account, how far reports go, kept messages.
+    type Says = (u64, u64, Option<u64>, u64, Vec<(u64, Vec<u8>)>);
+
+    fn says(restored: &Restored) -> Says {
         let stored = restored.stored.iter().map(|(&seq, message)| (seq, message.clone())).collect();
         (restored.next_in, restored.next_out, restored.account, restored.through_seq, stored)
     }

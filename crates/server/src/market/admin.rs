@@ -98,7 +98,7 @@ fn refusal(direction: Direction, reason: RejectReason, data: Value) -> ApiError 
         RejectReason::InsufficientFunds => ApiError::bad(-2010, "Account has insufficient balance for requested action."),
         other => ApiError::bad(-2010, format!("{what} refused: {}.", other.name())),
     };
-    error.data = Some(data);
+    error.data = Some(Box::new(data));
     error
 }
 
@@ -138,7 +138,7 @@ async fn transfer(hub: &Hub, headers: &HeaderMap, query: Option<&str>, body: Bod
         let market = hub.read();
         if let Err(used) = trading.reserve_reference(&market, &reference) {
             let mut error = ApiError::new(StatusCode::CONFLICT, -2030, format!("Reference {reference} was already used: nothing done (data: what it did)."));
-            error.data = used.map(|t| transfer_json(trading, &reference, &t));
+            error.data = used.map(|t| Box::new(transfer_json(trading, &reference, &t)));
             if error.data.is_none() {
                 error.msg = format!("Reference {reference} is in use by a transfer not answered yet: nothing done; look it up by its reference.");
             }
@@ -238,7 +238,7 @@ async fn trading_status(hub: &Hub, headers: &HeaderMap, query: Option<&str>, bod
     match reject {
         Some(reason) => {
             let mut error = ApiError::bad(-2010, format!("{verb} refused: {}.", reason.name()));
-            error.data = Some(answer);
+            error.data = Some(Box::new(answer));
             Err(error)
         }
         None => Ok(json_response(answer)),

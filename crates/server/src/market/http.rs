@@ -53,7 +53,7 @@ pub(crate) struct ApiError {
     pub(crate) location: Option<String>,
     /// What was done before the error (`order/cancelReplace`: each half's
     /// result), as Binance's `data`.
-    pub(crate) data: Option<Value>,
+    pub(crate) data: Option<Box<Value>>,
 }
 
 impl ApiError {

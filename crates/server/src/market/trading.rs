@@ -724,7 +724,7 @@ pub(crate) fn follower(hub: &Hub, path: &str, query: Option<&str>) -> Result<(),
             if websocket {
                 // No Location header on a WebSocket answer: the address
                 // is a field of the error too.
-                error.data = Some(serde_json::json!({"leader": target}));
+                error.data = Some(Box::new(serde_json::json!({"leader": target})));
             } else {
                 error.location = Some(target);
             }
@@ -1184,12 +1184,12 @@ pub(crate) async fn cancel_replace_core(hub: &Hub, auth: &Auth<'_>) -> Result<(V
     // request's outcome is unknown, not a failure.
     let unknown = |result: &Result<Value, ApiError>| result.as_ref().err().is_some_and(|e| e.code == -1007);
     if unknown(&cancelled) || placed.as_ref().is_some_and(unknown) {
-        return Err(ApiError { data: Some(data), ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, -1007, "Timeout waiting for response from backend server. Send status unknown; execution status unknown.") });
+        return Err(ApiError { data: Some(Box::new(data)), ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, -1007, "Timeout waiting for response from backend server. Send status unknown; execution status unknown.") });
     }
     match (cancelled.is_ok(), placed.as_ref().is_some_and(Result::is_ok)) {
         (true, true) => Ok((data, used)),
-        (false, false) => Err(ApiError { data: Some(data), ..ApiError::bad(-2022, "Order cancel-replace failed.") }),
-        _ => Err(ApiError { data: Some(data), ..ApiError::new(StatusCode::CONFLICT, -2021, "Order cancel-replace partially failed.") }),
+        (false, false) => Err(ApiError { data: Some(Box::new(data)), ..ApiError::bad(-2022, "Order cancel-replace failed.") }),
+        _ => Err(ApiError { data: Some(Box::new(data)), ..ApiError::new(StatusCode::CONFLICT, -2021, "Order cancel-replace partially failed.") }),
     }
 }
 

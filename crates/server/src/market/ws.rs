@@ -688,7 +688,7 @@ impl Session {
 fn api_error(id: &Value, error: &ApiError) -> Value {
     let mut answer = json!({"id": id, "status": error.status.as_u16(), "error": {"code": error.code, "msg": error.msg}});
     if let Some(data) = &error.data {
-        answer["error"]["data"] = data.clone();
+        answer["error"]["data"] = (**data).clone();
     }
     answer
 }
