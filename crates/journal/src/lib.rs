@@ -355,7 +355,8 @@ pub fn recover(dir: &Path) -> Result<Recovered, RecoveryError> {
             } else {
                 "as far as the journal can tell, written but never synced (a torn write: never acknowledged in sync mode; damage to a synced last record looks the same, docs/journal.md)".to_string()
             };
-            warnings.push(format!("torn tail truncated: {} at offset {} (seq {} on: {why}: {})", torn.file.display(), torn.offset, torn.seq, torn.what));
+            let done = if torn.whole_segment { "torn segment removed (its header never made it to disk)" } else { "torn tail truncated" };
+            warnings.push(format!("{done}: {} at offset {} (seq {} on: {why}: {})", torn.file.display(), torn.offset, torn.seq, torn.what));
         }
         let snapshot = candidate.map(|(seq, _)| seq);
         return Ok(Recovered { engine, end, snapshot, replayed, warnings, set_aside: set_asides });
@@ -459,11 +460,12 @@ impl std::fmt::Display for Problem {
             Problem::Corruption(c) => write!(f, "{c}"),
             Problem::TornTail(t) => write!(
                 f,
-                "torn tail: {} at offset {} (seq {}): {}; recovery would truncate it",
+                "torn tail: {} at offset {} (seq {}): {}; recovery would {}",
                 t.file.display(),
                 t.offset,
                 t.seq,
-                t.what
+                t.what,
+                if t.whole_segment { "remove the segment (its header never made it to disk)" } else { "truncate it" }
             ),
             Problem::BadSnapshot { file, what } => write!(f, "bad snapshot: {}: {what}", file.display()),
             Problem::ForeignSnapshot { file, what } => {
