@@ -282,6 +282,10 @@ fn what_a_request_says_of_an_order_must_be_so_and_a_compid_stays_its_accounts() 
         send_owned(alice, "G", &body);
         let reply = alice.next();
         expect(&reply, &[(35, "9"), (434, "2"), (102, reason), (58, text)]);
+        // C1 stays as it is: its OrderID and New, not an unknown order's
+        // NONE and Rejected.
+        assert!(reply.text(37).is_some_and(|id| id != "NONE" && id.parse::<u64>().is_ok()), "{text}: OrderID {:?}", reply.text(37));
+        assert_eq!(reply.text(39), Some("0"), "{text}");
     };
     let replace = |cl_ord_id: &str, change: &[(u32, &str)]| {
         let mut body = order(cl_ord_id, "2", "100", "4");

@@ -221,6 +221,18 @@ impl Store {
             ));
             file.set_len(records.end as u64).map_err(io(path, "truncating"))?;
             file.seek(SeekFrom::End(0)).map_err(io(path, "seeking"))?;
+        } else if records.end < bytes.len() {
+            // Zeros after the last record (the space a crash can leave
+            // where a write never landed): cut off, so that the next
+            // records follow the last one, as a reader expects.
+            crate::log(&format!(
+                "FIX store {}: {} zero bytes after the last record (at byte {}) cut off: space a crash left unwritten",
+                path.display(),
+                bytes.len() - records.end,
+                records.end
+            ));
+            file.set_len(records.end as u64).map_err(io(path, "truncating"))?;
+            file.seek(SeekFrom::End(0)).map_err(io(path, "seeking"))?;
         }
         let length = file.metadata().map_err(io(path, "reading"))?.len();
         drop(bytes);
@@ -553,6 +565,20 @@ mod tests {
             } else {
                 assert_eq!(restored.next_in, 1, "cut {cut}: the last record is gone");
             }
+        }
+        // Zeros after the last record (a crash's unwritten space): cut off,
+        // and what is recorded next follows the last record.
+        for zeros in [1usize, 8, 200] {
+            let mut padded = full.clone();
+            padded.resize(full.len() + zeros, 0);
+            std::fs::write(&path, &padded).expect("write");
+            let (mut store, restored) = Store::open(&path).expect("zeros after the records are not an error");
+            assert_eq!((restored.next_in, restored.next_out), (5, 3));
+            assert_eq!(std::fs::read(&path).expect("read"), full, "{zeros} zeros cut off");
+            store.record(&StoreOp::Received { next_in: 6 }, 0);
+            store.sync().expect("sync");
+            drop(store);
+            assert_eq!(Store::open(&path).expect("reopen").1.next_in, 6, "{zeros} zeros: the next record is read");
         }
         let mut damaged = full.clone();
         damaged[30] ^= 0xff;

@@ -702,16 +702,36 @@ impl VenueApp<'_> {
     }
 
     fn cancel_reject(&self, message: &Message, why: &str, unknown: bool, outbox: &mut Outbox<'_>) {
-        self.cancel_reject_with(message, why, if unknown { "1" } else { "99" }, outbox);
+        self.cancel_reject_with(message, why, if unknown { "1" } else { "99" }, None, outbox);
     }
 
-    /// An OrderCancelReject with CxlRejReason `reason`.
-    fn cancel_reject_with(&self, message: &Message, why: &str, reason: &str, outbox: &mut Outbox<'_>) {
+    /// An OrderCancelReject about the account's own order `order` (0: its
+    /// NewOrderSingle is still on its way), which stays as it is: its
+    /// OrderID and its status (New, Partially filled, or Pending New), as
+    /// FIX 4.4 has them, not an unknown order's NONE and Rejected.
+    fn own_cancel_reject(&self, message: &Message, why: &str, reason: &str, order: OrderId, own: &FixOrder, outbox: &mut Outbox<'_>) {
+        let known = if order == 0 { ("NONE".to_string(), "A") } else { (order.to_string(), if own.notional != 0 { "1" } else { "0" }) };
+        self.cancel_reject_with(message, why, reason, Some(known), outbox);
+    }
+
+    /// A replace refused for `why` (CxlRejReason 99): about the account's
+    /// own order if `own` is, else as about an unknown order.
+    fn refuse_change(&self, message: &Message, why: &str, order: OrderId, own: Option<&FixOrder>, outbox: &mut Outbox<'_>) {
+        match own {
+            Some(own) => self.own_cancel_reject(message, why, "99", order, own, outbox),
+            None => self.cancel_reject(message, why, false, outbox),
+        }
+    }
+
+    /// An OrderCancelReject with CxlRejReason `reason`; `known`, the order's
+    /// OrderID and OrdStatus where it is the account's own.
+    fn cancel_reject_with(&self, message: &Message, why: &str, reason: &str, known: Option<(String, &str)>, outbox: &mut Outbox<'_>) {
         let response_to = if message.msg_type() == b"G" { "2" } else { "1" };
+        let (order_id, status) = known.unwrap_or_else(|| (message.text(tag::ORDER_ID).unwrap_or("NONE").to_string(), "8"));
         let body = vec![
             field(tag::CL_ORD_ID, message.text(tag::CL_ORD_ID).unwrap_or("")),
-            field(tag::ORDER_ID, message.text(tag::ORDER_ID).unwrap_or("NONE")),
-            field(tag::ORD_STATUS, "8"),
+            field(tag::ORDER_ID, order_id),
+            field(tag::ORD_STATUS, status),
             field(tag::ORIG_CL_ORD_ID, message.text(tag::ORIG_CL_ORD_ID).unwrap_or("")),
             field(tag::TEXT, why),
             field(tag::CXL_REJ_REASON, reason),
@@ -846,27 +866,27 @@ impl VenueApp<'_> {
         // (another account's gets a missing order's answers, below).
         if let Some(own) = &own {
             if message.get(tag::SYMBOL).is_some() && self.instrument(message).map(|i| i.id) != Some(own.instrument) {
-                return self.cancel_reject(message, "Symbol is not the order's", false, outbox);
+                return self.own_cancel_reject(message, "Symbol is not the order's", "99", order, own, outbox);
             }
             let side = match message.get(tag::SIDE) {
                 None => own.side,
                 Some(b"1") => Side::Buy,
                 Some(b"2") => Side::Sell,
-                Some(_) => return self.cancel_reject(message, "only Side 1 (buy) and 2 (sell) are supported", false, outbox),
+                Some(_) => return self.own_cancel_reject(message, "only Side 1 (buy) and 2 (sell) are supported", "99", order, own, outbox),
             };
             if side != own.side {
-                return self.cancel_reject(message, "Side is not the order's", false, outbox);
+                return self.own_cancel_reject(message, "Side is not the order's", "99", order, own, outbox);
             }
             if kind == b'G' {
                 if message.get(tag::TIME_IN_FORCE).is_some_and(|t| t != b"1") {
-                    return self.cancel_reject(message, "an open order is GTC: a replace keeps TimeInForce 1", false, outbox);
+                    return self.own_cancel_reject(message, "an open order is GTC: a replace keeps TimeInForce 1", "99", order, own, outbox);
                 }
                 if message.get(tag::ORD_TYPE).is_some_and(|t| t != b"2") {
-                    return self.cancel_reject(message, "an open order is a limit order: a replace keeps OrdType 2", false, outbox);
+                    return self.own_cancel_reject(message, "an open order is a limit order: a replace keeps OrdType 2", "99", order, own, outbox);
                 }
                 let taken = (self.account, cl_ord_id.clone());
                 if self.book.by_cl_ord_id.contains_key(&taken) || self.book.pending.contains_key(&taken) {
-                    return self.cancel_reject_with(message, "duplicate ClOrdID: an open or pending order of the account has it", "6", outbox);
+                    return self.own_cancel_reject(message, "duplicate ClOrdID: an open or pending order of the account has it", "6", order, own, outbox);
                 }
             }
         }
@@ -879,24 +899,24 @@ impl VenueApp<'_> {
             // unknown_order), or ids could be scanned for live orders.
             let known = own;
             let Some(instrument) = known.as_ref().and_then(|o| self.instruments.iter().find(|i| i.id == o.instrument)).or_else(|| self.instrument(message)).cloned() else {
-                return self.cancel_reject(message, "unknown symbol", false, outbox);
+                return self.refuse_change(message, "unknown symbol", order, known.as_ref(), outbox);
             };
             let Some(qty) = message.get(tag::ORDER_QTY) else {
-                return self.cancel_reject(message, "OrderQty missing", false, outbox);
+                return self.refuse_change(message, "OrderQty missing", order, known.as_ref(), outbox);
             };
             let qty = match Self::units::<u64>(qty, instrument.qty_unit, "OrderQty") {
-                Ok(0) => return self.cancel_reject(message, "OrderQty must be above 0", false, outbox),
+                Ok(0) => return self.refuse_change(message, "OrderQty must be above 0", order, known.as_ref(), outbox),
                 Ok(qty) => qty,
-                Err(why) => return self.cancel_reject(message, &why.to_string(), false, outbox),
+                Err(why) => return self.refuse_change(message, &why.to_string(), order, known.as_ref(), outbox),
             };
             let price = match message.get(tag::PRICE) {
                 Some(price) => match Self::units::<i64>(price, instrument.price_unit, "Price") {
                     Ok(price) => price,
-                    Err(why) => return self.cancel_reject(message, &why.to_string(), false, outbox),
+                    Err(why) => return self.refuse_change(message, &why.to_string(), order, known.as_ref(), outbox),
                 },
                 None => match known {
                     Some(order) => order.price,
-                    None => return self.cancel_reject(message, "Price missing", false, outbox),
+                    None => return self.refuse_change(message, "Price missing", order, known.as_ref(), outbox),
                 },
             };
             Command::Replace { account: self.account, order, price, qty }
@@ -1202,6 +1222,7 @@ mod tests {
         assert!(requests.is_empty());
         assert_eq!(sent.len(), 1);
         assert_eq!((sent[0].msg_type(), sent[0].text(tag::CXL_REJ_REASON), sent[0].text(tag::CXL_REJ_RESPONSE_TO)), (&b"9"[..], Some("1"), Some("1")));
+        assert_eq!((sent[0].text(tag::ORDER_ID), sent[0].text(tag::ORD_STATUS)), (Some("NONE"), Some("8")));
 
         // A1 is still on its way to the engine: a replace and a cancel
         // name its place, for the sequencer to put in its order id.
@@ -1221,6 +1242,9 @@ mod tests {
         let (requests, sent) = feed(&mut book, message("F", &[(11, "C3"), (41, "A1"), (54, "2"), (55, "BTC-USD"), (60, "20261123-00:00:00")]));
         assert!(requests.is_empty());
         assert_eq!((sent[0].text(tag::CXL_REJ_REASON), sent[0].text(tag::TEXT)), (Some("99"), Some("Side is not the order's")));
+        // The order stays as it is: Pending New, no OrderID yet (an
+        // unknown order's reject, above, says Rejected).
+        assert_eq!((sent[0].text(tag::ORDER_ID), sent[0].text(tag::ORD_STATUS)), (Some("NONE"), Some("A")));
         // A3, the name the replace gives, is not the order's until the
         // replace is applied: it could yet be refused.
         let (requests, sent) = feed(&mut book, message("F", &[(11, "C4"), (41, "A3"), (54, "1"), (55, "BTC-USD"), (60, "20261123-00:00:00")]));
