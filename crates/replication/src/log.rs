@@ -145,7 +145,10 @@ fn deliver(stream_seq: u64, headers: Option<&async_nats::HeaderMap>, payload: &[
         Some(None) => return Err(ReplicationError::Corrupt(format!("stream message {stream_seq}: a {HEADER_ENCODING} header that is not a number"))),
         _ => {}
     }
-    let (span, leader) = span_of(headers)?;
+    let (span, leader) = span_of(headers).map_err(|e| match e {
+        ReplicationError::Corrupt(what) => ReplicationError::Corrupt(format!("stream message {stream_seq}: {what}")),
+        other => other,
+    })?;
     let records = batch::decode(&span, payload).map_err(|e| ReplicationError::Corrupt(format!("stream message {stream_seq}: {e}")))?;
     Ok(Delivered { stream_seq, span, records, leader })
 }
@@ -209,6 +212,10 @@ impl Log {
                 ..Default::default()
             };
             loop {
+                // Each try within what is left of `connect_timeout_s` (a
+                // JetStream without a quorum answers nothing until its
+                // requests time out, which would take longer).
+                let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(500));
                 let made = async {
                     js.get_or_create_stream(stream_config.clone()).await.map_err(|e| e.to_string())?;
                     let existing = js.get_or_create_stream(lease_config.clone()).await.map_err(|e| e.to_string())?;
@@ -220,8 +227,8 @@ impl Log {
                         js.update_stream(lease_config.clone()).await.map_err(|e| format!("setting the lease bucket's max_age to lease_ttl_ms: {e}"))?;
                     }
                     js.get_key_value(bucket.clone()).await.map_err(|e| e.to_string())
-                }
-                .await;
+                };
+                let made = tokio::time::timeout(left, made).await.unwrap_or_else(|_| Err(format!("JetStream did not answer within {:.1} s", left.as_secs_f64())));
                 match made {
                     Ok(lease) => break Ok((js, lease)),
                     Err(e) if Instant::now() < deadline => {
@@ -630,8 +637,20 @@ async fn settle(target: &Target, id: &str, after: u64) -> Settled {
             Some(theirs) if theirs.as_str() == id => Settled::Ours,
             _ => Settled::Theirs,
         },
+        // There, but its headers cannot be read: not ours (ours always
+        // can be), so another writer's. Asked again only when NATS did not
+        // answer (or has no such message yet).
+        Err(e) if unreadable(&e) => Settled::Theirs,
         Err(_) => Settled::Unknown,
     }
+}
+
+/// Whether getting a stream message failed on the message itself (NATS
+/// answered with it, and it could not be decoded), not on the request.
+fn unreadable(error: &async_nats::jetstream::stream::RawMessageError) -> bool {
+    use async_nats::jetstream::stream::RawMessageErrorKind;
+    matches!(error.kind(), RawMessageErrorKind::Other)
+        && std::error::Error::source(error).is_none_or(|source| source.downcast_ref::<async_nats::jetstream::context::RequestError>().is_none())
 }
 
 /// Sends `pending` again one by one after stream message `confirmed`, with
