@@ -252,7 +252,14 @@ impl Log {
     }
 
     async fn message(&self, stream: &stream::Stream, seq: u64) -> Result<Delivered, ReplicationError> {
-        let message = stream.get_raw_message(seq).await.map_err(|e| ReplicationError::Nats(format!("message {seq}: {e}")))?;
+        let message = stream.get_raw_message(seq).await.map_err(|e| {
+            if unreadable(&e) {
+                // There, and not a message any node of ours wrote.
+                ReplicationError::Corrupt(format!("stream message {seq}: it cannot be read ({e})"))
+            } else {
+                ReplicationError::Nats(format!("message {seq}: {e}"))
+            }
+        })?;
         deliver(seq, Some(&message.headers), &message.payload)
     }
 
