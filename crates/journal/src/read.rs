@@ -105,13 +105,12 @@ fn whole_header_says(bytes: &[u8], at: usize, max_payload: usize, seqs: std::ops
 /// it (the case no chained checksum can show, since the record after
 /// chains from the damaged field).
 fn next_header_after(bytes: &[u8], at: usize, expected: u64, max_payload: usize) -> bool {
-    let rest = &bytes[at..];
-    if rest.len() >= RECORD_OVERHEAD {
-        let len = u32_at(rest, 0) as usize;
-        if len > 0 && len <= max_payload && rest.len() >= RECORD_OVERHEAD + len && whole_header_says(bytes, at + RECORD_OVERHEAD + len, max_payload, expected + 1..=expected + 1) {
-            return true;
-        }
+    if whole_header_says(bytes, at, max_payload, 0..=u64::MAX)
+        && whole_header_says(bytes, at + RECORD_OVERHEAD + u32_at(bytes, at) as usize, max_payload, expected + 1..=expected + 1)
+    {
+        return true;
     }
+    let rest = &bytes[at..];
     if rest.first() != Some(&0) {
         return false;
     }
@@ -184,10 +183,7 @@ pub fn read_records(
                 // that: its sequence field holds a prefix of the due
                 // number's little-endian bytes, then zeros (the space
                 // written ahead), so at most the number due.
-                let out_of_order = rest.len() >= 12 && {
-                    let len = u32_at(rest, 0) as usize;
-                    len > 0 && len <= max_payload && rest.len() >= RECORD_OVERHEAD + len && u64_at(rest, 4) > expected
-                };
+                let out_of_order = whole_header_says(bytes, at, max_payload, expected.saturating_add(1)..=u64::MAX);
                 let chained_after = whole_record_chains_after(bytes, at, chain, max_payload);
                 let next_after = next_header_after(bytes, at, expected, max_payload);
                 // A whole record that verifies but whose length no writer

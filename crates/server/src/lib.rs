@@ -69,6 +69,11 @@ pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// The wall clock in microseconds since the Unix epoch (0 before it).
+pub(crate) fn now_us() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+}
+
 /// What would make a start fail after a new venue's set-up is journaled:
 /// an address that cannot be bound (one in use, say) and a FIX dictionary
 /// that cannot be read. Each address is bound and let go at once; the

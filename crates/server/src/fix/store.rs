@@ -148,6 +148,11 @@ pub(super) fn write_whole(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     file.write_all(bytes).map_err(io(&writing, "writing"))?;
     file.sync_all().map_err(io(&writing, "syncing"))?;
     std::fs::rename(&writing, path).map_err(io(path, "writing"))?;
+    sync_parent(path)
+}
+
+/// Syncs the directory `path` is in (a name made or renamed there lasts).
+fn sync_parent(path: &Path) -> Result<(), StoreError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir, "syncing the directory"))
 }
@@ -381,8 +386,9 @@ fn read_back(path: &Path, bytes: &[u8]) -> Result<(Restored, crossbook_journal::
     Ok((restored, records))
 }
 
-/// Record framing: length, sequence number, kind byte, checksum.
-const RECORD_OVERHEAD: u64 = 4 + 8 + 1 + 4;
+/// A record's bytes besides its body: the journal's framing and the kind
+/// byte.
+const RECORD_OVERHEAD: u64 = crossbook_journal::format::RECORD_OVERHEAD as u64 + 1;
 
 /// The length of the store [`rewrite`] makes of `restored`.
 fn compact_size(restored: &Restored) -> u64 {
@@ -418,8 +424,7 @@ fn rewrite(path: &Path, restored: &Restored, what: &str) -> Result<Store, StoreE
     std::fs::rename(&beside, path).map_err(io(path, "replacing (writing the store again)"))?;
     store.path = path.to_path_buf();
     store.compact_at = COMPACT_MIN.max(2 * store.length);
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir, "syncing"))?;
+    sync_parent(path)?;
     Ok(store)
 }
 
@@ -712,8 +717,7 @@ mod tests {
         let (store, restored) = Store::open(&twin_path).expect("open, compacting");
         assert!(store.length < 64 << 10, "{grown} bytes compacted to {}", store.length);
         assert_eq!(std::fs::metadata(&twin_path).expect("stat").len(), store.length);
-        let (_, seq_out) = (restored.next_in, restored.next_out);
-        assert_eq!(seq_out, seq);
+        assert_eq!(restored.next_out, seq);
         let mut want = says(&whole);
         want.1 = seq;
         assert_eq!(says(&restored), want);

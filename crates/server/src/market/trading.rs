@@ -654,7 +654,7 @@ fn check_time(params: &Params) -> Result<(), ApiError> {
             value as u64
         }
     };
-    let now_us = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
+    let now_us = crate::now_us();
     // A timestamp in microseconds (as Binance also takes them) is
     // compared to the microsecond; one in milliseconds to the
     // millisecond, as Binance does.
@@ -1550,6 +1550,7 @@ pub(crate) fn agg_trades_json(market: &MarketData, params: &Params) -> Result<Va
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::now_us;
 
     fn check(timestamp: u64, window: Option<&str>) -> Result<(), i32> {
         let mut pairs = vec![("timestamp".to_string(), timestamp.to_string())];
@@ -1557,10 +1558,6 @@ mod tests {
             pairs.push(("recvWindow".to_string(), window.to_string()));
         }
         check_time(&Params::from_pairs(pairs)).map_err(|e| e.code)
-    }
-
-    fn now_us() -> u64 {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
     }
 
     /// `recvWindow`'s decimals count: a microsecond timestamp 10.4 ms
