@@ -27,6 +27,7 @@ by default, and siblings). Ends with "N passed, M failed".
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -295,6 +296,12 @@ def main():
     finally:
         if server.poll() is None:
             server.kill()
+            server.wait(timeout=30)
+        # Kept for a look when a check failed.
+        if checks.failed:
+            print(f"data: {data}")
+        else:
+            shutil.rmtree(data, ignore_errors=True)
     print(f"screenshot: {args.screenshot}")
     print(f"{checks.passed} passed, {checks.failed} failed")
     return 1 if checks.failed else 0

@@ -11,7 +11,6 @@
 use crate::serve::start_default;
 use crossbook_fix::time::format_timestamp;
 use crossbook_fix::wire::{Message, printable};
-use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub(crate) fn now_ms() -> i64 {
@@ -79,11 +78,9 @@ pub(crate) fn expect(message: &Message, fields: &[(u32, &str)]) {
     }
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("crossbook-fix-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A directory of its own for one test, removed when it is dropped.
+fn temp_dir(name: &str) -> crate::support::TempDir {
+    crate::support::TempDir::new(&format!("fix-{name}"))
 }
 
 pub(crate) fn order(cl_ord_id: &str, side: &str, price: &str, qty: &str) -> Vec<(u32, String)> {
@@ -513,7 +510,6 @@ fn malformed_input_costs_only_its_own_session() {
     again.writer().next_out = 3;
     again.logon(3, "demo-key-3");
     drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A session dropped for not reading its messages can log on again at
@@ -540,7 +536,6 @@ fn a_session_dropped_for_not_reading_logs_on_again() {
     let mut again = FixClient::connect(&server.fix_address, "ALICE");
     again.0.logon(1, "demo-key-1", true).unwrap_or_else(|e| panic!("logon after the drop ({sent} orders sent): {e}"));
     drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// ALICE (account 1) logs on at `next_out`: the first message the venue
@@ -579,7 +574,6 @@ fn a_kill_never_loses_fix_orders_the_store_counted_as_received() {
         let open = open_cids(&mut binary, 1).len() as u64;
         assert!(open >= expected - 2, "round {round}: the store counted messages 2..{} as received, but only {open} orders are in the journal", expected - 1);
         drop(server);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
@@ -616,7 +610,6 @@ fn a_stopping_venue_answers_fix_orders_then_logs_the_session_out() {
     let expected = expected_at_logon(&server.fix_address, ORDERS + 2);
     assert_eq!(expected, answered + 2, "the first message not answered ({answered} of {ORDERS} were) is the one asked for again");
     drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -834,7 +827,6 @@ fn held_messages_are_done_in_order_and_never_after_the_venues_logout() {
         panic!("after the venue's Logout: {message:?}");
     }
     drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The wall clock in milliseconds (a SendingTime written by hand).
@@ -890,7 +882,6 @@ fn held_messages_are_bounded_in_bytes() {
     alice.0.set_timeout(Duration::from_secs(10));
     expect(&alice.next(), &[(35, "2"), (7, &first_not_kept.to_string()), (16, "0")]);
     drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A gap filled short of what was asked (the counterparty's GapFill ends
@@ -941,5 +932,4 @@ fn a_gap_filled_short_is_asked_for_again() {
         until_heartbeat(&mut alice, id);
     }
     drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -24,7 +24,8 @@ pub(crate) fn shim() -> &'static Path {
     static SHIM: OnceLock<PathBuf> = OnceLock::new();
     SHIM.get_or_init(|| {
         let source = crate::support::repo_root().join("crates/cli/tests/powercut/shim.c");
-        let output = std::env::temp_dir().join(format!("crossbook-powercut-shim-{}.so", std::process::id()));
+        // Beside the build (`CARGO_TARGET_TMPDIR`), not left in /tmp.
+        let output = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("crossbook-powercut-shim-{}.so", std::process::id()));
         let status = Process::new("cc")
             .args(["-shared", "-fPIC", "-O2", "-Wall", "-o"])
             .arg(&output)

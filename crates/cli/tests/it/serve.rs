@@ -299,11 +299,9 @@ pub(crate) fn limit(cid: u64, side: Side, price: i64, qty: u64, tif: TimeInForce
     })
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("crossbook-serve-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A directory of its own for one test, removed when it is dropped.
+fn temp_dir(name: &str) -> crate::support::TempDir {
+    crate::support::TempDir::new(&format!("serve-{name}"))
 }
 
 /// A new venue whose start fails (its port taken) journals nothing: the
@@ -526,7 +524,6 @@ fn two_accounts_trade_a_third_cannot_interfere_and_state_survives_a_restart() {
     assert_eq!(engine.balance(2, 2), Some((999_500, 0)), "bob USD");
     assert_eq!(engine.balance(3, 2), Some((1_000, 0)), "mallory USD");
     assert_eq!(engine.open_orders(), 0);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Random bytes, truncated frames, oversized lengths and mutated frames on
@@ -590,7 +587,6 @@ fn garbage_costs_only_its_own_connection() {
     let left_out: u64 = log.iter().filter_map(|l| l.strip_prefix("... and ")?.split_whitespace().next()?.parse::<u64>().ok()).sum();
     let logged = log.iter().filter(|l| l.starts_with("disconnect connection=") && l.contains("127.0.0.1")).count() as u64;
     assert!(logged + left_out >= rounds - 1, "{logged} logged + {left_out} counted for {rounds} connections");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `crossbook load` drives the server; the server is killed with SIGKILL
@@ -670,7 +666,6 @@ fn kill_9_under_load_loses_no_acknowledged_order() {
     }
     eprintln!("{unheard_total} journaled orders were acknowledged only on reconnect");
     assert!(server.terminate().success());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The limits: an account's open orders (the next is refused with reason
@@ -763,7 +758,6 @@ fn limits_on_open_orders_and_connections() {
     expect(&fix.next(), &[(150, "4"), (11, "1")]);
     expect(&fix.next(), &[(150, "0"), (11, "F2")]);
     assert!(server.terminate().success());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -785,7 +779,6 @@ fn a_login_past_the_history_learns_what_was_taken_back() {
     let accepted = alice.report();
     assert_eq!((accepted.kind, accepted.seq), (ReportKind::Accepted, 1), "the first report after the login, not one replayed");
     assert!(server.terminate().success());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -833,5 +826,4 @@ fn an_idle_session_leaves_the_server_asleep() {
     };
     assert!(count(" writes,") >= 1, "{journal}");
     assert_eq!(count(" writes,"), count(" fdatasyncs,"), "{journal}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

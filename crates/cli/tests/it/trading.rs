@@ -1056,6 +1056,20 @@ fn the_websocket_api_subscribes_to_an_accounts_own_events_only() {
     );
     let tested = ws_api_answer(&mut socket, &request, 19, &mut events);
     assert_eq!((&tested["status"], &tested["result"]), (&json!(200), &json!({})), "{tested}");
+    // A parameter given twice is refused as REST refuses it, whichever copy
+    // the signature covers; a name twice in the request itself, and an
+    // `id` longer than 36 characters (not bytes), are malformed.
+    let request = request.replace(r#""quantity":0.0030"#, r#""quantity":1,"quantity":0.0030"#).replace(r#""id":19"#, r#""id":190"#);
+    let twice = ws_api_answer(&mut socket, &request, 190, &mut events);
+    assert_eq!((error(&twice), twice["error"]["msg"].as_str()), ((Some(400), Some(-1101)), Some("Duplicate values for parameter 'quantity'.")), "{twice}");
+    for malformed in [r#"{"id":191,"id":192,"method":"ping"}"#.to_string(), format!(r#"{{"id":"{}","method":"ping"}}"#, "é".repeat(37))] {
+        socket.send(tungstenite::Message::Text(malformed.as_str().into())).unwrap();
+        let answer = messages_until(&mut socket, |got| !got.is_empty());
+        assert_eq!((answer.len(), error(&answer[0]), &answer[0]["id"]), (1, (Some(400), Some(-1000)), &Value::Null), "{malformed}: {answer:?}");
+    }
+    socket.send(tungstenite::Message::Text(format!(r#"{{"id":"{}","method":"ping"}}"#, "é".repeat(36)).into())).unwrap();
+    let answer = messages_until(&mut socket, |got| !got.is_empty());
+    assert_eq!((answer.len(), &answer[0]["status"]), (1, &json!(200)), "36 characters, 72 bytes: {answer:?}");
     let sell = [("symbol", "BTCUSD"), ("side", "SELL"), ("type", "LIMIT"), ("timeInForce", "GTC"), ("quantity", "0.003"), ("price", "5000"), ("newClientOrderId", "w1")];
     let placed = ws_api_answer(&mut socket, &signed_request(20, "order.place", &sell, "alice", "alice-secret"), 20, &mut events);
     assert_eq!((placed["status"].as_u64(), placed["result"]["status"].as_str(), placed["result"]["clientOrderId"].as_str()), (Some(200), Some("NEW"), Some("w1")), "{placed}");

@@ -525,11 +525,35 @@ fn apply(restored: &mut Restored, kind: u8, body: &[u8]) -> Result<(), RecordFau
 mod tests {
     use super::*;
 
-    fn temp(name: &str) -> PathBuf {
+    /// A store's path in a directory of its own, removed when dropped.
+    struct Scratch(PathBuf);
+
+    impl std::ops::Deref for Scratch {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl AsRef<Path> for Scratch {
+        fn as_ref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            if let Some(dir) = self.0.parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+
+    fn temp(name: &str) -> Scratch {
         let dir = std::env::temp_dir().join(format!("crossbook-fixstore-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
-        dir.join("s.fixstore")
+        Scratch(dir.join("s.fixstore"))
     }
 
     #[test]

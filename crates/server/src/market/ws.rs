@@ -459,6 +459,45 @@ fn numbers_as_written(text: &str, params: &mut serde_json::Map<String, Value>) {
     }
 }
 
+/// The first name a request gives twice: `Some((false, name))` in the
+/// request object, `Some((true, name))` in its `params`. (`Value` keeps the
+/// last of two and says nothing; a signature over the other, or an order
+/// read from it, must not be.)
+fn named_twice(text: &str) -> Option<(bool, String)> {
+    /// An object's member names in order, each with its value's text.
+    struct Members<'a>(Vec<(String, &'a serde_json::value::RawValue)>);
+    impl<'de> serde::Deserialize<'de> for Members<'de> {
+        fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            struct Visit;
+            impl<'de> serde::de::Visitor<'de> for Visit {
+                type Value = Members<'de>;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<Members<'de>, M::Error> {
+                    let mut members = Vec::new();
+                    while let Some(member) = map.next_entry()? {
+                        members.push(member);
+                    }
+                    Ok(Members(members))
+                }
+            }
+            deserializer.deserialize_map(Visit)
+        }
+    }
+    let first_twice = |members: &Members<'_>| {
+        let mut seen = std::collections::BTreeSet::new();
+        members.0.iter().find(|(name, _)| !seen.insert(name.as_str())).map(|(name, _)| name.clone())
+    };
+    let request: Members<'_> = serde_json::from_str(text).ok()?;
+    if let Some(name) = first_twice(&request) {
+        return Some((false, name));
+    }
+    let (_, params) = request.0.iter().find(|(name, _)| name == "params")?;
+    let params: Members<'_> = serde_json::from_str(params.get()).ok()?;
+    first_twice(&params).map(|name| (true, name))
+}
+
 impl Session {
     /// Answers one WebSocket API request (`docs/trading.md`, "The
     /// WebSocket API"): `{"id", "status", "result", "rateLimits"}` or
@@ -473,8 +512,12 @@ impl Session {
             Ok(_) => return (Reply::Now(api_error(&Value::Null, &ApiError::bad(-1000, "Malformed request: a JSON object is expected."))), false),
             Err(e) => return (Reply::Now(api_error(&Value::Null, &ApiError::bad(-1000, format!("Malformed request: {e}.")))), false),
         };
+        let twice = named_twice(text);
+        if let Some((false, name)) = &twice {
+            return (Reply::Now(api_error(&Value::Null, &ApiError::bad(-1000, format!("Malformed request: '{name}' is given twice.")))), false);
+        }
         let id = request.get("id").cloned().unwrap_or(Value::Null);
-        if !(id.is_null() || id.is_i64() || id.is_u64() || id.as_str().is_some_and(|s| s.len() <= 36)) {
+        if !(id.is_null() || id.is_i64() || id.is_u64() || id.as_str().is_some_and(|s| s.chars().count() <= 36)) {
             return (Reply::Now(api_error(&Value::Null, &ApiError::bad(-1000, "Malformed request: 'id' must be an integer, a string of 36 characters at most, or null."))), false);
         }
         let mut params = request.remove("params");
@@ -486,6 +529,9 @@ impl Session {
             Some(Value::Object(params)) => params,
             Some(_) => return (Reply::Now(api_error(&id, &ApiError::bad(-1000, "Malformed request: 'params' must be an object."))), false),
         };
+        if let Some((true, name)) = twice {
+            return (Reply::Now(api_error(&id, &ApiError::bad(-1101, format!("Duplicate values for parameter '{name}'.")))), false);
+        }
         numbers_as_written(text, &mut params);
         let params = &params;
         let Some(trading) = &hub.trading else {
