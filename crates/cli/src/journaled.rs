@@ -140,7 +140,10 @@ pub fn verify(dir: &Path, replay: bool) -> Result<()> {
     existing(dir)?;
     let (end, problems) = crossbook_journal::verify_with(dir, replay);
     if let Some(end) = &end {
-        println!("{} records in {} segments, last seq {}", end.records, end.segments, end.last_seq);
+        // A last segment whose header a crash cut off holds no record, and
+        // recovery removes it (its torn tail, below): not counted.
+        let removed = end.torn.as_ref().is_some_and(|torn| torn.whole_segment);
+        println!("{} records in {} segments, last seq {}", end.records, end.segments - usize::from(removed), end.last_seq);
     }
     for problem in &problems {
         println!("{problem}");

@@ -78,7 +78,9 @@ enum Cmd {
     Serve {
         /// crossbook.toml (every setting has a default; the assets,
         /// instruments and accounts are the file's, or with `demo = true`
-        /// the demo venue's; without a file: the demo venue).
+        /// the demo venue's; without a file: the demo venue, on a new data
+        /// directory or the demo venue's own only, never on a venue set up
+        /// or last served from a file).
         #[arg(long)]
         config: Option<PathBuf>,
         /// Overrides `listen` (e.g. 127.0.0.1:0 for any free port).
@@ -431,10 +433,11 @@ fn host_and_port_like(flag: &str, text: String, example: Option<&str>) -> Result
 }
 
 /// A time that must not be zero (a wait that could never succeed, a run
-/// with no time to measure).
+/// with no time to measure): a millisecond at least, which a socket's
+/// time-out can be (1e-12 is not zero, but no time-out can be that short).
 fn positive_seconds(flag: &str, value: f64) -> Result<Duration> {
-    if value.is_nan() || value <= 0.0 {
-        usage!("{flag} must be a number of seconds more than 0, at most 31536000 (a year), not {value}");
+    if !(0.001..=31_536_000.0).contains(&value) {
+        usage!("{flag} must be a number of seconds from 0.001 to 31536000 (a year), not {value}");
     }
     seconds(flag, value)
 }

@@ -163,10 +163,21 @@ pub(crate) fn run(options: Options) -> Result<()> {
                 _ => bail!("no answer from the server within {after} s"),
             }
         }
+        // The answer, once printed, is the outcome: a session that ends
+        // during the linger says so and changes nothing (an exit status of
+        // 1 would have a script send an order the venue took again).
         let message = match client.recv() {
             Ok(Some(message)) => message,
-            Ok(None) => bail!("the server closed the connection"),
             Err(crossbook_client::ClientError::TimedOut) => continue,
+            Ok(None) if answered.is_some() => {
+                eprintln!("crossbook: the server closed the connection after its answer");
+                break;
+            }
+            Ok(None) => bail!("the server closed the connection"),
+            Err(e) if answered.is_some() => {
+                eprintln!("crossbook: the connection ended after the server's answer: {e}");
+                break;
+            }
             Err(e) => return Err(anyhow!(e)),
         };
         if !say(&describe(&message))? {
@@ -184,6 +195,10 @@ pub(crate) fn run(options: Options) -> Result<()> {
         // The server ends the session (it stops, or a reload took the
         // account's key away): nothing more comes.
         if let ServerMessage::Logout { .. } = &message {
+            if answered.is_some() {
+                eprintln!("crossbook: the server ended the session ({}) after its answer", describe(&message));
+                break;
+            }
             bail!("the server ended the session ({})", describe(&message));
         }
         if answered.is_none() && answers(&options.action, &message, request) {

@@ -39,8 +39,12 @@ pub const MAX_MESSAGE: usize = 768 * 1024;
 const APPEND_QUEUE: usize = 4096;
 /// Messages sent to JetStream and not yet acknowledged, at most.
 const MAX_IN_FLIGHT: usize = 64;
-/// Messages the reader may have delivered and not yet taken.
+/// Messages the reader may have delivered and not yet taken, at most...
 const READ_QUEUE: usize = 1024;
+/// ... and their payloads' kibibytes, at most (a follower catching up on
+/// large batches holds 64 MiB of them read ahead, not 1,024 times
+/// `MAX_MESSAGE`).
+const READ_AHEAD_KIB: u32 = 64 * 1024;
 /// How long an append or a read waits before it is retried.
 const RETRY: Duration = Duration::from_millis(100);
 /// The stream's window for recognising a retried message.
@@ -470,7 +474,8 @@ impl Log {
     /// queue the caller takes from (`Reader::next`); `wake` is called when
     /// messages wait.
     pub fn reader(&self, from: u64, wake: Arc<dyn Fn() + Send + Sync>) -> Reader {
-        let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Delivered, ReplicationError>>(READ_QUEUE);
+        let (sender, receiver) = tokio::sync::mpsc::channel::<(Result<Delivered, ReplicationError>, tokio::sync::OwnedSemaphorePermit)>(READ_QUEUE);
+        let budget = Arc::new(tokio::sync::Semaphore::new(READ_AHEAD_KIB as usize));
         let (js, name, subject) = (self.js.clone(), self.stream_name.clone(), self.subject.clone());
         let task = self.runtime.spawn(async move {
             let mut next = from;
@@ -501,7 +506,10 @@ impl Log {
                     }
                     let delivered = deliver(info, message.headers.as_ref(), &message.payload);
                     let failed = delivered.is_err();
-                    if sender.send(delivered).await.is_err() {
+                    // Held until the message is taken (`Reader::try_next`).
+                    let kib = u32::try_from(message.payload.len().div_ceil(1024)).unwrap_or(u32::MAX).clamp(1, READ_AHEAD_KIB);
+                    let Ok(permit) = budget.clone().acquire_many_owned(kib).await else { return };
+                    if sender.send((delivered, permit)).await.is_err() {
                         return;
                     }
                     wake();
@@ -743,7 +751,9 @@ impl Appender {
 
 /// A replica's side: the messages after a point, in order.
 pub struct Reader {
-    receiver: tokio::sync::mpsc::Receiver<Result<Delivered, ReplicationError>>,
+    /// Each message with its share of the read-ahead budget, given back
+    /// as it is taken.
+    receiver: tokio::sync::mpsc::Receiver<(Result<Delivered, ReplicationError>, tokio::sync::OwnedSemaphorePermit)>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -751,7 +761,7 @@ impl Reader {
     /// The next message, if one is waiting.
     pub fn try_next(&mut self) -> Option<Result<Delivered, ReplicationError>> {
         match self.receiver.try_recv() {
-            Ok(message) => Some(message),
+            Ok((message, _budget)) => Some(message),
             Err(tokio::sync::mpsc::error::TryRecvError::Empty) => None,
             Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => Some(Err(ReplicationError::Nats("the log's reader stopped".into()))),
         }

@@ -335,7 +335,6 @@ pub struct AccountConfig {
 /// Demo accounts in the default configuration (ids 1 to 16).
 pub const DEMO_ACCOUNTS: u64 = 16;
 
-/// The API key of demo account `id`.
 /// `nats://host:port` (or `tls://`, or `host:port` alone): what the NATS
 /// client takes, checked before it is given the time to try.
 fn nats_url(url: &str) -> bool {
@@ -360,6 +359,7 @@ fn deposits<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<(u3
         .collect()
 }
 
+/// The API key of demo account `id`.
 pub fn demo_key(id: u64) -> String {
     format!("demo-key-{id}")
 }
@@ -489,7 +489,17 @@ pub enum ConfigError {
     /// A file that lists no assets or no instruments (and does not ask
     /// for the demo venue's): a venue with nothing to trade.
     NothingListed(&'static str),
+    /// The built-in configuration (no file) on a venue that was set up, or
+    /// last served, from a file: the demo's published keys would open its
+    /// accounts (`DEMO_MARKER`).
+    NotTheDemo(PathBuf),
 }
+
+/// The file in a data directory that says its venue is the demo venue: set
+/// up from the built-in configuration and never served from a file since.
+/// Without it, the built-in configuration is refused on a venue that has
+/// run.
+pub const DEMO_MARKER: &str = "DEMO";
 
 /// The smallest `segment_bytes` accepted.
 pub const MIN_SEGMENT_BYTES: u64 = 4096;
@@ -511,7 +521,13 @@ impl std::fmt::Display for ConfigError {
             ConfigError::BadFixApplication(other) => write!(f, "fix.application must be venue or echo, not {other:?}"),
             ConfigError::BadFixUnit { symbol, what, value } => write!(f, "instrument {symbol}: {what} {value:?} is not a positive decimal of at most {} digits whose digits, the point left out, make at most {}", crossbook_fix::decimal::MAX_DIGITS, u64::MAX),
             ConfigError::SymbolClash { symbol, binance } => write!(f, "instrument {symbol}: another instrument's symbol is also written {binance} (letters and digits only), as market data names it"),
+            ConfigError::AssetClash { name, other } if name == other => write!(f, "two assets are named {name}"),
             ConfigError::AssetClash { name, other } => write!(f, "assets {other} and {name} have the same name in another case (the REST API reads an asset's name in any case)"),
+            ConfigError::NotTheDemo(dir) => write!(
+                f,
+                "{} holds a venue set up or last served from a configuration file: start it with --config and that file (without one, crossbook serve runs the demo venue, whose accounts' keys are published, and does so only on a new data directory or on the demo venue's own)",
+                dir.display()
+            ),
             ConfigError::BadAddress { key, value } => write!(f, "{key} {value:?} is not an address (host:port)"),
             ConfigError::BadReplication(why) => write!(f, "replication: {why}"),
             ConfigError::BadNice(nice) => write!(f, "market_data.nice must be 0 to 19, not {nice}"),
@@ -637,7 +653,7 @@ impl Config {
             .iter()
             .flat_map(|a| [(std::borrow::Cow::from("assets.id"), u64::from(a.id), 1, u64::from(u32::MAX)), (format!("assets.decimals (of asset {} {:?})", a.id, a.name).into(), u64::from(a.decimals), 0, 18)])
             .chain(self.instruments.iter().map(|i| ("instruments.id".into(), u64::from(i.id), 1, u64::from(u32::MAX))))
-            .chain([("history_commands".into(), self.history_commands, 1, u64::MAX)])
+            .chain([("history_commands".into(), self.history_commands, 1, i64::MAX as u64)])
         {
             if !(least..=most).contains(&value) {
                 return Err(ConfigError::OutOfRange { key, value, least, most });

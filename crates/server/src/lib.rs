@@ -112,6 +112,34 @@ fn add_what_the_configuration_adds(config: &Config, engine: &mut crossbook_engin
     Ok(())
 }
 
+/// Says in the data directory whether its venue is the demo venue
+/// (`config::DEMO_MARKER`): made, durably, before a new venue is set up
+/// from the built-in configuration; removed once a file serves the venue.
+fn mark_demo(dir: &std::path::Path, demo: bool) -> Result<(), ServeError> {
+    let path = dir.join(config::DEMO_MARKER);
+    let changed = if demo {
+        !path.exists() && {
+            let write = || -> std::io::Result<()> {
+                let mut file = std::fs::File::create(&path)?;
+                std::io::Write::write_all(&mut file, b"The demo venue: set up from crossbook serve's built-in configuration, whose accounts' keys are published.\nServed from a file once, this file goes, and the built-in configuration is refused on this directory from then on.\n")?;
+                file.sync_all()
+            };
+            write().map_err(ServeError::io(format!("writing {}", path.display())))?;
+            true
+        }
+    } else {
+        match std::fs::remove_file(&path) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(ServeError::io(format!("removing {}", path.display()))(e)),
+        }
+    };
+    if changed {
+        crossbook_journal::sync_dir(dir)?;
+    }
+    Ok(())
+}
+
 /// What a served session ended with.
 pub struct Summary {
     pub seq: u64,
@@ -221,15 +249,26 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
     let journal_config = JournalConfig { durability, on_ack: Some(on_ack), eager: false, segment_bytes: config.segment_bytes };
     let mut journal = Journal::open(&config.data_dir, journal_config, &recovered.end)?;
     let chain = recovered.end.last_crc;
+    // The built-in configuration's keys are published: it serves a new
+    // venue, or the demo venue it set up, never one set up or served from
+    // a file (a forgotten --config would open its accounts to them).
+    let built_in = reread.is_none() && replicated_log.is_none();
+    if engine.seq() > 0 && built_in && !config.data_dir.join(config::DEMO_MARKER).exists() {
+        return Err(ServeError::Config(config::ConfigError::NotTheDemo(config.data_dir.clone())));
+    }
     if engine.seq() == 0 && replicated_log.is_none() {
         // A new venue is journaled only once it could be served: a start
         // that fails here leaves the directory without a venue, so that a
         // corrected configuration starts afresh.
         probe(&config)?;
+        mark_demo(&config.data_dir, built_in)?;
         sequencer::set_up(&mut engine, &mut journal, &config.checked_setup_commands()?)?;
         log(&format!("new venue: {} set-up commands from the configuration", engine.seq()));
     } else {
         log(&format!("recovered {} commands from {}", engine.seq(), config.data_dir.display()));
+        if !built_in {
+            mark_demo(&config.data_dir, false)?;
+        }
         if replicated_log.is_none() {
             add_what_the_configuration_adds(&config, &mut engine, &mut journal)?;
         } else {

@@ -587,6 +587,10 @@ fn only_a_header_a_crash_cut_off_is_dropped_as_torn() {
             Ok(recovered) if torn => {
                 assert_eq!(recovered.end.last_seq, commands.len() as u64, "{name}");
                 assert!(recovered.end.torn.as_ref().is_some_and(|t| t.whole_segment), "{name}");
+                // verify counts the segments recovery keeps.
+                let output = Process::new(env!("CARGO_BIN_EXE_crossbook")).args(["journal", "verify", dir.0.to_str().unwrap()]).output().unwrap();
+                let said = String::from_utf8_lossy(&output.stdout);
+                assert!(output.status.success() && said.starts_with(&format!("{} records in 1 segments, ", commands.len())), "{name}: {said}");
             }
             Err(RecoveryError::Corruption(c)) if !torn => {
                 assert_eq!(c.file, path, "{name}");

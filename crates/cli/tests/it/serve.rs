@@ -322,6 +322,44 @@ fn a_start_that_fails_leaves_no_venue_behind() {
     assert_eq!(crossbook_journal::recover(&data).unwrap().engine.seq(), 0, "nothing journaled");
 }
 
+/// The built-in configuration, whose keys are published, serves a new
+/// venue and the demo venue it set up; never a venue set up or last served
+/// from a file, whose accounts a forgotten `--config` would open to the
+/// demo's keys.
+#[test]
+fn the_built_in_configuration_never_serves_a_venue_from_a_file() {
+    let built_in = |data: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_crossbook"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--fix-listen", "", "--market-listen", "", "--data", data.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let refused = |data: &Path| {
+        let output = built_in(data);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("holds a venue set up or last served from a configuration file: start it with --config"), "{stderr}");
+        assert!(!stderr.contains("from the configuration:"), "nothing of the demo's added: {stderr}");
+    };
+    // Set up from a file.
+    let configured = temp_dir("from-a-file");
+    assert!(start(&configured).terminate().success());
+    refused(&configured.join("data"));
+    // The demo venue, served again on the built-in configuration; then
+    // once from a file (the demo's own lists), after which it is not.
+    let demo = temp_dir("demo");
+    for _ in 0..2 {
+        let server = start_default(&demo);
+        let (_, reply) = Client::login(&server.address, 1, "demo-key-1");
+        assert!(matches!(reply, ServerMessage::LoginAccepted { account: 1, .. }), "{reply:?}");
+        assert!(server.terminate().success());
+    }
+    let file = demo.join("mine.toml");
+    std::fs::write(&file, "demo = true\n").unwrap();
+    assert!(spawn(&["--config", file.to_str().unwrap(), "--listen", "127.0.0.1:0", "--data", demo.join("data").to_str().unwrap()]).terminate().success());
+    refused(&demo.join("data"));
+}
+
 /// A server told to stop while a session's orders are still unanswered
 /// answers them first, then logs the session out once; nothing follows
 /// the Logout, and every order the venue journaled was answered.

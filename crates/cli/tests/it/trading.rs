@@ -371,7 +371,20 @@ fn crossbook_order_places_cancels_and_queries_by_hand() {
     let (bad, out) = crossbook(&["order", "--address", address, "--account", "1", "--key", "wrong", "balances"]);
     assert!(!bad && out.contains("login-rejected reason=bad_credentials"), "{out}");
     // The venue stopping ends a watch: its Logout printed, and the
-    // command's failure (exit 1) says so.
+    // command's failure (exit 1) says so. An order answered before it, its
+    // command lingering, is done: exit 0.
+    let mut lingering = std::process::Command::new(env!("CARGO_BIN_EXE_crossbook"))
+        .args(["order", "--address", address, "--account", "2", "--key", "bob", "place", "--side", "buy", "--price", "1", "--qty", "1", "--linger", "60"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("order place --linger");
+    let mut said = std::io::BufReader::new(lingering.stdout.take().expect("its output"));
+    let mut line = String::new();
+    while !line.contains(" accepted ") {
+        line.clear();
+        assert!(std::io::BufRead::read_line(&mut said, &mut line).unwrap() > 0, "no answer before the end");
+    }
     server.drain();
     let watch = std::process::Command::new(env!("CARGO_BIN_EXE_crossbook"))
         .args([&common[..], &["watch", "--duration", "60"]].concat())
@@ -385,6 +398,10 @@ fn crossbook_order_places_cancels_and_queries_by_hand() {
     let (out, err) = (String::from_utf8_lossy(&watched.stdout), String::from_utf8_lossy(&watched.stderr));
     assert_eq!(watched.status.code(), Some(1), "{out}{err}");
     assert!(out.contains("logout reason=0") && err.contains("the server ended the session (logout reason=0)"), "{out}{err}");
+    let lingered = lingering.wait_with_output().expect("order place ends");
+    let err = String::from_utf8_lossy(&lingered.stderr);
+    assert_eq!(lingered.status.code(), Some(0), "{err}");
+    assert!(err.contains("the server ended the session (logout reason=0) after its answer"), "{err}");
 }
 
 /// An account with a `login_key` logs in on the binary port with it,
