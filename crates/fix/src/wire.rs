@@ -306,9 +306,12 @@ impl Builder {
         Builder { body: Vec::with_capacity(256) }
     }
 
+    // Tags and numbers are written straight into the message (`write!`
+    // on a `Vec` cannot fail), not through a `String` each: every report
+    // is a few dozen fields.
+
     pub fn field(&mut self, tag: u32, value: &[u8]) -> &mut Self {
-        self.body.extend_from_slice(tag.to_string().as_bytes());
-        self.body.push(b'=');
+        self.tag(tag);
         self.body.extend_from_slice(value);
         self.body.push(SOH);
         self
@@ -319,21 +322,28 @@ impl Builder {
     }
 
     pub fn num(&mut self, tag: u32, value: impl std::fmt::Display) -> &mut Self {
-        self.field(tag, value.to_string().as_bytes())
+        self.tag(tag);
+        let _ = std::io::Write::write_fmt(&mut self.body, format_args!("{value}"));
+        self.body.push(SOH);
+        self
+    }
+
+    fn tag(&mut self, tag: u32) {
+        let _ = std::io::Write::write_fmt(&mut self.body, format_args!("{tag}="));
     }
 
     /// The complete message with `begin_string` (e.g. `FIX.4.4`).
     pub fn finish(&self, begin_string: &str) -> Vec<u8> {
+        use std::io::Write;
         let mut out = Vec::with_capacity(self.body.len() + 32);
         out.extend_from_slice(b"8=");
         out.extend_from_slice(begin_string.as_bytes());
         out.push(SOH);
-        out.extend_from_slice(b"9=");
-        out.extend_from_slice(self.body.len().to_string().as_bytes());
+        let _ = write!(out, "9={}", self.body.len());
         out.push(SOH);
         out.extend_from_slice(&self.body);
         let sum = checksum(&out);
-        out.extend_from_slice(format!("10={sum:03}").as_bytes());
+        let _ = write!(out, "10={sum:03}");
         out.push(SOH);
         out
     }

@@ -73,13 +73,16 @@ pub enum Protocol {
 }
 
 /// What the load generator needs of a report, whichever protocol.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Reply {
     kind: ReportKind,
     cid: u64,
     order: u64,
     /// The session sequence number (binary protocol; 0 over FIX).
     seq: u64,
+    /// A rejection's reason as the protocol says it (the binary reason's
+    /// name, FIX's OrdRejReason); empty otherwise.
+    why: String,
 }
 
 /// The protocol a session speaks: how an order and a cancel are written
@@ -106,7 +109,10 @@ impl Wire for BinaryWire {
 
     fn decode(&mut self, buffer: &[u8]) -> Result<Option<(Option<Reply>, usize)>, String> {
         match decode_server(buffer, 1 << 16) {
-            Ok(Decoded::Message(ServerMessage::ExecutionReport(r), size)) => Ok(Some((Some(Reply { kind: r.kind, cid: r.cid, order: r.order, seq: r.seq }), size))),
+            Ok(Decoded::Message(ServerMessage::ExecutionReport(r), size)) => {
+                let why = r.refusal().map_or_else(String::new, |refusal| refusal.name().to_string());
+                Ok(Some((Some(Reply { kind: r.kind, cid: r.cid, order: r.order, seq: r.seq, why }), size)))
+            }
             Ok(Decoded::Message(ServerMessage::Error { reason } | ServerMessage::LoginRejected { reason }, _)) => Err(format!("the server ended the session: Error {reason}")),
             Ok(Decoded::Message(ServerMessage::Logout { .. }, _)) => Err("the server ended the session: logged out".into()),
             Ok(Decoded::Message(_, size)) => Ok(Some((None, size))),
@@ -162,7 +168,8 @@ impl Wire for FixWire {
                 // A cancel reports the cancel's own ClOrdID: the order's is 41.
                 let cid_tag = if kind == ReportKind::Cancelled && message.get(41).is_some() { 41 } else { 11 };
                 let cid = message.text(cid_tag).and_then(|t| t.parse().ok()).unwrap_or(0);
-                Ok(Some((Some(Reply { kind, cid, order: message.number(37).unwrap_or(0), seq: 0 }), size)))
+                let why = if kind == ReportKind::Rejected { format!("OrdRejReason={}", message.text(103).unwrap_or("none")) } else { String::new() };
+                Ok(Some((Some(Reply { kind, cid, order: message.number(37).unwrap_or(0), seq: 0, why }), size)))
             }
             b"5" => Err(format!("logged out by the server: {}", message.text(58).unwrap_or(""))),
             _ => Ok(Some((None, size))),
@@ -189,6 +196,8 @@ pub(crate) struct Tally {
     sent: u64,
     acked: u64,
     rejected: u64,
+    /// The rejections by reason.
+    rejected_by: std::collections::BTreeMap<String, u64>,
     fills: u64,
     /// The highest report sequence number seen.
     last_seq: u64,
@@ -205,7 +214,13 @@ pub(crate) struct Tally {
 impl Tally {
     /// Nothing counted yet.
     pub(crate) fn new() -> Tally {
-        Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, fills: 0, last_seq: 0, cancels: 0, errors: 0, first_error: None, unanswered: 0, accepted: Vec::new() }
+        Tally { ack: histogram(), fill: histogram(), sent: 0, acked: 0, rejected: 0, rejected_by: Default::default(), fills: 0, last_seq: 0, cancels: 0, errors: 0, first_error: None, unanswered: 0, accepted: Vec::new() }
+    }
+
+    /// An order refused, for `why`.
+    pub(crate) fn reject(&mut self, why: String) {
+        self.rejected += 1;
+        *self.rejected_by.entry(why).or_default() += 1;
     }
 
     /// A session's connection failed (it ends): counted, the first kept.
@@ -512,8 +527,8 @@ fn record(tally: &mut Tally, books: &mut Books<'_>, keep: bool, report: Reply, n
                         tally.accepted.push((report.order, report.cid.to_string()));
                     }
                 } else {
-                    tally.rejected += 1;
                     books.unfilled.remove(&report.cid);
+                    tally.reject(report.why);
                 }
             }
         }
@@ -582,6 +597,7 @@ pub fn run(options: Options) -> Result<()> {
     let mut ack = histogram();
     let mut fill = histogram();
     let (mut sent, mut acked, mut rejected, mut fills, mut cancels, mut errors, mut unanswered) = (0, 0, 0, 0, 0, 0, 0);
+    let mut rejected_by = std::collections::BTreeMap::<String, u64>::new();
     let mut first_error = None;
     let mut accepted = Vec::new();
     let mut last_seen = String::new();
@@ -592,6 +608,9 @@ pub fn run(options: Options) -> Result<()> {
         sent += tally.sent;
         acked += tally.acked;
         rejected += tally.rejected;
+        for (why, count) in tally.rejected_by {
+            *rejected_by.entry(why).or_default() += count;
+        }
         fills += tally.fills;
         cancels += tally.cancels;
         errors += tally.errors;
@@ -628,6 +647,7 @@ pub fn run(options: Options) -> Result<()> {
         "sent": sent,
         "acknowledged": acked,
         "rejected": rejected,
+        "rejected_by": rejected_by,
         "fill_reports": fills,
         "cancels_sent": cancels,
         "unanswered": unanswered,
@@ -643,6 +663,10 @@ pub fn run(options: Options) -> Result<()> {
             "connections {} mode {} sent {sent} acknowledged {acked} rejected {rejected} fills {fills} cancels {cancels} unanswered {unanswered} errors {errors}",
             options.connections, report["mode"].as_str().unwrap_or("")
         );
+        if rejected > 0 {
+            let reasons: Vec<String> = rejected_by.iter().map(|(why, count)| format!("{why} {count}")).collect();
+            println!("rejected_by {}", reasons.join(", "));
+        }
         println!("orders_per_s {:.0}", (acked + rejected) as f64 / seconds);
         for (name, h) in [("order_to_ack_ns", &ack), ("order_to_fill_ns", &fill)] {
             let p = percentiles(h);
@@ -662,7 +686,7 @@ mod tests {
     use super::*;
 
     fn reply(kind: ReportKind, cid: u64, order: u64) -> Reply {
-        Reply { kind, cid, order, seq: 0 }
+        Reply { kind, cid, order, seq: 0, why: String::new() }
     }
 
     /// A session keeps only its resting orders that are still live: an

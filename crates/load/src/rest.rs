@@ -245,9 +245,9 @@ fn session(mut http: Session, index: u64, options: &Options, start: Instant, end
                     resting.push_back(id);
                 }
             }
-            Ok((_, _)) => {
+            Ok((status, value)) => {
                 tally.ack.saturating_record(nanos);
-                tally.rejected += 1;
+                tally.reject(refusal(status, &value));
             }
             Err(e) => {
                 tally.error(|| format!("an order request: {e}"));
@@ -271,6 +271,15 @@ fn session(mut http: Session, index: u64, options: &Options, start: Instant, end
 }
 
 /// An accepted order's id and `clientOrderId`, for --acked-out.
+/// A refused order's reason as the load reports it: the answer's status
+/// and Binance error code (`status 429 code -1003` for a weight limit).
+fn refusal(status: impl std::fmt::Display, answer: &serde_json::Value) -> String {
+    match answer["code"].as_i64().or_else(|| answer["error"]["code"].as_i64()) {
+        Some(code) => format!("status {status} code {code}"),
+        None => format!("status {status}"),
+    }
+}
+
 fn keep_accepted(tally: &mut Tally, answer: &serde_json::Value) {
     if let (Some(order), Some(client_id)) = (answer["orderId"].as_u64(), answer["clientOrderId"].as_str()) {
         tally.accepted.push((order, client_id.to_string()));
@@ -370,7 +379,7 @@ fn ws_session(mut ws: Session, index: u64, options: &Options, start: Instant, en
         let nanos = (planned.elapsed().as_nanos() as u64).max(1);
         tally.ack.saturating_record(nanos);
         if status != 200 {
-            tally.rejected += 1;
+            tally.reject(refusal(status, &body));
             continue;
         }
         tally.acked += 1;

@@ -1989,4 +1989,18 @@ fn load_over_rest_and_the_websocket_api_writes_what_was_acknowledged() {
             assert_eq!(found["clientOrderId"], json!(client_id), "{protocol}: {found}");
         }
     }
+    // Orders past the key's 1,000 in 10 s are refused, and the run says
+    // why: every rejection counted under its reason.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_crossbook"))
+        .args(["load", "--protocol", "rest", "--address", &server.market_address, "--connections", "1", "--first-account", "5", "--count", "1100", "--duration", "20"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stdout);
+    let figure = |name: &str| -> u64 { said.split_whitespace().skip_while(|w| *w != name).nth(1).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{name}: {said}")) };
+    let (acknowledged, rejected) = (figure("acknowledged"), figure("rejected"));
+    assert!(acknowledged <= 1_000 && acknowledged + rejected == 1_100, "{said}");
+    let line = said.lines().find_map(|l| l.strip_prefix("rejected_by ")).unwrap_or_else(|| panic!("{said}"));
+    let by_reason: Vec<(&str, u64)> = line.split(", ").map(|r| r.rsplit_once(' ').map(|(why, n)| (why, n.parse().unwrap())).unwrap()).collect();
+    assert_eq!(by_reason.iter().map(|(_, n)| n).sum::<u64>(), rejected, "{said}");
+    assert!(by_reason.iter().any(|(why, _)| *why == "status 429 code -1015"), "{said}");
 }
