@@ -723,7 +723,10 @@ fn serve(
     // Such a restart comes while NATS may still be electing (a quorum just
     // back): a replication error then is tried again, for up to
     // `connect_timeout_s`, rather than ending the node.
-    let mut restarting_since: Option<std::time::Instant> = None;
+    // A first start is such a start too: NATS may be electing the
+    // stream's leader as it reads the log (JetStream's 503, "temporarily
+    // unavailable").
+    let mut restarting_since: Option<std::time::Instant> = config.replication.as_ref().map(|_| std::time::Instant::now());
     let patience = std::time::Duration::from_secs(config.replication.as_ref().map_or(0, |r| r.connect_timeout_s));
     // The data directory is held from here to the end, across restarts
     // as a follower: no other process can take it in between.
@@ -760,7 +763,7 @@ fn serve(
                 if e.is_nats_unavailable()
                     && restarting_since.is_some_and(|since| since.elapsed() < patience) && !shutdown.load(std::sync::atomic::Ordering::Acquire) =>
             {
-                crossbook_server::log(&format!("starting again as a follower: {e}; trying again"));
+                crossbook_server::log(&format!("replication: {e}; starting again in 500 ms (for up to connect_timeout_s from the first try)"));
                 std::thread::sleep(std::time::Duration::from_millis(500));
             }
             Err(e) => return Err(e.into()),

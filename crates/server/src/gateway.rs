@@ -243,6 +243,15 @@ pub(crate) fn run(
         {
             let tokens: Vec<Token> = gateway.conns.keys().copied().collect();
             for token in tokens {
+                // A session still owed answers the grace did not bring (a
+                // replicated leader without a quorum: its orders' fate is
+                // the log's) gets its Logout all the same, before the close.
+                if let Some(conn) = gateway.conns.get_mut(&token)
+                    && std::mem::take(&mut conn.logout_when_answered)
+                {
+                    conn.queue(&ServerMessage::Logout { reason: 0 });
+                    gateway.flush(token);
+                }
                 gateway.close(token, "server shutting down".into());
             }
             gateway.ratelog.flush();

@@ -395,7 +395,7 @@ pub fn serve_with_sinks(config: Config, controls: Controls, mut sinks: Vec<Box<d
         }
         let ttl = std::time::Duration::from_millis(replication.lease_ttl_ms);
         lease = Some(replica::lease_thread(replicated_log.clone(), node.clone(), me, replication.candidate, ttl, wake.clone()).map_err(ServeError::io("starting the lease thread"))?);
-        sequencer.replicated(sequencer::Replication { log: replicated_log, state: node.clone(), wake, chain, role: sequencer::Role::Follower(reader), setup: if from <= 1 { config.checked_setup_commands()? } else { config.setup_commands()? }, candidate: replication.candidate, accept_pending: false });
+        sequencer.replicated(sequencer::Replication { log: replicated_log, state: node.clone(), wake, chain, role: sequencer::Role::Follower(reader), setup: if from <= 1 { config.checked_setup_commands()? } else { config.setup_commands()? }, candidate: replication.candidate, start_from: from, accept_pending: false });
     }
     log(&format!("listening on {address}"));
     listening(address);

@@ -304,6 +304,10 @@ pub(crate) struct Replication {
     pub(crate) setup: Vec<Command>,
     /// It may lead (`false`: a read replica).
     pub(crate) candidate: bool,
+    /// The stream message the follower's reader started at: the only one
+    /// that may hold commands this node applied before it (its start
+    /// checked them against the log, `replica::reconcile`).
+    pub(crate) start_from: u64,
     /// It leads, and takes orders once every command it applied is
     /// released and in market data: until then the gateways' own checks
     /// (a transfer's reference, a REST client order id, a session's report
@@ -594,6 +598,18 @@ impl<'a> Sequencer<'a> {
         }
         if message.span.first == seq + 1 && message.span.previous != replication.chain {
             return Err(ServeError::Diverged(format!("stream message {} does not chain to command {seq} as this node has it", message.stream_seq)));
+        }
+        // Any other message that begins at or before a command this node
+        // applied says the log went on without it: this node applied a
+        // message the log does not keep (a leadership marker after command
+        // N < `seq` is such a message too). It stops; its next start cuts
+        // its journal back to the log.
+        if message.span.first <= seq && message.stream_seq != replication.start_from {
+            return Err(ServeError::Diverged(format!(
+                "stream message {} goes on from command {}, but this node applied up to command {seq}: it holds commands the log does not",
+                message.stream_seq,
+                message.span.first.saturating_sub(1)
+            )));
         }
         replication.state.applied_stream.store(message.stream_seq, Ordering::Release);
         let chain = message.span.chain;
