@@ -440,62 +440,58 @@ async fn serve(hub: &Arc<Hub>, socket: WebSocket, names: Vec<String>, combined: 
 /// exactly as written: the signature is over that text (`1.50` is not
 /// `1.5`, nor `1e0` `1.0`), and a value is read from it as from a query
 /// string. (`Value` keeps a number as an `f64` or an integer, not as
-/// written; the request is read again for their text, only when it has
-/// some.)
-fn numbers_as_written(text: &str, params: &mut serde_json::Map<String, Value>) {
-    if !params.values().any(Value::is_number) {
-        return;
-    }
-    #[derive(serde::Deserialize)]
-    struct Raw<'a> {
-        #[serde(borrow)]
-        params: std::collections::HashMap<String, &'a serde_json::value::RawValue>,
-    }
-    let Ok(raw) = serde_json::from_str::<Raw<'_>>(text) else { return };
-    for (name, value) in params.iter_mut() {
-        if let (true, Some(written)) = (value.is_number(), raw.params.get(name)) {
-            *value = Value::String(written.get().to_string());
+/// written: `written` is the request's `params` as written.)
+fn numbers_as_written(written: Option<&Members<'_>>, params: &mut serde_json::Map<String, Value>) {
+    let Some(written) = written else { return };
+    for (name, value) in params.iter_mut().filter(|(_, value)| value.is_number()) {
+        if let Some((_, text)) = written.0.iter().find(|(written, _)| written == name) {
+            *value = Value::String(text.get().to_string());
         }
     }
 }
 
-/// The first name a request gives twice: `Some((false, name))` in the
-/// request object, `Some((true, name))` in its `params`. (`Value` keeps the
-/// last of two and says nothing; a signature over the other, or an order
-/// read from it, must not be.)
-fn named_twice(text: &str) -> Option<(bool, String)> {
-    /// An object's member names in order, each with its value's text.
-    struct Members<'a>(Vec<(String, &'a serde_json::value::RawValue)>);
-    impl<'de> serde::Deserialize<'de> for Members<'de> {
-        fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-            struct Visit;
-            impl<'de> serde::de::Visitor<'de> for Visit {
-                type Value = Members<'de>;
-                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                    f.write_str("a JSON object")
-                }
-                fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<Members<'de>, M::Error> {
-                    let mut members = Vec::new();
-                    while let Some(member) = map.next_entry()? {
-                        members.push(member);
-                    }
-                    Ok(Members(members))
-                }
-            }
-            deserializer.deserialize_map(Visit)
-        }
+/// A JSON object's members in order, each with its value's text as
+/// written: what `Value` does not keep (a name given twice: `Value` keeps
+/// the last and says nothing, but a signature over the other, or an order
+/// read from it, must not be; a number's digits).
+struct Members<'a>(Vec<(String, &'a serde_json::value::RawValue)>);
+
+impl<'a> Members<'a> {
+    /// The members of the object `text` is, if it is one.
+    fn of(text: &'a str) -> Option<Members<'a>> {
+        serde_json::from_str(text).ok()
     }
-    let first_twice = |members: &Members<'_>| {
+
+    /// The first name given twice.
+    fn twice(&self) -> Option<&str> {
         let mut seen = std::collections::BTreeSet::new();
-        members.0.iter().find(|(name, _)| !seen.insert(name.as_str())).map(|(name, _)| name.clone())
-    };
-    let request: Members<'_> = serde_json::from_str(text).ok()?;
-    if let Some(name) = first_twice(&request) {
-        return Some((false, name));
+        self.0.iter().map(|(name, _)| name.as_str()).find(|name| !seen.insert(*name))
     }
-    let (_, params) = request.0.iter().find(|(name, _)| name == "params")?;
-    let params: Members<'_> = serde_json::from_str(params.get()).ok()?;
-    first_twice(&params).map(|name| (true, name))
+
+    /// The members of the object member `name` is.
+    fn object(&self, name: &str) -> Option<Members<'a>> {
+        self.0.iter().find(|(member, _)| member == name).and_then(|(_, value)| Members::of(value.get()))
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Members<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<Members<'de>, M::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry()? {
+                    members.push(member);
+                }
+                Ok(Members(members))
+            }
+        }
+        deserializer.deserialize_map(Visit)
+    }
 }
 
 impl Session {
@@ -512,10 +508,11 @@ impl Session {
             Ok(_) => return (Reply::Now(api_error(&Value::Null, &ApiError::bad(-1000, "Malformed request: a JSON object is expected."))), false),
             Err(e) => return (Reply::Now(api_error(&Value::Null, &ApiError::bad(-1000, format!("Malformed request: {e}.")))), false),
         };
-        let twice = named_twice(text);
-        if let Some((false, name)) = &twice {
+        let written = Members::of(text);
+        if let Some(name) = written.as_ref().and_then(Members::twice) {
             return (Reply::Now(api_error(&Value::Null, &ApiError::bad(-1000, format!("Malformed request: '{name}' is given twice.")))), false);
         }
+        let written = written.and_then(|request| request.object("params"));
         let id = request.get("id").cloned().unwrap_or(Value::Null);
         if !(id.is_null() || id.is_i64() || id.is_u64() || id.as_str().is_some_and(|s| s.chars().count() <= 36)) {
             return (Reply::Now(api_error(&Value::Null, &ApiError::bad(-1000, "Malformed request: 'id' must be an integer, a string of 36 characters at most, or null."))), false);
@@ -529,10 +526,10 @@ impl Session {
             Some(Value::Object(params)) => params,
             Some(_) => return (Reply::Now(api_error(&id, &ApiError::bad(-1000, "Malformed request: 'params' must be an object."))), false),
         };
-        if let Some((true, name)) = twice {
+        if let Some(name) = written.as_ref().and_then(Members::twice) {
             return (Reply::Now(api_error(&id, &ApiError::bad(-1101, format!("Duplicate values for parameter '{name}'.")))), false);
         }
-        numbers_as_written(text, &mut params);
+        numbers_as_written(written.as_ref(), &mut params);
         let params = &params;
         let Some(trading) = &hub.trading else {
             return (Reply::Now(api_error(&id, &ApiError::new(StatusCode::NOT_FOUND, -1020, "The trading API is off on this venue."))), false);
