@@ -112,8 +112,14 @@ impl Nats {
         }
     }
 
+    /// The servers' URLs.
+    fn url_list(&self) -> Vec<String> {
+        self.client_ports.iter().map(|p| format!("nats://127.0.0.1:{p}")).collect()
+    }
+
+    /// The servers' URLs as `crossbook.toml` lists them.
     fn urls(&self) -> String {
-        self.client_ports.iter().map(|p| format!("\"nats://127.0.0.1:{p}\"")).collect::<Vec<_>>().join(", ")
+        self.url_list().iter().map(|url| format!("\"{url}\"")).collect::<Vec<_>>().join(", ")
     }
 
     fn kill(&mut self, node: usize) {
@@ -360,8 +366,7 @@ fn a_follower_holding_what_the_log_does_not_stops() {
     let output = load(&leader.address, &["--count", "2000"]);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stdout));
     let seq = wait_same_seq(&leader, &follower);
-    let urls = nats.client_ports.iter().map(|p| format!("nats://127.0.0.1:{p}")).collect();
-    let config = crossbook_replication::Config { urls, stream: "AHEAD".into(), replicas: 3, lease_ttl: Duration::from_millis(STEADY_LEASE), node: "test".into(), connect_timeout: Duration::from_secs(15) };
+    let config = crossbook_replication::Config { urls: nats.url_list(), stream: "AHEAD".into(), replicas: 3, lease_ttl: Duration::from_millis(STEADY_LEASE), node: "test".into(), connect_timeout: Duration::from_secs(15) };
     let log = crossbook_replication::Log::connect(config).expect("the log");
     let last = log.last().expect("the log's end").expect("a message");
     assert_eq!(last.span.last, seq);
