@@ -178,6 +178,11 @@ pub struct Recovered {
 pub enum RecoveryError {
     Corruption(Corruption),
     Io(JournalError),
+    /// The journal holds no record, but a snapshot shows that commands up
+    /// to `synced_through` were synced: its segments are lost (deleted, or
+    /// a damaged disk). Recovery refuses, changing nothing, rather than
+    /// let a new venue start over the lost one.
+    JournalLost { snapshot: PathBuf, synced_through: u64 },
 }
 
 impl std::fmt::Display for RecoveryError {
@@ -185,6 +190,13 @@ impl std::fmt::Display for RecoveryError {
         match self {
             RecoveryError::Corruption(c) => write!(f, "{c}"),
             RecoveryError::Io(e) => write!(f, "{e}"),
+            RecoveryError::JournalLost { snapshot, synced_through } => write!(
+                f,
+                "the journal holds no record, but snapshot {} shows that commands 1..={synced_through} were synced: the journal is lost \
+                 (its segments deleted, or a damaged disk); refusing to start over it. Restore the segments (from a backup or a replica), \
+                 or move the snapshots out of the directory to start a new venue there",
+                snapshot.display()
+            ),
         }
     }
 }
@@ -290,31 +302,25 @@ pub fn recover(dir: &Path) -> Result<Recovered, RecoveryError> {
     let candidates = read::snapshots(dir).map_err(io_error(format!("listing {}", dir.display())))?;
     let mut candidates: Vec<Option<(u64, PathBuf)>> = candidates.into_iter().map(Some).collect();
     candidates.push(None);
+    // Snapshots to set aside, and why (`belongs` false: damaged): renamed
+    // once recovery has found what to start from, so that a start it
+    // refuses changes nothing.
+    let mut to_set_aside: Vec<(PathBuf, String, bool)> = Vec::new();
+    // The snapshot that shows the most synced history lost, if one does.
+    let mut lost: Option<PathBuf> = None;
     for candidate in candidates {
-        let mut put_aside = |path: &Path, why: String| -> Result<(), RecoveryError> {
-            let target = set_aside(dir, path).map_err(RecoveryError::Io)?;
-            warnings.push(format!(
-                "snapshot {} does not belong to this journal ({why}): set aside as {}, never to be used",
-                path.display(),
-                target.display()
-            ));
-            set_asides.push((path.to_path_buf(), target));
-            Ok(())
-        };
         let (mut engine, header) = match &candidate {
             Some((_, path)) => match load_snapshot(path) {
                 Ok((header, engine)) => (engine, header),
                 Err(why @ SnapshotError::Unbound { .. }) => {
-                    put_aside(path, why.to_string())?;
+                    to_set_aside.push((path.clone(), why.to_string(), true));
                     continue;
                 }
                 Err(SnapshotError::Damaged(why)) => {
                     // Set aside too (kept for a look, never listed again):
                     // left in place, a damaged snapshot newer than the
                     // good ones would count among those pruning keeps.
-                    let target = set_aside(dir, path).map_err(RecoveryError::Io)?;
-                    warnings.push(format!("snapshot {} is damaged ({why}): set aside as {}; trying an older one", path.display(), target.display()));
-                    set_asides.push((path.to_path_buf(), target));
+                    to_set_aside.push((path.clone(), why.to_string(), false));
                     continue;
                 }
             },
@@ -324,10 +330,11 @@ pub fn recover(dir: &Path) -> Result<Recovered, RecoveryError> {
         let (end, replayed) = match replay(dir, &mut engine, header)? {
             Replay::Done { end, replayed } => (end, replayed),
             Replay::Mismatch { found } => {
-                put_aside(
-                    &path,
+                to_set_aside.push((
+                    path,
                     format!("it continues record {} with checksum {:08x}, the journal's record {} has {found:08x}", header.seq, header.chain, header.seq),
-                )?;
+                    true,
+                ));
                 continue;
             }
         };
@@ -335,9 +342,12 @@ pub fn recover(dir: &Path) -> Result<Recovered, RecoveryError> {
             // A snapshot is written only once the journal has synced its
             // sequence number: records past the journal's end up to it
             // were durable, so they are named as lost.
-            synced_through = synced_through.max(header.seq);
-            put_aside(
-                &path,
+            if header.seq > synced_through {
+                synced_through = header.seq;
+                lost = Some(path.clone());
+            }
+            to_set_aside.push((
+                path,
                 format!(
                     "it is ahead of the journal: seq {}, the journal ends at seq {}; records {}..={} were synced before the snapshot was written and are lost (damage to synced history, or a disk that lied about a sync)",
                     header.seq,
@@ -345,8 +355,25 @@ pub fn recover(dir: &Path) -> Result<Recovered, RecoveryError> {
                     end.last_seq + 1,
                     header.seq
                 ),
-            )?;
+                true,
+            ));
             continue;
+        }
+        // Nothing of the journal left, where a snapshot shows there was:
+        // going on would start a new venue over a lost one.
+        if end.last_seq == 0
+            && let Some(snapshot) = lost
+        {
+            return Err(RecoveryError::JournalLost { snapshot, synced_through });
+        }
+        for (path, why, belongs) in to_set_aside {
+            let target = set_aside(dir, &path).map_err(RecoveryError::Io)?;
+            warnings.push(if belongs {
+                format!("snapshot {} does not belong to this journal ({why}): set aside as {}, never to be used", path.display(), target.display())
+            } else {
+                format!("snapshot {} is damaged ({why}): set aside as {}; trying an older one", path.display(), target.display())
+            });
+            set_asides.push((path, target));
         }
         if let Some(torn) = &end.torn {
             truncate_torn_tail(dir, torn).map_err(RecoveryError::Io)?;

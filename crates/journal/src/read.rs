@@ -207,8 +207,13 @@ pub fn read_records(
                     format!("{error} in a whole record followed by a whole record that chains from it: its checksum field is damaged")
                 } else if next_after && !valid_after() {
                     format!("{error}, and a whole record numbered after it follows (damaged history, not a torn write)")
-                } else {
+                } else if valid_after() {
                     format!("{error}, and valid records follow")
+                } else {
+                    // Not the last buffer (a segment with later ones
+                    // after it, each synced before the next began): no
+                    // torn write ends it.
+                    format!("{error}, in a segment that later segments follow (only the journal's last record can be torn)")
                 };
                 return Err(damage(at, expected, what));
             }

@@ -496,6 +496,30 @@ fn small_segment_journal(dir: &Path) -> Vec<PathBuf> {
     segments
 }
 
+/// A segment cut short in its last record, with only later segments
+/// after it (which begin with a header, not a record): damage, since a
+/// segment is synced before the next begins, and named as what it is.
+#[test]
+fn a_segment_cut_short_before_later_ones_is_damage_named_as_such() {
+    let dir = TempDir::new("cut-middle");
+    let segments = small_segment_journal(&dir.0);
+    let length = std::fs::metadata(&segments[0]).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&segments[0]).unwrap().set_len(length - 5).unwrap();
+    for later in &segments[2..] {
+        std::fs::remove_file(later).unwrap();
+    }
+    let header_only = std::fs::read(&segments[1]).unwrap()[..SEGMENT_HEADER_BYTES].to_vec();
+    std::fs::write(&segments[1], header_only).unwrap();
+    match recover(&dir.0) {
+        Err(RecoveryError::Corruption(c)) => {
+            assert_eq!(c.file, segments[0]);
+            assert!(c.what.contains("later segments follow") && !c.what.contains("valid records follow"), "{}", c.what);
+        }
+        Err(other) => panic!("{other}"),
+        Ok(recovered) => panic!("recovered to seq {}", recovered.engine.seq()),
+    }
+}
+
 /// Recovery stops at the first damage; `journal verify` names every damaged
 /// segment, each with its file, offset and sequence number.
 #[test]
@@ -681,6 +705,46 @@ fn a_snapshot_ahead_of_the_journal_is_set_aside_and_never_used_later() {
     assert_eq!(recovered.snapshot, Some(4_000));
     assert!(recovered.warnings.is_empty(), "set aside for good: {:?}", recovered.warnings);
     assert!(verify(&dir.0).1.is_empty());
+}
+
+/// Every segment gone while the snapshots stay (deleted by hand, a
+/// damaged disk): going on would start a new venue over the lost one
+/// (with `serve`, its configuration's set-up and deposits), so recovery
+/// refuses and changes nothing; once the snapshots are moved away, the
+/// directory is a new venue's.
+#[test]
+fn a_journal_lost_under_its_snapshots_is_refused_not_started_afresh() {
+    let commands = generate(Workload::Mixed, 43, 5_000);
+    let dir = TempDir::new("lost");
+    journal_run(&dir.0, &commands, JournalConfig::default(), 2_000);
+    let snapshots: Vec<_> = [2_000, 4_000].iter().map(|&seq| dir.0.join(crossbook_journal::format::snapshot_name(seq))).collect();
+    assert!(snapshots.iter().all(|s| s.exists()));
+    for entry in std::fs::read_dir(&dir.0).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "xbj") {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    for _ in 0..2 {
+        match recover(&dir.0) {
+            Err(e @ RecoveryError::JournalLost { .. }) => {
+                let text = e.to_string();
+                assert!(text.contains("commands 1..=4000 were synced") && text.contains(&snapshots[1].display().to_string()), "{text}");
+            }
+            Err(other) => panic!("{other}"),
+            Ok(recovered) => panic!("recovered seq {} over a lost journal: {:?}", recovered.engine.seq(), recovered.warnings),
+        }
+        assert!(snapshots.iter().all(|s| s.exists()), "a refused start sets nothing aside");
+    }
+    let output = Process::new(env!("CARGO_BIN_EXE_crossbook")).args(["recover", "--journal", dir.0.to_str().unwrap()]).output().unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("the journal is lost"), "{}", String::from_utf8_lossy(&output.stderr));
+    // The operator's choice: the snapshots moved out, a new journal.
+    for snapshot in &snapshots {
+        std::fs::remove_file(snapshot).unwrap();
+    }
+    let recovered = recover(&dir.0).unwrap();
+    assert_eq!(recovered.engine.seq(), 0);
 }
 
 /// A snapshot whose bytes and checksums hold, bound to the right record,
