@@ -143,9 +143,14 @@ pub fn now_ms() -> i64 {
 }
 
 enum Out {
-    Bytes(Vec<u8>),
+    /// A message, and the store writes that must be on disk before it
+    /// is sent (none for a Logon refused without a store).
+    Bytes(Vec<u8>, Option<Gate>),
     Close,
 }
+
+/// A session's store and how many of its writes a message needs on disk.
+type Gate = (Arc<store::Durable>, u64);
 
 struct Connection {
     id: u64,
@@ -507,13 +512,17 @@ impl Gateway {
         }
         for comp_id in touched {
             let Some(session) = state.sessions.get_mut(&comp_id) else { continue };
-            if let Err(e) = session.sync(self.sync) {
+            // Live, the messages are made durable by the connection's
+            // writer before they are sent (`store::Durable`), not here
+            // under the lock; replayed at start-up, now.
+            let written = if replaying.is_some() && self.sync { session.store.sync() } else { session.hand_over(self.sync) };
+            if let Err(e) = written {
                 session.poison(e);
                 continue;
             }
             if replaying.is_none() {
                 let actions = pending.remove(&comp_id).unwrap_or_default();
-                session.transmit(actions);
+                session.transmit(actions, self.sync);
             }
         }
     }
@@ -587,7 +596,7 @@ impl Gateway {
                 with_app(self, session, &mut state.book, &mut requests, |session, app| session.session.logout_and_drop(why, now_ms(), app, &mut actions));
                 session.finish(actions, self.sync);
             }
-            let _ = session.sync(true);
+            let _ = session.store.sync();
             if let Some(connection) = session.connection.take() {
                 let _ = connection.out.try_send(Out::Close);
             }
@@ -954,7 +963,7 @@ impl Gateway {
             session.on_message(raw, now_ms(), &mut Refuse(text.clone()), &mut actions);
             for action in actions {
                 if let Action::Send(bytes) = action {
-                    let _ = out.try_send(Out::Bytes(bytes));
+                    let _ = out.try_send(Out::Bytes(bytes, None));
                 }
             }
             // A counterparty that keeps its sequence numbers counted the
@@ -1570,9 +1579,14 @@ impl FixSession {
         }
     }
 
-    /// Writes what was recorded, and syncs it in `sync` durability.
-    fn sync(&mut self, sync: bool) -> Result<(), StoreError> {
-        if sync { self.store.sync() } else { self.store.flush() }
+    /// Hands what was recorded to the operating system. With `sync`, the
+    /// messages [`FixSession::transmit`] then queues are made durable by
+    /// the connection's writer before they are sent (one `fdatasync` for
+    /// all that is queued, and none under the gateway's lock); a sync that
+    /// failed there fails here.
+    fn hand_over(&mut self, sync: bool) -> Result<(), StoreError> {
+        self.store.flush()?;
+        if sync { self.store.durable().failure() } else { Ok(()) }
     }
 
     fn poison(&mut self, why: StoreError) {
@@ -1597,14 +1611,19 @@ impl FixSession {
         }
     }
 
-    /// Sends what the session asked for, after recording it.
-    fn transmit(&mut self, actions: Vec<Action>) {
+    /// Sends what the session asked for, after recording it and handing
+    /// it to the operating system: with `sync`, each message waits in the
+    /// writer until the store's writes so far are on disk.
+    fn transmit(&mut self, actions: Vec<Action>, sync: bool) {
         let Some(connection) = &self.connection else { return };
+        let durable = self.store.durable();
+        let writes = durable.written();
         let mut close = false;
         for action in actions {
             match action {
                 Action::Send(bytes) => {
-                    if let Err(TrySendError::Full(_)) = connection.out.try_send(Out::Bytes(bytes)) {
+                    let gate = sync.then(|| (Arc::clone(durable), writes));
+                    if let Err(TrySendError::Full(_)) = connection.out.try_send(Out::Bytes(bytes, gate)) {
                         log(&format!("FIX session {}: dropping a counterparty that does not read", self.session.config().target_comp_id));
                         close = true;
                         break;
@@ -1622,17 +1641,17 @@ impl FixSession {
         }
     }
 
-    /// Records, syncs (in sync durability) and sends.
+    /// Records, hands over and sends: in sync durability a message is
+    /// on disk before it is sent; with nothing to send, what was recorded
+    /// is only written (the next message's sync covers it, and a ClOrdID
+    /// seen before is refused however the sequence numbers fell:
+    /// FixBook::seen).
     fn finish(&mut self, actions: Vec<Action>, sync: bool) {
-        // Synced before anything is sent; with nothing to send, written
-        // (the next report's sync covers it, and a ClOrdID seen before is
-        // refused however the sequence numbers fell: FixBook::seen).
-        let sending = actions.iter().any(|a| matches!(a, Action::Send(_)));
         self.record(&actions, 0);
-        if let Err(e) = self.sync(sync && sending) {
+        if let Err(e) = self.hand_over(sync) {
             return self.poison(e);
         }
-        self.transmit(actions);
+        self.transmit(actions, sync);
     }
 }
 
@@ -1648,9 +1667,17 @@ fn write_loop(mut stream: TcpStream, frames: Receiver<Out>) {
         buffer.clear();
         let mut close = false;
         let mut next = Some(first);
+        let mut needed: Option<Gate> = None;
         while let Some(item) = next.take() {
             match item {
-                Out::Bytes(bytes) => buffer.extend_from_slice(&bytes),
+                Out::Bytes(bytes, gate) => {
+                    buffer.extend_from_slice(&bytes);
+                    // One session's store behind a connection: the
+                    // latest message needs the most.
+                    if let Some(gate) = gate {
+                        needed = Some(gate);
+                    }
+                }
                 Out::Close => {
                     close = true;
                     break;
@@ -1659,6 +1686,15 @@ fn write_loop(mut stream: TcpStream, frames: Receiver<Out>) {
             if buffer.len() < WRITE_BATCH {
                 next = frames.try_recv().ok();
             }
+        }
+        // Nothing goes out that the store does not have on disk. A sync
+        // that fails closes the connection; the session is closed with
+        // it the next time the gateway writes to its store (`hand_over`).
+        if let Some((durable, writes)) = needed
+            && let Err(e) = durable.make_durable(writes)
+        {
+            log(&format!("FIX store failed, closing its connection (the session stays closed until restart): {e}"));
+            break 'outer;
         }
         if !buffer.is_empty() && stream.write_all(&buffer).is_err() {
             break 'outer;

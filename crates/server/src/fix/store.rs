@@ -26,6 +26,8 @@ use crossbook_fix::session::StoreOp;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 const RESET: u8 = 1;
 const SENT: u8 = 2;
@@ -106,8 +108,9 @@ pub struct Store {
     compact_at: u64,
     /// Records not yet written (one write per batch of messages).
     pending: Vec<u8>,
-    /// Written since the last sync.
-    dirty: bool,
+    /// How much of what was written is on disk, shared with the writer of
+    /// the session's connection ([`Durable`]).
+    durable: Arc<Durable>,
     /// The file's length, and how far its blocks are reserved
     /// (`RESERVE_BYTES` ahead: a full disk still takes the last Logout).
     length: u64,
@@ -124,6 +127,103 @@ pub struct Store {
 /// that the Logout telling a counterparty why the venue stops can be
 /// recorded, and so sent, when the disk is full.
 const RESERVE_BYTES: u64 = 64 << 10;
+
+/// What of a store is on disk, shared between the store (written under
+/// the gateway's lock) and the writer thread of its session's connection,
+/// which makes it durable before it sends a message that needs it: the
+/// gateway's lock is never held across an `fdatasync`, so the other
+/// sessions' messages, and this one's incoming orders, do not wait for a
+/// disk. Writes are counted: each [`Store::flush`] that hands bytes to the
+/// operating system is one more; a message sent after the flush that
+/// recorded it needs that many on disk, and one `fdatasync` makes every
+/// write done before it starts durable, so the writes of several batches,
+/// and of messages to several counterparties' stores, share syncs.
+pub struct Durable {
+    /// Writes handed to the operating system so far.
+    written: AtomicU64,
+    /// Writes known to be on disk.
+    synced: AtomicU64,
+    file: Mutex<DurableFile>,
+}
+
+struct DurableFile {
+    /// Another handle on the store's file (the one written since the last
+    /// compaction).
+    file: Option<File>,
+    path: PathBuf,
+    /// A sync that failed: nothing more is sent for the store (an
+    /// `fdatasync` that failed once may have lost what it was to keep, and
+    /// a later one can succeed without it).
+    failed: Option<(std::io::ErrorKind, String)>,
+}
+
+impl Durable {
+    fn new(file: &File, path: &Path) -> Result<Arc<Durable>, StoreError> {
+        let handle = file.try_clone().map_err(io(path, "opening (a second handle)"))?;
+        Ok(Arc::new(Durable {
+            written: AtomicU64::new(0),
+            synced: AtomicU64::new(0),
+            file: Mutex::new(DurableFile { file: Some(handle), path: path.to_path_buf(), failed: None }),
+        }))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, DurableFile> {
+        self.file.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes handed to the operating system so far: what a message
+    /// recorded by them needs on disk before it is sent.
+    pub fn written(&self) -> u64 {
+        self.written.load(Ordering::Acquire)
+    }
+
+    /// Makes the first `writes` writes durable: at once if they are, else
+    /// with one `fdatasync`, which covers every write made before it
+    /// starts. An error (this sync's or an earlier one's) says what failed.
+    pub fn make_durable(&self, writes: u64) -> Result<(), StoreError> {
+        if self.synced.load(Ordering::Acquire) >= writes {
+            return Ok(());
+        }
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        if let Some((kind, why)) = &state.failed {
+            return Err(StoreError::Io { path: state.path.clone(), doing: "syncing", source: std::io::Error::new(*kind, why.clone()) });
+        }
+        if self.synced.load(Ordering::Acquire) >= writes {
+            return Ok(());
+        }
+        let target = self.written.load(Ordering::Acquire);
+        let Some(file) = &state.file else { return Ok(()) };
+        match file.sync_data() {
+            Ok(()) => {
+                self.synced.fetch_max(target, Ordering::AcqRel);
+                Ok(())
+            }
+            Err(e) => {
+                state.failed = Some((e.kind(), e.to_string()));
+                Err(StoreError::Io { path: state.path.clone(), doing: "syncing", source: e })
+            }
+        }
+    }
+
+    /// An earlier sync's failure, if one failed.
+    pub fn failure(&self) -> Result<(), StoreError> {
+        let state = self.lock();
+        match &state.failed {
+            Some((kind, why)) => Err(StoreError::Io { path: state.path.clone(), doing: "syncing", source: std::io::Error::new(*kind, why.clone()) }),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes the file of a store written again whole (and synced) in place
+    /// of the old one: everything written so far is on disk.
+    fn take_over(&self, compacted: &Durable) {
+        let file = compacted.lock().file.take();
+        let mut state = self.lock();
+        state.file = file;
+        self.synced.fetch_max(self.written.load(Ordering::Acquire), Ordering::AcqRel);
+    }
+}
 
 fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
     bytes.get(at..at + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
@@ -248,12 +348,13 @@ impl Store {
             crate::log(&format!("FIX store {} compacted on open: {length} bytes to {}", path.display(), store.length));
             return Ok((store, restored));
         }
+        let durable = Durable::new(&file, path)?;
         let mut store = Store {
             file,
             path: path.to_path_buf(),
             compact_at,
             pending: Vec::new(),
-            dirty: false,
+            durable,
             length,
             reserved: length,
             bound: restored.account.is_some(),
@@ -283,10 +384,10 @@ impl Store {
         if self.pending.is_empty() {
             return Ok(());
         }
-        self.dirty = true;
         let result = self.file.write_all(&self.pending).map_err(io(&self.path, "writing"));
         if result.is_ok() {
             self.length += self.pending.len() as u64;
+            self.durable.written.fetch_add(1, Ordering::AcqRel);
         }
         self.pending.clear();
         self.reserve();
@@ -310,7 +411,10 @@ impl Store {
         match compacted {
             Ok(store) => {
                 crate::log(&format!("FIX store {} compacted: {before} bytes to {}", self.path.display(), store.length));
+                let durable = Arc::clone(&self.durable);
                 *self = store;
+                durable.take_over(&self.durable);
+                self.durable = durable;
             }
             Err(e) => {
                 crate::log(&format!("FIX store {}: compacting failed, the store goes on as it is: {e}", self.path.display()));
@@ -364,14 +468,16 @@ impl Store {
         self.sync()
     }
 
-    /// Makes everything recorded so far durable.
+    /// Makes everything recorded so far durable, now.
     pub fn sync(&mut self) -> Result<(), StoreError> {
         self.flush()?;
-        if self.dirty {
-            self.file.sync_data().map_err(io(&self.path, "syncing"))?;
-            self.dirty = false;
-        }
-        Ok(())
+        self.durable.make_durable(self.durable.written())
+    }
+
+    /// What of the store is on disk, for the writer that sends its
+    /// messages.
+    pub fn durable(&self) -> &Arc<Durable> {
+        &self.durable
     }
 }
 
@@ -423,6 +529,7 @@ fn rewrite(path: &Path, restored: &Restored, what: &str) -> Result<Store, StoreE
     store.rewind(restored.through_seq)?;
     std::fs::rename(&beside, path).map_err(io(path, "replacing (writing the store again)"))?;
     store.path = path.to_path_buf();
+    store.durable.lock().path = path.to_path_buf();
     store.compact_at = COMPACT_MIN.max(2 * store.length);
     sync_parent(path)?;
     Ok(store)
@@ -676,6 +783,43 @@ mod tests {
     /// it says, while in use (here with a small bound) and on open (past
     /// `COMPACT_MIN`), and says exactly what a twin never compacted says,
     /// across a reset and on through more records.
+    #[test]
+    fn writes_are_counted_and_made_durable_and_compaction_hands_over_the_count() {
+        use std::os::unix::fs::MetadataExt;
+        let path = temp("durable");
+        let (mut store, _) = Store::open(&path).expect("open");
+        let durable = Arc::clone(store.durable());
+        let synced = |d: &Durable| d.synced.load(Ordering::Acquire);
+        assert_eq!((durable.written(), synced(&durable)), (0, 0));
+        store.record(&StoreOp::Sent { seq: 1, app: None }, 0);
+        store.flush().expect("flush");
+        store.flush().expect("a flush with nothing recorded");
+        assert_eq!((durable.written(), synced(&durable)), (1, 0), "one write, not synced");
+        durable.make_durable(1).expect("sync");
+        assert_eq!(synced(&durable), 1);
+        store.record(&StoreOp::Sent { seq: 2, app: None }, 0);
+        store.flush().expect("flush");
+        durable.make_durable(1).expect("already on disk");
+        assert_eq!(synced(&durable), 1, "a sync only when a message needs more than is on disk");
+        // Compacted: the same count, all of it on disk, and the writer's
+        // handle is on the new file.
+        store.compact_at = 0;
+        store.record(&StoreOp::Sent { seq: 3, app: Some(b"8=FIX.4.4|35=8|".to_vec()) }, 9);
+        store.flush().expect("flush, compacting");
+        assert!(Arc::ptr_eq(store.durable(), &durable), "the session's writers keep the store's count");
+        assert_eq!((durable.written(), synced(&durable)), (3, 3));
+        let inode = |file: &File| file.metadata().expect("stat").ino();
+        assert_eq!(inode(durable.lock().file.as_ref().expect("a handle")), std::fs::metadata(&path).expect("stat").ino());
+        assert_eq!(durable.lock().path, path.to_path_buf());
+        store.compact_at = u64::MAX;
+        store.record(&StoreOp::Sent { seq: 4, app: None }, 0);
+        store.flush().expect("flush");
+        durable.make_durable(4).expect("sync the new file");
+        assert_eq!(synced(&durable), 4);
+        drop(store);
+        assert_eq!(Store::open(&path).expect("reopen").1.next_out, 5);
+    }
+
     #[test]
     fn a_compacted_store_says_what_it_said() {
         let path = temp("compact");
