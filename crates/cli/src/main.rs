@@ -10,6 +10,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 use crossbook_journal::{Durability, JournalConfig};
 
+/// The allocator for everything the process does (Cargo.toml says why).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod bench;
 mod compat;
 mod journaled;
