@@ -26,7 +26,7 @@ use crossbook_fix::session::StoreOp;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 const RESET: u8 = 1;
@@ -143,6 +143,9 @@ pub struct Durable {
     written: AtomicU64,
     /// Writes known to be on disk.
     synced: AtomicU64,
+    /// Set once a sync failed (the why is in `file`): read without the
+    /// lock, which a writer holds across its `fdatasync`.
+    failed: AtomicBool,
     file: Mutex<DurableFile>,
 }
 
@@ -163,6 +166,7 @@ impl Durable {
         Ok(Arc::new(Durable {
             written: AtomicU64::new(0),
             synced: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
             file: Mutex::new(DurableFile { file: Some(handle), path: path.to_path_buf(), failed: None }),
         }))
     }
@@ -201,13 +205,18 @@ impl Durable {
             }
             Err(e) => {
                 state.failed = Some((e.kind(), e.to_string()));
+                self.failed.store(true, Ordering::Release);
                 Err(StoreError::Io { path: state.path.clone(), doing: "syncing", source: e })
             }
         }
     }
 
-    /// An earlier sync's failure, if one failed.
+    /// An earlier sync's failure, if one failed (without waiting for a
+    /// sync under way when none has).
     pub fn failure(&self) -> Result<(), StoreError> {
+        if !self.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let state = self.lock();
         match &state.failed {
             Some((kind, why)) => Err(StoreError::Io { path: state.path.clone(), doing: "syncing", source: std::io::Error::new(*kind, why.clone()) }),
