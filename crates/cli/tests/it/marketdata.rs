@@ -918,7 +918,14 @@ fn the_feeds_carry_on_after_a_restart() {
     market_data_has_caught_up(&server, 2);
     let newer = json_get(&market, "/api/v3/trades?symbol=BTCUSD&limit=1000");
     let ids: Vec<u64> = newer.as_array().expect("trades").iter().map(|t| t["id"].as_u64().expect("id")).collect();
-    assert!(ids.contains(&(last_id + 1)), "new trades go on from id {}", last_id + 1);
+    assert!(
+        ids.contains(&(last_id + 1)),
+        "new trades go on from id {}: {} trades from {:?} to {:?}",
+        last_id + 1,
+        ids.len(),
+        ids.first(),
+        ids.last()
+    );
     assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "ids without gaps");
     assert!(server.terminate().success());
 }
