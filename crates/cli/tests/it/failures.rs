@@ -230,6 +230,59 @@ impl Drop for SmallDisk {
     }
 }
 
+/// A FIX session's store whose sync fails (a failing disk, here the
+/// power-cut shim's): the message that needed the sync is never sent (a
+/// counterparty must not hold a number the store may not have), the
+/// connection closes, and the session stays closed until a restart, while
+/// the rest of the venue trades on.
+#[test]
+fn a_fix_store_that_cannot_sync_sends_nothing_more_and_its_session_closes() {
+    let work = TempDir::new("fix-sync-fails");
+    let config_path = work.0.join("crossbook.toml");
+    std::fs::write(&config_path, config("sync", 0, "")).unwrap();
+    let data = work.0.join("data");
+    let failing = work.0.join("the-disk-fails");
+    let args = ["--config", config_path.to_str().unwrap(), "--data", data.to_str().unwrap()];
+    let [preload, log] = shim_env(&work.0.join("log"));
+    let envs = [preload, log, ("CROSSBOOK_SHIM_FAIL_SYNC", ".fixstore".into()), ("CROSSBOOK_SHIM_FAIL_SYNC_WHEN", failing.clone())];
+    let server = spawn_with(&args, &envs);
+    let mut alice = FixClient::connect(&server.fix_address, "ALICE");
+    alice.logon(1, "alice");
+    crate::fix::send_owned(&mut alice, "D", &crate::fix::order("A1", "1", "100", "1"));
+    let report = alice.next();
+    crate::fix::expect(&report, &[(35, "8"), (11, "A1"), (150, "0")]);
+    std::fs::write(&failing, b"").unwrap();
+    crate::fix::send_owned(&mut alice, "D", &crate::fix::order("A2", "1", "100", "1"));
+    loop {
+        match alice.0.recv() {
+            Ok(Some(message)) => assert!(message.msg_type() == b"0", "sent while its store could not sync: {}", crossbook_fix::wire::printable(message.raw())),
+            Ok(None) => break,
+            Err(crossbook_client::ClientError::TimedOut) => panic!("the connection stayed open"),
+            Err(_) => break,
+        }
+    }
+    let line = server.expect_log("FIX store failed, closing its connection");
+    assert!(line.contains("syncing") && line.contains(".fixstore"), "{line}");
+    // The venue trades on: the order is in the book, and a binary
+    // session's order meets it.
+    let (mut bob, _, _) = login_with_replay(&server.address, 2, "bob");
+    bob.send(&limit(1, Side::Sell, 100, 1, TimeInForce::Gtc));
+    let mut kinds = Vec::new();
+    while kinds.len() < 2 {
+        match bob.recv() {
+            Some(ServerMessage::ExecutionReport(report)) => kinds.push(report.kind),
+            Some(_) => {}
+            None => panic!("bob's order was not answered: {kinds:?}"),
+        }
+    }
+    assert_eq!(kinds, [ReportKind::Accepted, ReportKind::Fill], "it met alice's first order");
+    // The session stays closed until a restart: a Logon is not answered.
+    let mut again = FixClient::connect(&server.fix_address, "ALICE");
+    again.0.set_timeout(Duration::from_secs(5));
+    assert!(again.0.logon(1, "alice", false).is_err(), "a session whose store failed logged on again");
+    server.expect_log("store failed, closing it until restart");
+}
+
 /// A disk that fills up under a running venue: a snapshot fails first
 /// (its temporary file is removed, the venue serves on); then the journal
 /// cannot start a segment: every binary session gets `journal_failed`,

@@ -24,6 +24,11 @@
  *   U path                    an unlink
  *
  * Paths are absolute (the directory part resolved with realpath).
+ *
+ * A failing disk, on request: while the file named by
+ * $CROSSBOOK_SHIM_FAIL_SYNC_WHEN exists, a sync of a regular file whose
+ * path contains $CROSSBOOK_SHIM_FAIL_SYNC fails with EIO (and is not
+ * logged: it covered nothing).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -264,6 +269,19 @@ static int synced(int fd, int (*real)(int)) {
             }
         } else if (S_ISREG(st.st_mode)) {
             is_file = 1;
+        }
+    }
+    if (is_file) {
+        const char *failing = getenv("CROSSBOOK_SHIM_FAIL_SYNC");
+        const char *when = getenv("CROSSBOOK_SHIM_FAIL_SYNC_WHEN");
+        if (failing && when && access(when, F_OK) == 0) {
+            char link[64], target[PATH_MAX] = {0};
+            snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+            ssize_t n = readlink(link, target, sizeof target - 1);
+            if (n > 0 && strstr(target, failing)) {
+                errno = EIO;
+                return -1;
+            }
         }
     }
     /* The thread that syncs names the sync: a process killed mid-sync
