@@ -933,3 +933,54 @@ fn a_gap_filled_short_is_asked_for_again() {
     }
     drop(server);
 }
+
+/// What the venue owes a counterparty that reads, however much of it
+/// comes at once: the reports of a mass cancel of 9,000 orders, and a
+/// resend of everything since the Logon (some 18,000 messages), arrive
+/// whole; the writer's queue is bounded in bytes, not in messages (it was
+/// 8,192 messages, and both dropped the session as one that does not read).
+#[test]
+fn a_burst_owed_to_a_reading_counterparty_arrives_whole() {
+    const ORDERS: usize = 9_000;
+    let dir = temp_dir("burst");
+    let server = start_default(&dir);
+    let mut alice = FixClient::connect(&server.fix_address, "ALICE");
+    alice.logon(1, "demo-key-1");
+    // Pipelined, read back as they come (a reader keeps up).
+    for n in 0..ORDERS {
+        send_owned(&mut alice, "D", &order(&format!("R{n}"), "1", "10", "1"));
+    }
+    let mut accepted = 0;
+    while accepted < ORDERS {
+        let message = alice.0.next_app().unwrap_or_else(|e| panic!("after {accepted} acknowledgements: {e}"));
+        assert_eq!((message.msg_type(), message.text(150)), (&b"8"[..], Some("0")), "{}", printable(message.raw()));
+        accepted += 1;
+    }
+    alice.send("q", &[(11, "MASS"), (530, "7"), (60, &format_timestamp(now_ms()))]);
+    let mut cancelled = 0;
+    loop {
+        let message = alice.0.next_app().unwrap_or_else(|e| panic!("after {cancelled} cancels: {e}"));
+        if message.msg_type() == b"r" {
+            expect(&message, &[(11, "MASS"), (533, &ORDERS.to_string())]);
+            break;
+        }
+        expect(&message, &[(35, "8"), (150, "4")]);
+        cancelled += 1;
+    }
+    assert_eq!(cancelled, ORDERS);
+    // Everything again, then a TestRequest to know the resend is over.
+    alice.send("2", &[(7, "1"), (16, "0")]);
+    alice.send("1", &[(112, "resent")]);
+    let mut resent_reports = 0;
+    loop {
+        let message = alice.0.recv().unwrap_or_else(|e| panic!("after {resent_reports} resent reports: {e}")).unwrap_or_else(|| panic!("closed after {resent_reports} resent reports"));
+        if message.msg_type() == b"0" && message.text(112) == Some("resent") {
+            break;
+        }
+        assert_eq!(message.text(43), Some("Y"), "{}", printable(message.raw()));
+        if matches!(message.msg_type(), b"8" | b"r") {
+            resent_reports += 1;
+        }
+    }
+    assert_eq!(resent_reports, 2 * ORDERS + 1, "every report and the mass cancel's");
+}

@@ -27,7 +27,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread;
@@ -110,9 +110,15 @@ const SENDER_COMP_ID: u32 = 49;
 /// configured.
 const USERNAME: u32 = 553;
 
-/// Messages queued for one connection's writer before it is dropped as a
-/// client that does not read.
-const OUTBOUND_MESSAGES: usize = 8_192;
+/// Bytes queued for one connection's writer before it is dropped as a
+/// counterparty that does not read: twice the most a resend of every kept
+/// message can be (`crossbook_fix::session`: 64 MiB), so that whatever the
+/// venue owes a reading counterparty at once (that resend, or the reports
+/// of a mass cancel of every open order) fits.
+const OUTBOUND_BYTES: usize = 128 << 20;
+/// Hand-overs queued for one connection's writer (each a batch of
+/// messages) before it is dropped the same way.
+const OUTBOUND_BATCHES: usize = 65_536;
 /// How often the timer looks at every session.
 const TICK: Duration = Duration::from_millis(200);
 const POLL: Duration = Duration::from_millis(50);
@@ -152,9 +158,42 @@ enum Out {
 /// A session's store and how many of its writes a message needs on disk.
 type Gate = (Arc<store::Durable>, u64);
 
+/// A connection's writer queue, bounded in bytes ([`OUTBOUND_BYTES`]) and
+/// hand-overs ([`OUTBOUND_BATCHES`]), not in messages: a burst owed to a
+/// counterparty that reads is never mistaken for one that does not.
+#[derive(Clone)]
+struct Outlet {
+    sender: SyncSender<Out>,
+    /// Bytes handed over and not yet written (the writer takes them off).
+    queued: Arc<AtomicUsize>,
+}
+
+impl Outlet {
+    fn new() -> (Outlet, Receiver<Out>, Arc<AtomicUsize>) {
+        let (sender, frames) = sync_channel::<Out>(OUTBOUND_BATCHES);
+        let queued = Arc::new(AtomicUsize::new(0));
+        (Outlet { sender, queued: queued.clone() }, frames, queued)
+    }
+
+    /// Queues `item`, refused (`Full`) past either bound.
+    fn try_send(&self, item: Out) -> Result<(), TrySendError<Out>> {
+        let bytes = match &item {
+            Out::Bytes(bytes, _) => bytes.len(),
+            Out::Close => 0,
+        };
+        if self.queued.fetch_add(bytes, Ordering::AcqRel) + bytes > OUTBOUND_BYTES {
+            self.queued.fetch_sub(bytes, Ordering::AcqRel);
+            return Err(TrySendError::Full(item));
+        }
+        self.sender.try_send(item).inspect_err(|_| {
+            self.queued.fetch_sub(bytes, Ordering::AcqRel);
+        })
+    }
+}
+
 struct Connection {
     id: u64,
-    out: SyncSender<Out>,
+    out: Outlet,
     /// A handle on the socket: to see whether the peer is still there when
     /// its account logs on again, and to close it then.
     stream: TcpStream,
@@ -688,11 +727,11 @@ impl Gateway {
             log(&format!("FIX connection {id} from {peer}: cannot clone the socket"));
             return;
         };
-        let (out, frames) = sync_channel::<Out>(OUTBOUND_MESSAGES);
+        let (out, frames, queued) = Outlet::new();
         self.writers.fetch_add(1, Ordering::AcqRel);
         let gateway = self.clone();
         let writer = thread::Builder::new().name(format!("fix-writer-{id}")).spawn(move || {
-            write_loop(write_half, frames);
+            write_loop(id, write_half, frames, &queued);
             gateway.writers.fetch_sub(1, Ordering::AcqRel);
         });
         if writer.is_err() {
@@ -754,7 +793,7 @@ impl Gateway {
     }
 
     /// Reads a connection until it ends; why, and whether it was logged on.
-    fn read_loop(&self, mut stream: TcpStream, id: u64, out: SyncSender<Out>, queue: &SyncSender<Vec<Inbound>>, wake: &dyn Fn(), shutdown: &AtomicBool) -> (String, bool) {
+    fn read_loop(&self, mut stream: TcpStream, id: u64, out: Outlet, queue: &SyncSender<Vec<Inbound>>, wake: &dyn Fn(), shutdown: &AtomicBool) -> (String, bool) {
         let _ = stream.set_read_timeout(Some(POLL));
         let max = self.config.max_message.max(MIN_MAX_MESSAGE);
         let mut buffer: Vec<u8> = Vec::with_capacity(READ_CHUNK);
@@ -928,7 +967,7 @@ impl Gateway {
     /// is sent to a counterparty we do not know (FIX: silent disconnect).
     /// Returns the session's CompID and the connection attached to it
     /// before, whose reader must end before this one goes on.
-    fn attach(&self, raw: &[u8], id: u64, out: &SyncSender<Out>, stream: &TcpStream) -> Result<(String, Option<u64>), AttachRefusal> {
+    fn attach(&self, raw: &[u8], id: u64, out: &Outlet, stream: &TcpStream) -> Result<(String, Option<u64>), AttachRefusal> {
         let message = Message::parse(raw).map_err(|e| AttachRefusal::Garbled(e.to_string()))?;
         let comp_id = message.text(SENDER_COMP_ID).ok_or(AttachRefusal::NoSenderCompId)?.to_owned();
         let mut guard = self.lock();
@@ -1081,7 +1120,7 @@ impl Gateway {
     /// and ends), and, if it still looks alive, for up to
     /// [`RELOGON_WAIT`] (its end and this Logon can reach the venue in
     /// either order) before the Logon is refused.
-    fn attach_waiting(&self, raw: &[u8], id: u64, out: &SyncSender<Out>, stream: &TcpStream, shutdown: &AtomicBool) -> Result<(String, Option<u64>), AttachRefusal> {
+    fn attach_waiting(&self, raw: &[u8], id: u64, out: &Outlet, stream: &TcpStream, shutdown: &AtomicBool) -> Result<(String, Option<u64>), AttachRefusal> {
         let deadline = std::time::Instant::now() + RELOGON_WAIT;
         let mut waited_for = None;
         // (Bounded: each wait ends a reader, or fails.)
@@ -1616,22 +1655,29 @@ impl FixSession {
     /// writer until the store's writes so far are on disk.
     fn transmit(&mut self, actions: Vec<Action>, sync: bool) {
         let Some(connection) = &self.connection else { return };
-        let durable = self.store.durable();
-        let writes = durable.written();
+        // Every message of the call in one hand-over (a Disconnect among
+        // them closes the connection after all of them).
+        let mut batch: Vec<u8> = Vec::new();
         let mut close = false;
         for action in actions {
             match action {
-                Action::Send(bytes) => {
-                    let gate = sync.then(|| (Arc::clone(durable), writes));
-                    if let Err(TrySendError::Full(_)) = connection.out.try_send(Out::Bytes(bytes, gate)) {
-                        log(&format!("FIX session {}: dropping a counterparty that does not read", self.session.config().target_comp_id));
-                        close = true;
-                        break;
-                    }
-                }
+                Action::Send(bytes) if batch.is_empty() => batch = bytes,
+                Action::Send(bytes) => batch.extend_from_slice(&bytes),
                 Action::Disconnect(_) => close = true,
                 Action::Log(line) => log(&format!("FIX session {}: {line}", self.session.config().target_comp_id)),
                 Action::Store(_) => {}
+            }
+        }
+        if !batch.is_empty() {
+            let durable = self.store.durable();
+            let gate = sync.then(|| (Arc::clone(durable), durable.written()));
+            if let Err(TrySendError::Full(_)) = connection.out.try_send(Out::Bytes(batch, gate)) {
+                log(&format!(
+                    "FIX session {}: dropping a counterparty that does not read (more than {} MiB waiting to be written to it)",
+                    self.session.config().target_comp_id,
+                    OUTBOUND_BYTES >> 20
+                ));
+                close = true;
             }
         }
         if close
@@ -1655,7 +1701,7 @@ impl FixSession {
     }
 }
 
-fn write_loop(mut stream: TcpStream, frames: Receiver<Out>) {
+fn write_loop(id: u64, mut stream: TcpStream, frames: Receiver<Out>, queued: &AtomicUsize) {
     let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
     let mut buffer: Vec<u8> = Vec::with_capacity(1 << 16);
     'outer: loop {
@@ -1696,9 +1742,20 @@ fn write_loop(mut stream: TcpStream, frames: Receiver<Out>) {
             log(&format!("FIX store failed, closing its connection (the session stays closed until restart): {e}"));
             break 'outer;
         }
-        if !buffer.is_empty() && stream.write_all(&buffer).is_err() {
+        if !buffer.is_empty()
+            && let Err(e) = stream.write_all(&buffer)
+        {
+            // A socket that took nothing for WRITE_TIMEOUT: its
+            // counterparty does not read (a closed one is no news).
+            if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
+                log(&format!(
+                    "FIX connection {id}: dropping a counterparty that does not read (a write waited {} s)",
+                    WRITE_TIMEOUT.as_secs()
+                ));
+            }
             break 'outer;
         }
+        queued.fetch_sub(buffer.len(), Ordering::AcqRel);
         if close {
             break;
         }
