@@ -727,7 +727,9 @@ impl VenueApp<'_> {
     /// OrderID and OrdStatus where it is the account's own.
     fn cancel_reject_with(&self, message: &Message, why: &str, reason: &str, known: Option<(String, &str)>, outbox: &mut Outbox<'_>) {
         let response_to = if message.msg_type() == b"G" { "2" } else { "1" };
-        let (order_id, status) = known.unwrap_or_else(|| (message.text(tag::ORDER_ID).unwrap_or("NONE").to_string(), "8"));
+        // Not the account's own order (unknown, or another account's):
+        // NONE, whatever OrderID the request named (docs/fix.md).
+        let (order_id, status) = known.unwrap_or_else(|| ("NONE".to_string(), "8"));
         let body = vec![
             field(tag::CL_ORD_ID, message.text(tag::CL_ORD_ID).unwrap_or("")),
             field(tag::ORDER_ID, order_id),
