@@ -1687,8 +1687,9 @@ impl FixSession {
         }
     }
 
-    /// Records, hands over and sends: in sync durability a message is
-    /// on disk before it is sent; with nothing to send, what was recorded
+    /// Records, hands over and sends: with `sync` (the server's, in both
+    /// durability modes) a message is on disk before it is sent; with
+    /// nothing to send, what was recorded
     /// is only written (the next message's sync covers it, and a ClOrdID
     /// seen before is refused however the sequence numbers fell:
     /// FixBook::seen).
