@@ -913,14 +913,28 @@ fn the_feeds_carry_on_after_a_restart() {
     // The window ends at the last command's journal time: the same.
     assert_eq!(json_get(&market, "/api/v3/ticker/24hr?symbol=BTCUSD"), ticker, "the 24-hour ticker");
     let last_id = trades.as_array().and_then(|t| t.last()).and_then(|t| t["id"].as_u64()).expect("a trade");
-    let mut trading = load_with(&server.address, &["--connections", "2", "--count", "300", "--duration", "60"]);
-    assert!(trading.wait().expect("load").success());
+    // Trading until the load reports a fill (its 300 orders have always
+    // traded; the summary line says what it saw if one day they do not).
+    let mut summaries = Vec::new();
+    for _ in 0..5 {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_crossbook"))
+            .args(["load", "--address", &server.address, "--connections", "2", "--count", "300", "--duration", "60"])
+            .output()
+            .expect("crossbook load");
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let summary = String::from_utf8_lossy(&output.stdout).lines().next().unwrap_or_default().to_string();
+        let fills: u64 = summary.split_whitespace().skip_while(|w| *w != "fills").nth(1).and_then(|n| n.parse().ok()).unwrap_or(0);
+        summaries.push(summary);
+        if fills > 0 {
+            break;
+        }
+    }
     market_data_has_caught_up(&server, 2);
     let newer = json_get(&market, "/api/v3/trades?symbol=BTCUSD&limit=1000");
     let ids: Vec<u64> = newer.as_array().expect("trades").iter().map(|t| t["id"].as_u64().expect("id")).collect();
     assert!(
         ids.contains(&(last_id + 1)),
-        "new trades go on from id {}: {} trades from {:?} to {:?}",
+        "new trades go on from id {}: {} trades from {:?} to {:?}, after {summaries:?}",
         last_id + 1,
         ids.len(),
         ids.first(),
