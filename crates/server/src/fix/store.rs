@@ -160,6 +160,16 @@ struct DurableFile {
     failed: Option<(std::io::ErrorKind, String)>,
 }
 
+impl DurableFile {
+    /// The error of the sync that failed, if one did.
+    fn failure(&self) -> Result<(), StoreError> {
+        match &self.failed {
+            Some((kind, why)) => Err(StoreError::Io { path: self.path.clone(), doing: "syncing", source: std::io::Error::new(*kind, why.clone()) }),
+            None => Ok(()),
+        }
+    }
+}
+
 impl Durable {
     fn new(file: &File, path: &Path) -> Result<Arc<Durable>, StoreError> {
         let handle = file.try_clone().map_err(io(path, "opening (a second handle)"))?;
@@ -190,9 +200,7 @@ impl Durable {
         }
         let mut guard = self.lock();
         let state = &mut *guard;
-        if let Some((kind, why)) = &state.failed {
-            return Err(StoreError::Io { path: state.path.clone(), doing: "syncing", source: std::io::Error::new(*kind, why.clone()) });
-        }
+        state.failure()?;
         if self.synced.load(Ordering::Acquire) >= writes {
             return Ok(());
         }
@@ -217,11 +225,7 @@ impl Durable {
         if !self.failed.load(Ordering::Acquire) {
             return Ok(());
         }
-        let state = self.lock();
-        match &state.failed {
-            Some((kind, why)) => Err(StoreError::Io { path: state.path.clone(), doing: "syncing", source: std::io::Error::new(*kind, why.clone()) }),
-            None => Ok(()),
-        }
+        self.lock().failure()
     }
 
     /// Takes the file of a store written again whole (and synced) in place
@@ -788,10 +792,9 @@ mod tests {
         (restored.next_in, restored.next_out, restored.account, restored.through_seq, stored)
     }
 
-    /// A store that grows past its bound is written again with only what
-    /// it says, while in use (here with a small bound) and on open (past
-    /// `COMPACT_MIN`), and says exactly what a twin never compacted says,
-    /// across a reset and on through more records.
+    /// Each flush that writes is counted; a sync makes what was written
+    /// durable once, and compaction keeps the count (the writers hold it)
+    /// with the new file behind it.
     #[test]
     fn writes_are_counted_and_made_durable_and_compaction_hands_over_the_count() {
         use std::os::unix::fs::MetadataExt;
@@ -829,6 +832,10 @@ mod tests {
         assert_eq!(Store::open(&path).expect("reopen").1.next_out, 5);
     }
 
+    /// A store that grows past its bound is written again with only what
+    /// it says, while in use (here with a small bound) and on open (past
+    /// `COMPACT_MIN`), and says exactly what a twin never compacted says,
+    /// across a reset and on through more records.
     #[test]
     fn a_compacted_store_says_what_it_said() {
         let path = temp("compact");
