@@ -213,6 +213,16 @@ fn state_hash(data: &Path) -> String {
     text.lines().find_map(|l| l.strip_prefix("state-sha256 ")).map(str::to_string).unwrap_or_else(|| panic!("no state hash in {text}"))
 }
 
+/// A leader on `stream` taking orders (node `a`), then a standby
+/// following it (node `b`), with lease `lease_ms`.
+fn leader_and_standby(dir: &Path, nats: &Nats, stream: &str, lease_ms: u64) -> (Server, Server) {
+    let leader = node(dir, "a", nats, stream, false, lease_ms);
+    leader.expect_log_within("replication: taking orders", Duration::from_secs(20));
+    let standby = node(dir, "b", nats, stream, true, lease_ms);
+    assert!(standby.startup.iter().any(|l| l.contains("following the log")), "{:?}", standby.startup);
+    (leader, standby)
+}
+
 fn load(address: &str, args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_crossbook")).args(["load", "--address", address, "--connections", "4", "--json"]).args(args).stderr(Stdio::null()).output().unwrap()
 }
@@ -224,9 +234,7 @@ fn a_follower_applies_the_log_and_refuses_orders_with_a_redirect() {
     }
     let dir = TempDir::new("replication-follow");
     let nats = Nats::start(&dir.0);
-    let leader = node(&dir.0, "a", &nats, "FOLLOW", false, STEADY_LEASE);
-    leader.expect_log_within("replication: taking orders", Duration::from_secs(20));
-    let follower = node(&dir.0, "b", &nats, "FOLLOW", true, STEADY_LEASE);
+    let (leader, follower) = leader_and_standby(&dir.0, &nats, "FOLLOW", STEADY_LEASE);
     assert!(follower.startup.iter().any(|l| l.contains("following the log from stream message 1")), "{:?}", follower.startup);
     let output = load(&leader.address, &["--count", "20000"]);
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("load report");
@@ -360,9 +368,7 @@ fn a_follower_holding_what_the_log_does_not_stops() {
     }
     let dir = TempDir::new("replication-ahead");
     let nats = Nats::start(&dir.0);
-    let leader = node(&dir.0, "a", &nats, "AHEAD", false, STEADY_LEASE);
-    leader.expect_log_within("replication: taking orders", Duration::from_secs(20));
-    let mut follower = node(&dir.0, "b", &nats, "AHEAD", true, STEADY_LEASE);
+    let (leader, mut follower) = leader_and_standby(&dir.0, &nats, "AHEAD", STEADY_LEASE);
     let output = load(&leader.address, &["--count", "2000"]);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stdout));
     let seq = wait_same_seq(&leader, &follower);
@@ -387,10 +393,7 @@ fn failover_trial(trial: u64) {
     let dir = TempDir::new(&format!("replication-failover-{trial}"));
     let nats = Nats::start(&dir.0);
     let stream = format!("FAILOVER{trial}");
-    let leader = node(&dir.0, "a", &nats, &stream, false, FAST_LEASE);
-    leader.expect_log_within("replication: taking orders", Duration::from_secs(20));
-    let standby = node(&dir.0, "b", &nats, &stream, true, FAST_LEASE);
-    assert!(standby.startup.iter().any(|l| l.contains("following the log")), "{:?}", standby.startup);
+    let (leader, standby) = leader_and_standby(&dir.0, &nats, &stream, FAST_LEASE);
     let acked_file = dir.0.join("acked.txt");
     let seen_file = dir.0.join("last-seen.txt");
     let mut generator = Command::new(env!("CARGO_BIN_EXE_crossbook"))
@@ -467,10 +470,7 @@ fn a_leader_paused_past_its_lease_is_fenced_when_it_wakes() {
     }
     let dir = TempDir::new("replication-pause");
     let nats = Nats::start(&dir.0);
-    let mut leader = node(&dir.0, "a", &nats, "PAUSE", false, FAST_LEASE);
-    leader.expect_log_within("replication: taking orders", Duration::from_secs(20));
-    let standby = node(&dir.0, "b", &nats, "PAUSE", true, FAST_LEASE);
-    assert!(standby.startup.iter().any(|l| l.contains("following the log")), "{:?}", standby.startup);
+    let (mut leader, standby) = leader_and_standby(&dir.0, &nats, "PAUSE", FAST_LEASE);
     let (mut alice, _) = Client::login(&leader.address, 1, "demo-key-1");
     alice.send(&limit(1, Side::Sell, 12_000, 5, TimeInForce::Gtc));
     assert_eq!(alice.report().kind, ReportKind::Accepted);
